@@ -1,0 +1,3 @@
+from stalledpolicy.cli import main
+
+raise SystemExit(main())

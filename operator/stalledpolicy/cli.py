@@ -1,0 +1,36 @@
+"""``stalledpolicy``: one console script, three commands.
+
+``sweep`` runs the sweeper, ``morgue`` is the on-call tool for dead letters,
+``operator`` runs the kopf operator. Each command lives in its own module and
+is imported only when used, so ``stalledpolicy morgue`` does not load kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> module exposing add_arguments(parser) and run(args) -> int
+COMMANDS = {
+    "sweep": ("stalledpolicy.sweeper.cli", "sweep stalled jobs of one queue on an interval"),
+    "morgue": ("stalledpolicy.morgue_cli", "inspect, replay and purge dead-lettered jobs"),
+    "operator": ("stalledpolicy.controller.cli", "run the Kubernetes operator"),
+}
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stalledpolicy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return importlib.import_module(args._module).run(args)

@@ -1,0 +1,110 @@
+"""The EchoMQ keyspace: the one place where key names are built.
+
+Every key of queue ``q`` is ``emq:{q}:<type>``; the braces are a Redis Cluster
+hash tag, so all keys of a queue share one slot and one Lua script may touch
+them all. See ``shared/echomq-wire.md`` (the contract).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+QUEUE_NAME_MAX = 128
+# No hash-tag braces, no key separator, no whitespace: these would let a queue
+# name escape its slot or forge another queue's keys.
+_FORBIDDEN = re.compile(r"[{}:\s]")
+
+
+class InvalidQueueName(ValueError):
+    pass
+
+
+def validate_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidQueueName("queue: must be a non-empty string")
+    if len(name) > QUEUE_NAME_MAX:
+        raise InvalidQueueName(f"queue: at most {QUEUE_NAME_MAX} characters (got {len(name)})")
+    bad = _FORBIDDEN.search(name)
+    if bad:
+        raise InvalidQueueName(
+            f"queue: {name!r} contains {bad.group()!r}; EchoMQ queue names may not contain "
+            "'{', '}', ':' or whitespace"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Key names of one EchoMQ queue."""
+
+    queue: str
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue)
+
+    @property
+    def prefix(self) -> str:
+        return f"emq:{{{self.queue}}}:"
+
+    def _k(self, suffix: str) -> str:
+        return self.prefix + suffix
+
+    @property
+    def pending(self) -> str:
+        return self._k("pending")
+
+    @property
+    def active(self) -> str:
+        return self._k("active")
+
+    @property
+    def schedule(self) -> str:
+        return self._k("schedule")
+
+    @property
+    def dead(self) -> str:
+        return self._k("dead")
+
+    @property
+    def ring(self) -> str:
+        return self._k("ring")
+
+    @property
+    def gactive(self) -> str:
+        return self._k("gactive")
+
+    @property
+    def glimit(self) -> str:
+        return self._k("glimit")
+
+    @property
+    def paused(self) -> str:
+        return self._k("paused")
+
+    @property
+    def wake(self) -> str:
+        return self._k("wake")
+
+    @property
+    def events(self) -> str:
+        return self._k("events")
+
+    @property
+    def metrics_failed(self) -> str:
+        return self._k("metrics:failed")
+
+    @property
+    def metrics_completed(self) -> str:
+        return self._k("metrics:completed")
+
+    @property
+    def sweeper_totals(self) -> str:
+        """Our own hash (not EchoMQ's): sweeper-owned totals shared by all replicas."""
+        return self._k("sweeper:totals")
+
+    def job(self, job_id: str) -> str:
+        return self._k(f"job:{job_id}")
+
+    def lane_pending(self, group: str) -> str:
+        return self._k(f"g:{group}:pending")

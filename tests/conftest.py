@@ -1,0 +1,38 @@
+"""Shared fixtures. Servers are real processes: redis-server from Debian's
+package, and (in ``tests/kube_fixtures.py``) the Kubernetes control plane built
+from Go modules."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import pytest
+
+from stalledpolicy.devenv.redis_server import start_redis
+
+pytest_plugins = ["tests.kube_fixtures"]
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server is missing: .ci/run installs it (apt-get install -y redis-server)")
+    server = start_redis()
+    yield server
+    server.stop()
+    shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def r(redis_server):
+    """A client on a flushed database (decode_responses=True)."""
+    client = redis_server.client(decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"

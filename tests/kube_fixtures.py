@@ -1,0 +1,1 @@
+"""Control-plane fixtures (filled in by the control-plane work, issue 3)."""
