@@ -32,17 +32,19 @@ class LuaScript:
             return client.eval(self.body, len(keys), *keys, *args)
 
 
-def script_names() -> list[str]:
+def script_names(package: str = _PACKAGE) -> list[str]:
     return sorted(
         entry.name[: -len(".lua")]
-        for entry in resources.files(_PACKAGE).iterdir()
+        for entry in resources.files(package).iterdir()
         if entry.name.endswith(".lua")
     )
 
 
 @cache
-def script(name: str) -> LuaScript:
-    body = resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+def script(name: str, package: str = _PACKAGE) -> LuaScript:
+    """``package`` defaults to our product scripts; the devenv's EchoMQ-shaped
+    worker keeps its own (a model of programs we do not own) in its own folder."""
+    body = resources.files(package).joinpath(f"{name}.lua").read_text(encoding="utf-8")
     return LuaScript(name=name, body=body, sha=hashlib.sha1(body.encode("utf-8")).hexdigest())
 
 
