@@ -1,0 +1,45 @@
+# The two commands of the README: `make demo` (the product's main job on the
+# local control plane) and `make test` (every test, the cluster ones included).
+# Both install what is missing first, so they work on a fresh machine.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo demo-down test test-fast setup system-packages control-plane bench bench-peers lint clean
+
+demo: setup control-plane
+	$(PY) -m stalledpolicy.devenv.demo up
+
+demo-down:
+	$(PY) -m stalledpolicy.devenv.demo down
+
+test: setup control-plane
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not kube and not slow"
+
+setup: system-packages $(STAMP)
+
+system-packages:
+	@bash hack/install-system-packages.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+control-plane: setup
+	@bash hack/control-plane/build.sh
+
+bench: setup
+	$(PY) bench/sweep.py
+
+bench-peers: setup
+	$(PY) bench/peers/run.py
+
+clean:
+	rm -rf $(VENV) build dist operator/*.egg-info
