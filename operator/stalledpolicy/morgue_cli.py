@@ -1,0 +1,560 @@
+"""``stalledpolicy morgue stats|list|replay|purge``: the on-call tool for dead letters.
+
+Readable tables by default, ``-o json`` for scripts. ``replay`` and ``purge``
+change the morgue, so they show a preview (``--dry-run`` stops there) and ask
+for confirmation unless ``--yes`` is given; without a terminal to ask on and
+without ``--yes`` they refuse rather than guess.
+
+What is confirmed is what runs: the preview's ids are pinned and the change is
+applied to exactly those ids (in bounded chunks, so Redis is never blocked by
+one huge call), so jobs dead-lettered between the prompt and the answer are
+never swept up by a ``--lane`` or ``--all`` the engineer approved for fewer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from datetime import datetime, timezone
+from typing import IO, Any, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from stalledpolicy import tables
+from stalledpolicy.durations import parse_duration
+from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_ABORTED = 4
+
+ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
+ENV_QUEUE = "STALLEDPOLICY_QUEUE"
+
+# ids per script call when applying a confirmed change
+CHUNK_SIZE = 500
+# ids printed in a table-mode preview before "... and N more"
+PREVIEW_IDS = 20
+LIST_DEFAULT_LIMIT = 50
+LAST_ERROR_MIN_WIDTH = 20
+LAST_ERROR_DEFAULT_WIDTH = 60
+
+EXIT_CODES_EPILOG = """\
+exit codes:
+  0  success (also: nothing matched, nothing to do)
+  1  the operation failed or partly failed (e.g. some --id not in the morgue,
+     or jobs left the morgue between the preview and the change)
+  2  bad usage: unknown option, bad --queue, --redis-url or duration, or a
+     change refused because stdin is not a terminal and --yes was not given
+  3  Redis unreachable or refused our credentials (or the connection was lost
+     during the operation)
+  4  aborted at the confirmation prompt (nothing changed)
+
+environment:
+  STALLEDPOLICY_REDIS_URL  default for --redis-url
+  STALLEDPOLICY_QUEUE      default for --queue
+"""
+
+
+class UsageError(Exception):
+    """Bad input found after argparse (env values, cross-option rules)."""
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    return seconds
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis-url", metavar="URL",
+        help=f"redis://[:password@]host:port/db or rediss://... (env {ENV_REDIS_URL}); "
+        "a Redis Cluster node is detected and used as a cluster",
+    )
+    parser.add_argument("--queue", metavar="NAME", help=f"EchoMQ queue name (env {ENV_QUEUE})")
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table",
+        help="table for people (default), json for scripts (one document on stdout)",
+    )
+
+
+def _change_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--lane", metavar="GROUP", help=f"{verb} only jobs of this lane (group)")
+    parser.add_argument(
+        "--id", dest="ids", action="append", metavar="JOB_ID",
+        help=f"{verb} this job (repeatable)",
+    )
+    parser.add_argument(
+        "--all", action="store_true",
+        help=f"{verb} every job in the morgue; required when no other selection is given",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_CODES_EPILOG
+    actions = parser.add_subparsers(dest="morgue_action", metavar="ACTION", required=True)
+
+    def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(
+            name, help=help_text, description=help_text, epilog=EXIT_CODES_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _common(sub)
+        sub.set_defaults(_morgue_parser=sub)
+        return sub
+
+    leaf("stats", "size of the morgue, jobs per lane, age of the oldest death")
+
+    listing = leaf("list", "dead-lettered jobs in morgue order (job id order)")
+    listing.add_argument("--lane", metavar="GROUP", help="only jobs of this lane (group)")
+    listing.add_argument(
+        "--limit", type=_positive_int, default=LIST_DEFAULT_LIMIT,
+        help=f"at most this many rows (default {LIST_DEFAULT_LIMIT})",
+    )
+    listing.add_argument("--offset", type=_non_negative_int, default=0, help="skip this many rows first")
+
+    replay = leaf(
+        "replay",
+        "move dead jobs back to their lane (or pending) with the stall count reset",
+    )
+    _change_options(replay, "replay")
+
+    purge = leaf("purge", "permanently delete dead jobs (rows and morgue entries)")
+    purge.add_argument(
+        "--older-than", type=_duration, metavar="DURATION",
+        help="only jobs dead for longer than this (30m, 12h, 7d); jobs with no recorded "
+        "time of death never match",
+    )
+    _change_options(purge, "purge")
+
+
+# -------------------------------------------------------------- redis access
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (userinfo or ``?password=``) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if password is not None:
+        host = netloc.rpartition("@")[2]
+        netloc = f"{parts.username or ''}:***@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _secrets_of(url: str) -> list[str]:
+    found = []
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            found.append(parts.password)
+        found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
+    except ValueError:
+        pass
+    return found
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with any password of ``url`` masked (error messages of libraries
+    are not ours to trust)."""
+    for secret in _secrets_of(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def connect(url: str) -> Any:
+    """A decoded client for ``url``; a cluster-enabled server gives a RedisCluster."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    client = redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+    )
+    if int(client.info("cluster").get("cluster_enabled", 0)):
+        client.close()
+        return RedisCluster.from_url(
+            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+        )
+    return client
+
+
+def server_now_ms(client: Any) -> int:
+    """Ages are measured on the Redis clock, the same clock that stamped the deaths."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# --------------------------------------------------------------- confirming
+
+
+def is_interactive(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def confirm(question: str, *, stdin: IO[str], stderr: IO[str]) -> bool:
+    """Ask ``question [y/N]`` on ``stderr`` (stdout may be a JSON document) and
+    read one answer line; only ``y``/``yes`` agree, end of input declines."""
+    stderr.write(f"{question} [y/N] ")
+    stderr.flush()
+    try:
+        answer = stdin.readline()
+    except KeyboardInterrupt:
+        stderr.write("\n")
+        return False
+    if not answer.endswith("\n"):
+        stderr.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+# ------------------------------------------------------------------- output
+
+
+def _emit_json(document: dict, out: IO[str]) -> None:
+    out.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _age_s(now_ms: int, then_ms: int | None) -> float | None:
+    return None if then_ms is None else max(0.0, (now_ms - then_ms) / 1000)
+
+
+def _lane_label(lane: str | None) -> str:
+    return lane if lane else tables.EMPTY
+
+
+def _lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
+    return [
+        (_lane_label(name), count)
+        for name, count in sorted(lanes.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+    ]
+
+
+def _last_error_width(other_columns: int) -> int:
+    if not sys.stdout.isatty():
+        return LAST_ERROR_DEFAULT_WIDTH
+    columns = shutil.get_terminal_size((120, 24)).columns
+    return max(LAST_ERROR_MIN_WIDTH, columns - other_columns)
+
+
+# ------------------------------------------------------------------ actions
+
+
+def _stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
+    stats = engine.morgue_stats(client, args.queue)
+    now_ms = server_now_ms(client)
+    oldest_age = _age_s(now_ms, stats.oldest_dead_at_ms)
+    if args.output == "json":
+        _emit_json({
+            "queue": args.queue,
+            "size": stats.size,
+            "lanes": {name: count for name, count in stats.lanes.items()},
+            "oldest_dead_at_ms": stats.oldest_dead_at_ms,
+            "oldest_dead_at": _iso(stats.oldest_dead_at_ms),
+            "oldest_age_s": oldest_age,
+        }, out)
+        return EXIT_OK
+    oldest = "-" if oldest_age is None else (
+        f"{tables.format_age(oldest_age)} ({_iso(stats.oldest_dead_at_ms)})"
+    )
+    out.write(tables.render_pairs([
+        ("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest),
+    ]) + "\n")
+    if stats.lanes:
+        out.write("\n" + tables.render_table(("LANE", "DEAD"), _lane_rows(stats.lanes), right=("DEAD",)) + "\n")
+    return EXIT_OK
+
+
+def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
+    jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
+    stats = engine.morgue_stats(client, args.queue)
+    total = stats.lanes.get(args.lane, 0) if args.lane is not None else stats.size
+    now_ms = server_now_ms(client)
+    if args.output == "json":
+        _emit_json({
+            "queue": args.queue,
+            "lane": args.lane,
+            "total": total,
+            "offset": args.offset,
+            "limit": args.limit,
+            "jobs": [
+                {
+                    "id": job.id, "lane": job.lane, "state": job.state, "stalled": job.stalled,
+                    "attempts": job.attempts, "last_error": job.last_error,
+                    "dead_at_ms": job.dead_at_ms, "dead_at": _iso(job.dead_at_ms),
+                    "age_s": _age_s(now_ms, job.dead_at_ms),
+                }
+                for job in jobs
+            ],
+        }, out)
+        return EXIT_OK
+    where = f"queue {args.queue}" + (f", lane {args.lane}" if args.lane is not None else "")
+    if not jobs:
+        note = "the morgue is empty" if total == 0 else f"no jobs at offset {args.offset} (total {total})"
+        out.write(f"{where}: {note}\n")
+        return EXIT_OK
+    headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
+    rows = [
+        (job.id, _lane_label(job.lane), job.stalled, job.attempts,
+         tables.format_age(_age_s(now_ms, job.dead_at_ms)), job.last_error)
+        for job in jobs
+    ]
+    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows]).splitlines()[0]
+    width = _last_error_width(tables.display_width(fixed) + len(tables.GAP))
+    out.write(tables.render_table(
+        headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width},
+    ) + "\n")
+    first, last = args.offset + 1, args.offset + len(jobs)
+    footer = f"{where}: jobs {first}-{last} of {total}"
+    if last < total:
+        footer += f"; next page: --offset {last}"
+    out.write(footer + "\n")
+    return EXIT_OK
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's filter keywords; refuses an empty or contradictory selection."""
+    ids = list(dict.fromkeys(args.ids)) if args.ids else None
+    older_than = getattr(args, "older_than", None)
+    filters = [name for name, given in (
+        ("--lane", args.lane is not None), ("--id", ids is not None), ("--older-than", older_than is not None),
+    ) if given]
+    if args.all and filters:
+        raise UsageError(f"--all selects every job; it cannot be combined with {', '.join(filters)}")
+    if not args.all and not filters:
+        choices = "--lane, --id" + (", --older-than" if hasattr(args, "older_than") else "")
+        raise UsageError(
+            f"say which jobs to {args.morgue_action}: {choices}, or --all for the whole morgue"
+        )
+    if args.lane is not None and ids is not None:
+        raise UsageError("--lane and --id cannot be combined; the ids already name the jobs")
+    selection: dict[str, Any] = {"lane": args.lane, "ids": ids}
+    if hasattr(args, "older_than"):
+        selection["older_than_s"] = older_than
+    return selection
+
+
+def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
+
+
+def _ids_preview(ids: Sequence[str]) -> str:
+    shown = ", ".join(tables.printable(i) for i in ids[:PREVIEW_IDS])
+    more = len(ids) - PREVIEW_IDS
+    return shown + (f", ... and {more} more (-o json lists all)" if more > 0 else "")
+
+
+def _change(client: Any, args: argparse.Namespace, engine: Any, out: IO[str], err: IO[str],
+            stdin: IO[str]) -> int:
+    replaying = args.morgue_action == "replay"
+    selection = _selection(args)
+    queue = args.queue
+    requested = selection["ids"]
+
+    def call(*, ids: list[str] | None, dry_run: bool) -> tuple[list[str], dict[str, int], list[str]]:
+        """(ids changed or to change, per-lane counts, ids asked for but absent)."""
+        if replaying:
+            result = engine.morgue_replay(client, queue, lane=selection["lane"] if ids is None else None,
+                                          ids=ids, dry_run=dry_run)
+            return list(result.ids), dict(result.lanes), list(result.missing)
+        result = engine.morgue_purge(
+            client, queue, older_than_s=selection["older_than_s"],
+            lane=selection["lane"] if ids is None else None, ids=ids, dry_run=dry_run,
+        )
+        done = list(result.ids)
+        absent = [] if ids is None else sorted(set(ids) - set(done), key=ids.index)
+        return done, {}, absent
+
+    preview_ids, preview_lanes, missing = call(ids=requested, dry_run=True)
+    verb, past = ("replay", "replayed") if replaying else ("purge", "purged")
+
+    if args.dry_run or not preview_ids:
+        return _report(args, out, err, dry_run=args.dry_run, ids=preview_ids, lanes=preview_lanes,
+                       missing=missing, vanished=[], verb=verb, past=past)
+
+    count = len(preview_ids)
+    if not args.yes:
+        if not is_interactive(stdin):
+            err.write(
+                f"stalledpolicy morgue {verb}: refusing to {verb} {count} jobs of queue {queue} "
+                "without confirmation: stdin is not a terminal; pass --yes to confirm "
+                "(or --dry-run to preview)\n"
+            )
+            return EXIT_USAGE
+        if replaying:
+            question = f"Replay {count} jobs of queue {queue}?"
+        else:
+            question = (f"Purge {count} jobs of queue {queue}? This permanently deletes them "
+                        "and cannot be undone.")
+        if missing:
+            err.write(f"note: {len(missing)} requested ids are not in the morgue: {_ids_preview(missing)}\n")
+        if not confirm(question, stdin=stdin, stderr=err):
+            err.write(f"aborted: nothing {past}\n")
+            return EXIT_ABORTED
+
+    done: list[str] = []
+    lanes: dict[str, int] = {}
+    vanished: list[str] = []
+    for chunk in _chunks(preview_ids, CHUNK_SIZE):
+        chunk_done, chunk_lanes, chunk_absent = call(ids=chunk, dry_run=False)
+        done += chunk_done
+        for lane, n in chunk_lanes.items():
+            lanes[lane] = lanes.get(lane, 0) + n
+        vanished += chunk_absent
+    return _report(args, out, err, dry_run=False, ids=done, lanes=lanes, missing=missing,
+                   vanished=vanished, verb=verb, past=past)
+
+
+def _report(args: argparse.Namespace, out: IO[str], err: IO[str], *, dry_run: bool, ids: list[str],
+            lanes: dict[str, int], missing: list[str], vanished: list[str], verb: str, past: str) -> int:
+    queue = args.queue
+    code = EXIT_FAILED if (missing or vanished) else EXIT_OK
+    if args.output == "json":
+        document: dict[str, Any] = {
+            "queue": queue, "action": verb, "dry_run": dry_run,
+            ("would_" + verb if dry_run else past): len(ids), "ids": ids,
+        }
+        if verb == "replay":
+            document["lanes"] = lanes
+        document["missing"] = missing
+        document["vanished"] = vanished
+        _emit_json(document, out)
+    elif dry_run:
+        out.write(f"dry run: would {verb} {len(ids)} jobs of queue {queue} (nothing changed)\n")
+    elif not ids:
+        out.write(f"nothing to {verb} in queue {queue}\n")
+    else:
+        out.write(f"{past} {len(ids)} jobs of queue {queue}\n")
+    if args.output == "table" and ids:
+        if lanes:
+            out.write(tables.render_table(("LANE", "JOBS"), _lane_rows(lanes), right=("JOBS",)) + "\n")
+        out.write(f"ids: {_ids_preview(ids)}\n")
+    if missing:
+        err.write(f"{len(missing)} requested ids are not in the morgue of queue {queue}: "
+                  f"{_ids_preview(missing)}\n")
+    if vanished:
+        err.write(f"{len(vanished)} jobs left the morgue between the preview and the change "
+                  f"(another replay or purge?): {_ids_preview(vanished)}\n")
+    return code
+
+
+ACTIONS = {"stats": _stats, "list": _list}
+
+
+# ---------------------------------------------------------------------- run
+
+
+def _resolve(args: argparse.Namespace) -> None:
+    """Fill --redis-url/--queue from the environment and validate; UsageError names the setting."""
+    args.redis_url = args.redis_url or os.environ.get(ENV_REDIS_URL) or None
+    queue = args.queue if args.queue is not None else os.environ.get(ENV_QUEUE)
+    if not args.redis_url:
+        raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
+    if urlsplit(args.redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(
+            f"--redis-url {redact_url(args.redis_url)!s}: the scheme must be redis://, rediss:// or unix://"
+        )
+    if queue is None:
+        raise UsageError(f"--queue is required (or set {ENV_QUEUE})")
+    try:
+        args.queue = validate_queue_name(queue)
+    except InvalidQueueName as exc:
+        raise UsageError(f"--queue (or {ENV_QUEUE}): {exc}") from None
+
+
+def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None) -> int:
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    prog = f"stalledpolicy morgue {args.morgue_action}"
+    try:
+        _resolve(args)
+    except UsageError as exc:
+        err.write(f"{prog}: error: {exc}\n")
+        return EXIT_USAGE
+
+    import redis
+
+    from stalledpolicy import engine
+
+    url = args.redis_url
+    where = redact_url(url)
+    connected = False
+    try:
+        client = connect(url)
+        connected = True
+        if args.morgue_action in ACTIONS:
+            return ACTIONS[args.morgue_action](client, args, engine, out)
+        return _change(client, args, engine, out, err, stdin)
+    except UsageError as exc:
+        err.write(f"{prog}: error: {exc}\n")
+        return EXIT_USAGE
+    except ValueError as exc:
+        # redis-py's URL parser (bad port, bad db, ...)
+        if connected:
+            raise
+        err.write(f"{prog}: error: --redis-url {where}: {scrub(str(exc), url)}\n")
+        return EXIT_USAGE
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if connected:
+            err.write(
+                f"{prog}: lost the connection to Redis at {where} during the operation: "
+                f"{scrub(str(exc), url)}; it may have been partly applied, check with "
+                "'stalledpolicy morgue stats'\n"
+            )
+        else:
+            err.write(f"{prog}: cannot reach Redis at {where}: {scrub(str(exc), url)}\n")
+        return EXIT_UNREACHABLE
+    except redis.RedisError as exc:
+        err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
+        return EXIT_FAILED

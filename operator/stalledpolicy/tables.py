@@ -1,0 +1,122 @@
+"""Plain-text tables and ages for terminal output (stdlib only).
+
+Cell text often comes from programs we do not own (a worker's ``last_error``),
+so every cell is made printable first: a newline or an ANSI escape sequence in
+an error message must not break the table or drive the engineer's terminal.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Iterable, Mapping, Sequence
+
+EMPTY = "-"
+ELLIPSIS = "…"
+GAP = "  "
+
+
+def printable(value: object) -> str:
+    """``value`` as one printable line: None -> ``-``, whitespace runs -> one
+    space, other control characters -> ``\\xNN`` escapes."""
+    if value is None:
+        return EMPTY
+    text = str(value)
+    out: list[str] = []
+    for ch in text:
+        if ch in "\t\n\r\v\f":
+            if out and out[-1] != " ":
+                out.append(" ")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out).strip()
+
+
+def char_width(ch: str) -> int:
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def display_width(text: str) -> int:
+    """Terminal columns taken by ``text`` (wide CJK characters count two)."""
+    return sum(char_width(ch) for ch in text)
+
+
+def truncate(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` columns, marked with an ellipsis when cut."""
+    if width <= 0:
+        return ""
+    if display_width(text) <= width:
+        return text
+    kept: list[str] = []
+    used = 0
+    for ch in text:
+        w = char_width(ch)
+        if used + w > width - 1:
+            break
+        kept.append(ch)
+        used += w
+    return "".join(kept) + ELLIPSIS
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    fill = " " * (width - display_width(text))
+    return fill + text if right else text + fill
+
+
+def render_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    right: Iterable[str] = (),
+    max_widths: Mapping[str, int] | None = None,
+) -> str:
+    """Aligned columns separated by two spaces; columns named in ``right`` are
+    right-aligned (numbers), ``max_widths`` caps a column (cut with ``…``).
+    No trailing spaces; no trailing newline."""
+    right_aligned = set(right)
+    caps = dict(max_widths or {})
+    cells = [[printable(v) for v in row] for row in rows]
+    for row in cells:
+        if len(row) != len(headers):
+            raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns")
+        for i, name in enumerate(headers):
+            if name in caps:
+                row[i] = truncate(row[i], caps[name])
+    widths = [display_width(h) for h in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], display_width(text))
+    lines = []
+    for row in [list(headers), *cells]:
+        parts = [_pad(text, widths[i], headers[i] in right_aligned) for i, text in enumerate(row)]
+        lines.append(GAP.join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def render_pairs(pairs: Sequence[tuple[str, object]]) -> str:
+    """``key  value`` lines with the values aligned."""
+    width = max((display_width(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{_pad(k, width, False)}{GAP}{printable(v)}".rstrip() for k, v in pairs)
+
+
+def format_age(seconds: float | None) -> str:
+    """How long ago, to the two largest units: ``45s ago``, ``3h12m ago``,
+    ``2d5h ago``. A small negative age (clock skew) reads ``0s ago``."""
+    if seconds is None:
+        return EMPTY
+    whole = max(0, int(seconds))
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    parts = []
+    for name, size in units:
+        if whole >= size or (name == "s" and not parts):
+            parts.append(f"{whole // size}{name}")
+            whole %= size
+        elif parts:
+            # keep the second unit even when it is zero: "3h0m", not "3h"
+            parts.append(f"0{name}")
+        if len(parts) == 2:
+            break
+    return "".join(parts) + " ago"
