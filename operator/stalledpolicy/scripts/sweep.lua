@@ -1,0 +1,231 @@
+-- sweep: the counted mark / recover / dead-letter walk over the expired prefix
+-- of `active` (semantics: docs/scripts.md). One call is bounded by ARGV[2].
+--
+-- KEYS[1] active   KEYS[2] pending  KEYS[3] dead      KEYS[4] ring
+-- KEYS[5] gactive  KEYS[6] glimit   KEYS[7] paused    KEYS[8] wake
+-- KEYS[9] metrics:failed            KEYS[10] sweeper:totals
+-- ARGV[1] queue prefix 'emq:{q}:' (job rows and lane sets are derived from it,
+--         so they hash to the same slot as KEYS)
+-- ARGV[2] limit (jobs examined by this call)
+-- ARGV[3] default budget (0 = never dead-letter)
+-- ARGV[4] events channel
+-- ARGV[5..] lane budget overrides as pairs: group, budget
+--
+-- Returns {recovered, dead_lettered, orphans, quarantined, more (0|1),
+--          {group, recovered, dead_lettered, ...}}
+
+local prefix = ARGV[1]
+local limit = tonumber(ARGV[2])
+local default_budget = tonumber(ARGV[3])
+local channel = ARGV[4]
+
+local lane_budget = {}
+for i = 5, #ARGV - 1, 2 do
+  lane_budget[ARGV[i]] = tonumber(ARGV[i + 1])
+end
+
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now_s = string.format('%d', now)
+
+-- limit + 1 tells us exactly whether this call left expired work behind.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit + 1)
+local more = 0
+if #expired > limit then
+  more = 1
+  expired[#expired] = nil
+end
+if #expired == 0 then
+  return {0, 0, 0, 0, 0, {}}
+end
+
+-- unpack() is bounded by the Lua C stack: batch variadic commands in chunks.
+local CHUNK = 4000
+local function variadic(cmd, key, members, with_zero_score)
+  local n = #members
+  local i = 1
+  while i <= n do
+    local last = math.min(i + CHUNK - 1, n)
+    local args = {}
+    for j = i, last do
+      if with_zero_score then args[#args + 1] = 0 end
+      args[#args + 1] = members[j]
+    end
+    redis.call(cmd, key, unpack(args))
+    i = last + 1
+  end
+end
+
+variadic('ZREM', KEYS[1], expired, false)
+
+-- Counters as Redis accepts them for HINCRBY (no sign, no leading zero); more
+-- than 15 digits would lose precision in Lua's doubles, so it is refused too.
+local function count_of(value)
+  if value == false then return 0 end
+  if #value > 15 or not string.find(value, '^%d+$') then return nil end
+  if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
+  return tonumber(value)
+end
+
+local function json_string(s)
+  if string.find(s, '[%c"\\]') then
+    s = string.gsub(s, '[%c"\\]', function(c)
+      if c == '"' then return '\\"' end
+      if c == '\\' then return '\\\\' end
+      return string.format('\\u%04x', string.byte(c))
+    end)
+  end
+  return '"' .. s .. '"'
+end
+
+local recovered, dead_lettered, orphans, quarantined = 0, 0, 0, 0
+local to_pending = {}
+local to_dead = {}
+local lane_jobs = {}     -- group -> ids recovered into the lane
+local lane_freed = {}    -- group -> slots freed in gactive
+local lane_rec = {}      -- group -> recovered count
+local lane_dead = {}     -- group -> dead-lettered count
+local touched = {}       -- groups in the order first seen (deterministic output)
+
+local function touch(g)
+  if lane_freed[g] == nil then
+    lane_freed[g] = 0
+    lane_rec[g] = 0
+    lane_dead[g] = 0
+    touched[#touched + 1] = g
+  end
+  lane_freed[g] = lane_freed[g] + 1
+end
+
+local function quarantine(id, row, g, problem, fence)
+  local reason = 'malformed: ' .. problem
+  if row then
+    if fence then
+      redis.call('HINCRBY', row, 'attempts', 1)
+    end
+    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
+  end
+  if g then touch(g) end
+  to_dead[#to_dead + 1] = id
+  quarantined = quarantined + 1
+  redis.call('PUBLISH', channel,
+    '{"event":"failed","job":' .. json_string(id) .. ',"reason":' .. json_string(reason) .. '}')
+end
+
+for _, id in ipairs(expired) do
+  local row = prefix .. 'job:' .. id
+  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
+  if f.err then
+    -- Not a hash: nothing on it can be written. The id goes to the morgue
+    -- as-is; morgue_list names the key type as the problem.
+    local kind = redis.call('TYPE', row).ok
+    quarantine(id, nil, nil, 'job row is a ' .. kind .. ', not a hash', false)
+  else
+    local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
+    if g == false and stalled_raw == false and attempts_raw == false and state == false
+        and redis.call('EXISTS', row) == 0 then
+      -- completed (row deleted) while still listed in active: never recreate it
+      orphans = orphans + 1
+    else
+      local stalled = count_of(stalled_raw)
+      local attempts = count_of(attempts_raw)
+      if g == '' then
+        quarantine(id, row, nil, 'group is empty', attempts ~= nil)
+      elseif stalled == nil then
+        quarantine(id, row, g or nil, 'stalled is not a non-negative integer: ' .. stalled_raw,
+          attempts ~= nil)
+      elseif attempts == nil then
+        -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
+        quarantine(id, row, g or nil, 'attempts is not a non-negative integer: ' .. attempts_raw,
+          false)
+      else
+        stalled = stalled + 1
+        local budget = default_budget
+        if g then
+          touch(g)
+          local override = lane_budget[g]
+          if override ~= nil then budget = override end
+        end
+        if budget > 0 and stalled >= budget then
+          -- attempts + 1 fences the stalled worker: its complete/retry/extend
+          -- carry the old token and are refused with EMQSTALE.
+          redis.call('HSET', row, 'stalled', stalled, 'state', 'dead', 'last_error', 'stalled',
+            'dead_at', now_s, 'attempts', attempts + 1)
+          to_dead[#to_dead + 1] = id
+          dead_lettered = dead_lettered + 1
+          if g then lane_dead[g] = lane_dead[g] + 1 end
+          redis.call('PUBLISH', channel,
+            '{"event":"failed","job":' .. json_string(id) .. ',"reason":"stalled"}')
+        else
+          redis.call('HSET', row, 'stalled', stalled, 'state', 'pending')
+          if g then
+            local jobs = lane_jobs[g]
+            if jobs == nil then
+              jobs = {}
+              lane_jobs[g] = jobs
+            end
+            jobs[#jobs + 1] = id
+            lane_rec[g] = lane_rec[g] + 1
+          else
+            to_pending[#to_pending + 1] = id
+          end
+          recovered = recovered + 1
+          redis.call('PUBLISH', channel, '{"event":"stalled","job":' .. json_string(id) .. '}')
+        end
+      end
+    end
+  end
+end
+
+if #to_pending > 0 then variadic('ZADD', KEYS[2], to_pending, true) end
+if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
+
+-- Lanes: free the slots, then apply the ring/wake rule once per lane (after
+-- every ZADD of this call, so "the lane has work" sees the recovered jobs).
+local woke = false
+local lanes_out = {}
+for _, g in ipairs(touched) do
+  local lane = prefix .. 'g:' .. g .. ':pending'
+  local jobs = lane_jobs[g]
+  if jobs then variadic('ZADD', lane, jobs, true) end
+  local act = redis.pcall('HINCRBY', KEYS[5], g, -lane_freed[g])
+  if type(act) == 'number' then
+    if act <= 0 then redis.call('HDEL', KEYS[5], g) end
+  else
+    act = nil -- a non-integer gactive is EchoMQ's corruption, not ours to rewrite
+  end
+  if act ~= nil and redis.call('SISMEMBER', KEYS[7], g) == 0 and redis.call('ZCARD', lane) > 0 then
+    local cap = tonumber(redis.call('HGET', KEYS[6], g) or '')
+    if (cap == nil or act < cap) and not redis.call('LPOS', KEYS[4], g) then
+      redis.call('RPUSH', KEYS[4], g)
+      redis.call('LPUSH', KEYS[8], '1')
+      woke = true
+    end
+  end
+  if lane_rec[g] > 0 or lane_dead[g] > 0 then
+    lanes_out[#lanes_out + 1] = g
+    lanes_out[#lanes_out + 1] = lane_rec[g]
+    lanes_out[#lanes_out + 1] = lane_dead[g]
+  end
+end
+if woke then redis.call('LTRIM', KEYS[8], 0, 63) end
+
+local deaths = dead_lettered + quarantined
+if deaths > 0 then redis.call('HINCRBY', KEYS[9], 'count', deaths) end
+
+local totals = KEYS[10]
+if recovered > 0 then redis.call('HINCRBY', totals, 'recovered', recovered) end
+if dead_lettered > 0 then redis.call('HINCRBY', totals, 'dead_lettered', dead_lettered) end
+if orphans > 0 then redis.call('HINCRBY', totals, 'orphans', orphans) end
+if quarantined > 0 then redis.call('HINCRBY', totals, 'quarantined', quarantined) end
+for i = 1, #lanes_out, 3 do
+  local g = lanes_out[i]
+  if lanes_out[i + 1] > 0 then
+    redis.call('HINCRBY', totals, 'lane:' .. g .. ':recovered', lanes_out[i + 1])
+  end
+  if lanes_out[i + 2] > 0 then
+    redis.call('HINCRBY', totals, 'lane:' .. g .. ':dead_lettered', lanes_out[i + 2])
+  end
+end
+
+return {recovered, dead_lettered, orphans, quarantined, more, lanes_out}
