@@ -16,14 +16,14 @@ GAP = "  "
 
 
 def printable(value: object) -> str:
-    """``value`` as one printable line: None -> ``-``, whitespace runs -> one
-    space, other control characters -> ``\\xNN`` escapes."""
+    """``value`` as one printable line: None -> ``-``, whitespace runs (newlines
+    included) -> one space, other control characters -> ``\\xNN`` escapes."""
     if value is None:
         return EMPTY
     text = str(value)
     out: list[str] = []
     for ch in text:
-        if ch in "\t\n\r\v\f":
+        if ch in " \t\n\r\v\f":
             if out and out[-1] != " ":
                 out.append(" ")
         elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import pytest
+
+from stalledpolicy.tables import (
+    display_width,
+    format_age,
+    printable,
+    render_pairs,
+    render_table,
+    truncate,
+)
+
+
+def test_printable_makes_one_safe_line():
+    assert printable(None) == "-"
+    assert printable(42) == "42"
+    assert printable("boom\n  at worker.ex:12\r\n") == "boom at worker.ex:12"
+    # an ANSI colour sequence from a worker's error must not reach the terminal raw
+    assert printable("\x1b[31mred") == "\\x1b[31mred"
+    assert "\x1b" not in printable("a\x1b]0;title\x07b")
+
+
+def test_truncate_marks_the_cut_and_respects_width():
+    assert truncate("short", 10) == "short"
+    assert truncate("exactly10!", 10) == "exactly10!"
+    cut = truncate("a much longer error message", 10)
+    assert cut == "a much lo…"
+    assert display_width(cut) == 10
+    assert truncate("anything", 0) == ""
+
+
+def test_wide_characters_count_two_columns():
+    assert display_width("日本") == 4
+    assert display_width("e\u0301") == 1  # combining accent takes no column
+    assert display_width(truncate("日本語のエラー", 5)) <= 5
+
+
+def test_table_columns_are_aligned_and_numbers_right_aligned():
+    text = render_table(
+        ("ID", "LANE", "STALLED", "LAST ERROR"),
+        [("JOB1", "tenant-a", 3, "stalled"), ("JOB1234567", None, 12, None), ("JOB2", "日本", 1, "x")],
+        right=("STALLED",),
+    )
+    lines = text.splitlines()
+    assert len(lines) == 4
+    header = lines[0]
+    lane_col = header.index("LANE")
+    err_col = header.index("LAST ERROR")
+    assert lines[1][lane_col:].startswith("tenant-a")
+    assert lines[2][lane_col:].startswith("-")
+    assert lines[1][err_col:] == "stalled"
+    # right alignment: numbers end where the header ends
+    stalled_end = header.index("STALLED") + len("STALLED")
+    assert lines[1][:stalled_end].endswith(" 3")
+    assert lines[2][:stalled_end].endswith("12")
+    # the wide lane pads by display width, so the next column still lines up
+    assert display_width(lines[3][: lines[3].index("x")]) == err_col
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_table_caps_a_column_and_refuses_ragged_rows():
+    text = render_table(("ID", "ERR"), [("J", "e" * 100)], max_widths={"ERR": 12})
+    assert text.splitlines()[1].endswith("e" * 11 + "…")
+    with pytest.raises(ValueError, match="2 columns"):
+        render_table(("A", "B"), [("only one",)])
+
+
+def test_pairs_align_values():
+    lines = render_pairs([("queue", "orders"), ("dead jobs", 7)]).splitlines()
+    assert lines[0].index("orders") == lines[1].index("7")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (0, "0s ago"),
+        (59.9, "59s ago"),
+        (60, "1m0s ago"),
+        (3 * 3600 + 12 * 60 + 5, "3h12m ago"),
+        (2 * 86400 + 5 * 3600 + 59, "2d5h ago"),
+        (-2, "0s ago"),
+        (None, "-"),
+    ],
+)
+def test_format_age(seconds, expected):
+    assert format_age(seconds) == expected
