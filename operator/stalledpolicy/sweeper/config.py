@@ -1,0 +1,340 @@
+"""The sweeper's settings: from flags and ``STALLEDPOLICY_*`` environment variables.
+
+The Deployment the operator writes sets environment variables (the Redis URL
+comes from a Secret that way); a person at a terminal uses flags. A flag beats
+its variable. Every value is checked once, at start, and a bad one is refused
+with a message that names the flag, the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from stalledpolicy.durations import format_duration, parse_duration
+from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+
+ENV_PREFIX = "STALLEDPOLICY_"
+INTERVAL_MIN_S = 1.0
+INTERVAL_MAX_S = 3600.0
+BATCH_MIN, BATCH_MAX = 1, 10_000
+LANE_NAME_MAX = 128
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Lane names end up inside keys (`emq:{q}:g:<lane>:pending`) and in the
+# `a=3,b=0` list syntax: the queue-name rule plus the two list separators.
+_LANE_FORBIDDEN = re.compile(r"[{}:\s=,]")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    field: str
+    flag: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+    @property
+    def names(self) -> str:
+        return f"{self.flag} ({self.env})"
+
+
+SETTINGS: dict[str, Setting] = {
+    s.field: s
+    for s in (
+        Setting("redis_url", "--redis-url"),
+        Setting("queue", "--queue"),
+        Setting("max_stalled", "--max-stalled"),
+        Setting("lanes", "--lane"),
+        Setting("interval", "--interval"),
+        Setting("batch_size", "--batch-size"),
+        Setting("metrics_port", "--metrics-port"),
+        Setting("metrics_address", "--metrics-address"),
+        Setting("once", "--once"),
+        Setting("log_format", "--log-format"),
+        Setting("log_level", "--log-level"),
+    )
+}
+
+
+def _fail(message: str, **context: Any) -> PydanticCustomError:
+    # A custom error keeps our wording as is (a plain ValueError would be
+    # prefixed with "Value error, ").
+    return PydanticCustomError("setting", message, context)
+
+
+def _parse_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise _fail(f"must be {what}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise _fail(f"must be {what}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (and user) replaced by ``***``: safe to log."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+    except ValueError:
+        return "<unparseable url>"
+    if "@" not in netloc:
+        return url
+    host = netloc.rpartition("@")[2]
+    return parts._replace(netloc=f":***@{host}").geturl()
+
+
+def _check_redis_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise _fail(f"is not a valid URL ({exc}); write redis://[:password@]host[:port][/db]")
+    if parts.scheme not in ("redis", "rediss"):
+        raise _fail(
+            "must start with redis:// or rediss:// (TLS); "
+            "write redis://[:password@]host[:port][/db]"
+        )
+    if not parts.hostname:
+        raise _fail("has no host; write redis://[:password@]host[:port][/db]")
+    if port == 0:
+        raise _fail("has port 0; use the server's port (6379 by default)")
+    db = unquote(parts.path).strip("/")
+    if db and not db.isdigit():
+        raise _fail(f"has database {db!r}; the path must be a database number such as /0")
+    return url
+
+
+class SweeperConfig(BaseModel):
+    """Validated settings of one ``stalledpolicy sweep`` process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    queue: str
+    max_stalled: int = 1
+    lanes: dict[str, int] = {}
+    interval: float = 30.0
+    batch_size: int = 100
+    metrics_port: int = 9090
+    metrics_address: str = "0.0.0.0"
+    once: bool = False
+    log_format: str = "text"
+    log_level: str = "info"
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _redis_url(cls, value: Any) -> Any:
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(raw, str) or not raw.strip():
+            raise _fail("must be a Redis URL; write redis://[:password@]host[:port][/db]")
+        return SecretStr(_check_redis_url(raw.strip()))
+
+    @field_validator("queue", mode="before")
+    @classmethod
+    def _queue(cls, value: Any) -> str:
+        try:
+            return validate_queue_name(value.strip() if isinstance(value, str) else value)
+        except InvalidQueueName as exc:
+            raise _fail(str(exc).removeprefix("queue: "))
+
+    @field_validator("max_stalled", mode="before")
+    @classmethod
+    def _max_stalled(cls, value: Any) -> int:
+        budget = _parse_int(value, "a whole number >= 0 (0 = never dead-letter)")
+        if budget < 0:
+            raise _fail("must be >= 0 (0 = never dead-letter, 1 = no recovery, 2 = one recovery, ...)")
+        return budget
+
+    @field_validator("lanes", mode="before")
+    @classmethod
+    def _lanes(cls, value: Any) -> dict[str, int]:
+        if isinstance(value, Mapping):
+            items = list(value.items())
+        elif isinstance(value, str):
+            items = [_split_lane(entry) for entry in value.split(",") if entry.strip()]
+        else:
+            items = [_split_lane(entry) for entry in value]
+        lanes: dict[str, int] = {}
+        for name, budget in items:
+            name = name.strip() if isinstance(name, str) else name
+            if not isinstance(name, str) or not name:
+                raise _fail("has a lane with an empty name; write NAME=BUDGET, for example imports=1")
+            if len(name) > LANE_NAME_MAX:
+                raise _fail(f"lane name {name[:20]!r}... is longer than {LANE_NAME_MAX} characters")
+            bad = _LANE_FORBIDDEN.search(name)
+            if bad:
+                raise _fail(
+                    f"lane name {name!r} contains {bad.group()!r}; lane names may not contain "
+                    "'{', '}', ':', '=', ',' or whitespace"
+                )
+            if name in lanes:
+                raise _fail(f"lane {name!r} is given twice; give each lane one budget")
+            number = _parse_int(budget, f"NAME=BUDGET with a whole-number budget >= 0 (lane {name!r})")
+            if number < 0:
+                raise _fail(f"lane {name!r} has budget {number}; a budget must be >= 0 (0 = never dead-letter)")
+            lanes[name] = number
+        return lanes
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> float:
+        if isinstance(value, str):
+            try:
+                seconds = parse_duration(value)
+            except ValueError:
+                raise _fail("must be a duration such as 30s, 2m or 1h")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            raise _fail("must be a duration such as 30s, 2m or 1h")
+        if not INTERVAL_MIN_S <= seconds <= INTERVAL_MAX_S:
+            raise _fail(
+                f"must be between {format_duration(INTERVAL_MIN_S)} and "
+                f"{format_duration(INTERVAL_MAX_S)}, for example 30s"
+            )
+        return seconds
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value: Any) -> int:
+        size = _parse_int(value, f"a whole number from {BATCH_MIN} to {BATCH_MAX}")
+        if not BATCH_MIN <= size <= BATCH_MAX:
+            raise _fail(f"must be from {BATCH_MIN} to {BATCH_MAX} (default 100)")
+        return size
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _metrics_port(cls, value: Any) -> int:
+        port = _parse_int(value, "a port number from 1 to 65535, or 0 to disable the metrics server")
+        if not 0 <= port <= 65535:
+            raise _fail("must be a port number from 1 to 65535, or 0 to disable the metrics server")
+        return port
+
+    @field_validator("metrics_address", mode="before")
+    @classmethod
+    def _metrics_address(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
+            raise _fail("must be an address to listen on, such as 0.0.0.0 or 127.0.0.1")
+        return value.strip()
+
+    @field_validator("once", mode="before")
+    @classmethod
+    def _once(cls, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise _fail("must be true or false")
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _log_format(cls, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in LOG_FORMATS:
+            raise _fail("must be text or json")
+        return text
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in LOG_LEVELS:
+            raise _fail("must be one of " + ", ".join(LOG_LEVELS))
+        return text
+
+    @property
+    def redis_url_redacted(self) -> str:
+        return redact_url(self.redis_url.get_secret_value())
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as log fields: the password stays out."""
+        return {
+            "queue": self.queue,
+            "redis": self.redis_url_redacted,
+            "max_stalled": self.max_stalled,
+            "lanes": ",".join(f"{k}={v}" for k, v in self.lanes.items()) or "-",
+            "interval": format_duration(self.interval),
+            "batch_size": self.batch_size,
+            "metrics_port": self.metrics_port,
+        }
+
+
+def _split_lane(entry: Any) -> tuple[Any, Any]:
+    if isinstance(entry, (tuple, list)) and len(entry) == 2:
+        return entry[0], entry[1]
+    if isinstance(entry, str) and "=" in entry:
+        name, _, budget = entry.partition("=")
+        return name, budget.strip()
+    raise _fail(f"{str(entry).strip()!r} is not NAME=BUDGET; write for example imports=1")
+
+
+class ConfigError(Exception):
+    """Bad settings; ``problems`` holds one readable line per bad setting."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _shown(field: str, value: Any) -> str:
+    if field == "redis_url":
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return redact_url(raw) if isinstance(raw, str) else "<not a string>"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _problems(error: ValidationError, given: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for item in error.errors(include_url=False):
+        field = str(item["loc"][0]) if item["loc"] else ""
+        setting = SETTINGS.get(field)
+        if item["type"] == "missing" and setting:
+            problems.append(f"{setting.names}: is required; set {setting.flag} or {setting.env}")
+            continue
+        names = setting.names if setting else field or "settings"
+        value = given.get(field, item.get("input"))
+        shown = _shown(field, value)
+        if not shown or any(c.isspace() for c in shown):
+            shown = repr(shown)
+        problems.append(f"{names}: {item['msg']}, got {shown}")
+    return problems
+
+
+def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> SweeperConfig:
+    """Merge flags (None = not given) over ``STALLEDPOLICY_*`` variables and validate.
+
+    ``flags`` maps field names to parsed flag values; an empty variable counts
+    as unset (a Deployment often renders optional values as ``""``).
+    Raises :class:`ConfigError` naming every bad setting.
+    """
+    given: dict[str, Any] = {}
+    for field, setting in SETTINGS.items():
+        flag_value = flags.get(field)
+        if flag_value is not None and flag_value != []:
+            given[field] = flag_value
+            continue
+        env_value = environ.get(setting.env)
+        if env_value is not None and env_value.strip() != "":
+            given[field] = env_value
+    try:
+        return SweeperConfig(**given)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc, given)) from None

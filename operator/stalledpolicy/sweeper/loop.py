@@ -1,0 +1,312 @@
+"""The sweep loop: drain the expired prefix of ``active`` every interval.
+
+Each pass calls :func:`stalledpolicy.engine.drain` (bounded script calls, one
+at a time, so Redis is never blocked for long) and then reads one
+:func:`~stalledpolicy.engine.queue_snapshot` for the gauges.
+
+Failure policy (the process must never crash-loop):
+- Redis unreachable: one warning when the outage starts, one info line when it
+  ends, retries in between on a capped exponential backoff with jitter, and
+  /readyz answers 503 meanwhile.
+- Any other error of a pass (a script error, a bug): logged once per distinct
+  message until a pass succeeds again, retried on the normal interval.
+
+Stopping: a signal sets :attr:`Sweeper.stop`; the engine checks it between
+script calls (so the current call finishes) and every wait is on that Event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from stalledpolicy import engine
+from stalledpolicy.sweeper.config import SweeperConfig
+from stalledpolicy.sweeper.metrics import Health, SweeperMetrics
+
+log = logging.getLogger("stalledpolicy.sweeper")
+
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 30.0
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_TIMEOUT_S = 5.0
+# The loop beats at least once a second while waiting and after every script
+# call, so only a blocking Redis round trip (bounded by the timeouts above,
+# plus one retry) delays a beat; the floor keeps a short interval from
+# flagging a slow outage as a wedged loop.
+HEALTH_FLOOR_S = 20.0
+_WAIT_SLICE_S = 1.0
+
+# Errors that mean "Redis cannot serve us now" (an outage), not "our call is wrong".
+UNREACHABLE = (
+    redis.ConnectionError,  # also AuthenticationError, BusyLoadingError
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    MasterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    OSError,
+)
+
+
+def connect(url: str) -> Any:
+    """A client for ``url``: a ``RedisCluster`` when the server is a cluster node."""
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        # One immediate retry replaces a pooled connection a restart broke;
+        # the loop's own backoff handles real outages.
+        retry=Retry(NoBackoff(), 1),
+    )
+    if str(client.info("cluster").get("cluster_enabled", 0)) == "1":
+        client.close()
+        return redis.RedisCluster.from_url(
+            url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
+        )
+    return client
+
+
+class Sweeper:
+    def __init__(
+        self,
+        config: SweeperConfig,
+        metrics: SweeperMetrics,
+        *,
+        stop: threading.Event | None = None,
+        connect_fn: Callable[[str], Any] = connect,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ):
+        self.config = config
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.health = Health(stale_after_s=max(3 * config.interval, HEALTH_FLOOR_S), clock=clock)
+        self._connect = connect_fn
+        self._clock = clock
+        self._jitter = jitter
+        self._client: Any = None
+        self._budgets = engine.Budgets(default=config.max_stalled, lanes=dict(config.lanes))
+        self._secrets = _password_forms(config.redis_url.get_secret_value())
+        self._down_since: float | None = None
+        self._failed_attempts = 0
+        self._logged_errors: set[str] = set()
+        self.last_result: Any = None
+        self.passes = 0
+
+    # -- one pass -------------------------------------------------------------
+
+    def sweep_pass(self) -> bool:
+        """Drain once; False when the pass failed (the reason is logged)."""
+        started = self._clock()
+        self.health.beat()
+        try:
+            client = self._client_or_connect()
+            result = engine.drain(
+                client, self.config.queue, self._budgets, self.config.batch_size,
+                should_stop=self.stop.is_set, on_call=self._on_call,
+            )
+            snapshot = None
+            if not self.stop.is_set():
+                snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
+        except UNREACHABLE as exc:
+            self._outage(exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 (a script error or a bug must not end the process)
+            self._pass_error(exc)
+            return False
+        seconds = self._clock() - started
+        self._recovered()
+        self.metrics.pass_duration.observe(seconds)
+        self.metrics.last_pass.set(time.time())
+        if snapshot is not None:
+            self.metrics.observe_snapshot(snapshot)
+        self.health.last_pass_ok = True
+        self.health.reason = "ok"
+        self._logged_errors.clear()
+        self.last_result = result
+        self.passes += 1
+        self._log_pass(result, seconds, snapshot)
+        return True
+
+    def _client_or_connect(self) -> Any:
+        if self._client is None:
+            self._client = self._connect(self.config.redis_url.get_secret_value())
+        return self._client
+
+    def _on_call(self, result: Any, seconds: float) -> None:
+        self.metrics.count_call(result, seconds)
+        self.health.beat()
+
+    def _log_pass(self, result: Any, seconds: float, snapshot: Any) -> None:
+        fields = {
+            "queue": self.config.queue,
+            "recovered": result.recovered,
+            "dead_lettered": result.dead_lettered,
+            "orphans": result.orphans,
+            "quarantined": result.quarantined,
+            "calls": result.calls,
+            "duration_ms": round(seconds * 1000, 1),
+        }
+        if result.lanes:
+            fields["lanes"] = ",".join(
+                f"{name or '-'}:{c.recovered}/{c.dead_lettered}" for name, c in sorted(result.lanes.items())
+            )
+        if snapshot is not None:
+            fields["morgue"] = snapshot.dead
+        if self.stop.is_set():
+            fields["stopped_early"] = True
+        did_work = result.recovered or result.dead_lettered or result.orphans or result.quarantined
+        log.log(logging.INFO if did_work else logging.DEBUG,
+                "sweep pass" if did_work else "sweep pass: nothing expired", extra=fields)
+
+    # -- failures -------------------------------------------------------------
+
+    def _outage(self, exc: BaseException) -> None:
+        self._failed_attempts += 1
+        self.metrics.set_redis_up(False)
+        self.health.redis_up = False
+        self.health.last_pass_ok = False
+        self.health.reason = f"redis unreachable: {self._scrub(exc)}"
+        if self._down_since is None:
+            self._down_since = self._clock()
+            log.warning(
+                "redis unreachable; retrying with backoff (logged once per outage)",
+                extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
+                       "error": self._scrub(exc), "error_type": type(exc).__name__},
+            )
+        else:
+            log.debug("redis still unreachable", extra={
+                "queue": self.config.queue, "attempt": self._failed_attempts, "error": self._scrub(exc)})
+
+    def _recovered(self) -> None:
+        self.metrics.set_redis_up(True)
+        self.health.redis_up = True
+        if self._down_since is not None:
+            log.info("redis reachable again", extra={
+                "queue": self.config.queue, "redis": self.config.redis_url_redacted,
+                "outage_s": round(self._clock() - self._down_since, 1),
+                "attempts": self._failed_attempts})
+        self._down_since = None
+        self._failed_attempts = 0
+
+    def _pass_error(self, exc: BaseException) -> None:
+        # Redis answered (the error came from it or from our own code), so it is up.
+        self.metrics.set_redis_up(True)
+        self.health.redis_up = True
+        if self._down_since is not None:
+            self._recovered()
+        message = self._scrub(exc)
+        self.health.last_pass_ok = False
+        self.health.reason = f"last pass failed: {message}"
+        key = f"{type(exc).__name__}: {message}"
+        if key in self._logged_errors:
+            log.debug("sweep pass failed again", extra={"queue": self.config.queue, "error": message})
+            return
+        self._logged_errors.add(key)
+        is_redis_error = isinstance(exc, redis.RedisError)
+        log.error(
+            "sweep pass failed; retrying next interval (logged once until a pass succeeds)",
+            extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
+            exc_info=None if is_redis_error else exc,
+        )
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = str(exc) or type(exc).__name__
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def backoff_delay(self) -> float:
+        """Capped exponential delay with equal jitter: half fixed, half random."""
+        exponent = min(max(self._failed_attempts - 1, 0), 16)
+        capped = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2**exponent)
+        return capped / 2 + capped / 2 * self._jitter()
+
+    @property
+    def redis_down(self) -> bool:
+        return self._down_since is not None
+
+    # -- the loop ---------------------------------------------------------------
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, beating; True when a stop was requested."""
+        deadline = self._clock() + seconds
+        while not self.stop.is_set():
+            self.health.beat()
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            self.stop.wait(min(remaining, _WAIT_SLICE_S))
+        return True
+
+    def run_forever(self) -> None:
+        """Sweep every interval until :attr:`stop` is set."""
+        next_at = self._clock()
+        while not self.stop.is_set():
+            self.sweep_pass()
+            if self.stop.is_set():
+                break
+            if self.redis_down:
+                self.wait(self.backoff_delay())
+                next_at = self._clock()  # the pass after an outage runs at once
+                continue
+            # Schedule from the planned start, not from the end of the pass, so
+            # the cadence does not drift; an overrun starts the next pass now
+            # (and never in a burst of catch-up passes).
+            next_at += self.config.interval
+            now = self._clock()
+            if next_at < now:
+                next_at = now
+            self.wait(next_at - now)
+        self.close()
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 (closing a dead connection may raise; nothing to do)
+                pass
+            self._client = None
+
+
+def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
+    """One JSON line for ``--once``: what the pass did."""
+    return json.dumps({
+        "queue": queue,
+        "recovered": result.recovered,
+        "dead_lettered": result.dead_lettered,
+        "orphans": result.orphans,
+        "quarantined": result.quarantined,
+        "calls": result.calls,
+        "lanes": {name: {"recovered": c.recovered, "dead_lettered": c.dead_lettered}
+                  for name, c in sorted(result.lanes.items())},
+        "stopped_early": stopped_early,
+    })
+
+
+def _password_forms(url: str) -> tuple[str, ...]:
+    """The URL's password as written and decoded: both are scrubbed from messages."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return ()
+    return tuple({password, unquote(password)}) if password else ()

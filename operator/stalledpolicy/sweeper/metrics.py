@@ -1,0 +1,188 @@
+"""The sweeper's Prometheus metrics and its one small HTTP server.
+
+``/metrics`` (Prometheus text), ``/healthz`` (the loop is alive: its heartbeat
+is recent) and ``/readyz`` (Redis answered and the last pass succeeded) are
+served by one ``ThreadingHTTPServer`` on a daemon thread.
+
+Counters count what *this* process did; the totals every replica shares live
+in Redis (``emq:{q}:sweeper:totals``) and are exported by the operator.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+FLAT_LANE = ""  # the lane label of jobs without a group
+
+# Script calls are bounded (milliseconds); passes drain a backlog (up to seconds).
+_CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_PASS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class SweeperMetrics:
+    def __init__(self, queue: str, lanes: tuple[str, ...] = ()):
+        self.queue = queue
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.recovered = Counter(
+            "stalledpolicy_recovered", "Stalled jobs this process returned to pending or their lane",
+            ["queue", "lane"], registry=r)
+        self.dead_lettered = Counter(
+            "stalledpolicy_dead_lettered", "Stalled jobs this process moved to the morgue at their budget",
+            ["queue", "lane"], registry=r)
+        self.orphans = Counter(
+            "stalledpolicy_orphans", "Ids in active whose job row was gone (removed, no ghost row made)",
+            ["queue"], registry=r)
+        self.quarantined = Counter(
+            "stalledpolicy_quarantined", "Malformed job rows moved to the morgue instead of aborting the batch",
+            ["queue"], registry=r)
+        self.pass_duration = Histogram(
+            "stalledpolicy_pass_duration_seconds", "Duration of one sweep pass (a full drain)",
+            registry=r, buckets=_PASS_BUCKETS)
+        self.call_duration = Histogram(
+            "stalledpolicy_script_call_duration_seconds", "Duration of one bounded sweep script call",
+            registry=r, buckets=_CALL_BUCKETS)
+        self.morgue_size = Gauge(
+            "stalledpolicy_morgue_size", "Jobs in the queue's morgue (emq:{q}:dead)", ["queue"], registry=r)
+        self.pending = Gauge(
+            "stalledpolicy_pending", "Jobs in the queue's flat pending set", ["queue"], registry=r)
+        self.active = Gauge(
+            "stalledpolicy_active", "Jobs claimed by workers (emq:{q}:active)", ["queue"], registry=r)
+        self.redis_up = Gauge(
+            "stalledpolicy_redis_up", "1 when the last Redis round trip succeeded", ["queue"], registry=r)
+        self.last_pass = Gauge(
+            "stalledpolicy_last_pass_timestamp_seconds", "Unix time of the last successful pass", registry=r)
+        # Series exist from the start, at 0, so dashboards and rate() see them.
+        for lane in (FLAT_LANE, *lanes):
+            self.recovered.labels(queue, lane)
+            self.dead_lettered.labels(queue, lane)
+        self.orphans.labels(queue)
+        self.quarantined.labels(queue)
+        self.redis_up.labels(queue).set(0)
+
+    def count_call(self, result: Any, seconds: float) -> None:
+        """Add one script call's result (an ``engine.SweepResult``)."""
+        self.call_duration.observe(seconds)
+        q = self.queue
+        for lane, counts in _per_lane(result).items():
+            if counts[0]:
+                self.recovered.labels(q, lane).inc(counts[0])
+            if counts[1]:
+                self.dead_lettered.labels(q, lane).inc(counts[1])
+        if result.orphans:
+            self.orphans.labels(q).inc(result.orphans)
+        if result.quarantined:
+            self.quarantined.labels(q).inc(result.quarantined)
+
+    def observe_snapshot(self, snapshot: Any) -> None:
+        self.morgue_size.labels(self.queue).set(snapshot.dead)
+        self.pending.labels(self.queue).set(snapshot.pending)
+        self.active.labels(self.queue).set(snapshot.active)
+
+    def set_redis_up(self, up: bool) -> None:
+        self.redis_up.labels(self.queue).set(1 if up else 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _per_lane(result: Any) -> dict[str, tuple[int, int]]:
+    """(recovered, dead-lettered) per lane label; flat jobs are whatever the
+    lanes do not account for, whether or not the engine lists them under ""."""
+    lanes: dict[str, tuple[int, int]] = {}
+    for name, counts in (result.lanes or {}).items():
+        lanes[name or FLAT_LANE] = (counts.recovered, counts.dead_lettered)
+    flat_recovered = result.recovered - sum(c[0] for c in lanes.values())
+    flat_dead = result.dead_lettered - sum(c[1] for c in lanes.values())
+    if flat_recovered > 0 or flat_dead > 0:
+        known = lanes.get(FLAT_LANE, (0, 0))
+        lanes[FLAT_LANE] = (known[0] + max(flat_recovered, 0), known[1] + max(flat_dead, 0))
+    return lanes
+
+
+class Health:
+    """What /healthz and /readyz answer; written by the loop, read by the server."""
+
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self.stale_after_s = stale_after_s
+        self.heartbeat = clock()
+        self.redis_up = False
+        self.last_pass_ok = False
+        self.reason = "no pass yet"
+
+    def beat(self) -> None:
+        self.heartbeat = self._clock()
+
+    def alive(self) -> tuple[bool, str]:
+        age = self._clock() - self.heartbeat
+        if age > self.stale_after_s:
+            return False, f"loop heartbeat is {age:.0f}s old (limit {self.stale_after_s:.0f}s)"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.redis_up:
+            return False, self.reason or "redis unreachable"
+        if not self.last_pass_ok:
+            return False, self.reason or "last pass failed"
+        return True, "ok"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    metrics: SweeperMetrics
+    health: Health
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._status(*self.health.alive())
+        elif path == "/readyz":
+            self._status(*self.health.ready())
+        else:
+            self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+
+    def _status(self, ok: bool, reason: str) -> None:
+        body = json.dumps({"status": "ok" if ok else "fail", "reason": reason}).encode() + b"\n"
+        self._send(200 if ok else 503, body, "application/json")
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # probes every few seconds would drown the sweep's own lines
+
+
+class StatusServer:
+    """/metrics, /healthz and /readyz on one port; :meth:`stop` on shutdown."""
+
+    def __init__(self, address: str, port: int, metrics: SweeperMetrics, health: Health):
+        handler = type("Handler", (_Handler,), {"metrics": metrics, "health": health})
+        self._server = ThreadingHTTPServer((address, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> "StatusServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
