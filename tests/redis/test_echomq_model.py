@@ -1,0 +1,259 @@
+"""The EchoMQ-shaped worker model behaves per the contract, and its audit is no
+rubber stamp: every corruption it is meant to catch, it catches."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalledpolicy import engine
+from stalledpolicy.devenv.echomq import EchoMQ, StaleToken, audit, seed_stalled, server_now_ms
+from stalledpolicy.keyspace import QueueKeys
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def mq(r, queue_name):
+    return EchoMQ(r, queue_name)
+
+
+def test_ids_sort_in_mint_order_and_flat_claims_follow_it(mq, r):
+    ids = [mq.enqueue(f"p{i}") for i in range(5)] + mq.enqueue_many(5)
+    assert ids == sorted(ids) and all(i.startswith("JOB") for i in ids)
+    claimed = [mq.claim(5_000, "flat") for _ in ids]
+    assert [c.id for c in claimed] == ids
+    assert mq.claim(5_000, "flat") is None
+    assert {c.token for c in claimed} == {1}
+    assert claimed[0].payload == "p0"
+    assert mq.audit() == []
+
+
+def test_claim_leases_on_the_server_clock_and_counts_attempts(mq, r):
+    job = mq.enqueue("x")
+    before = server_now_ms(r)
+    claim = mq.claim(7_000, "flat")
+    after = server_now_ms(r)
+    row = r.hgetall(mq.keys.job(job))
+    assert (row["state"], row["attempts"]) == ("active", "1")
+    assert before + 7_000 <= r.zscore(mq.keys.active, job) <= after + 7_000
+    assert claim.token == 1 and claim.group is None
+
+
+def test_grouped_claims_rotate_the_ring_round_robin(mq, r):
+    for group, count in (("a", 3), ("b", 2), ("c", 1)):
+        for _ in range(count):
+            mq.enqueue(group, group=group)
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a", "b", "c"]
+    served = [mq.claim(5_000, "grouped").group for _ in range(6)]
+    assert served == ["a", "b", "c", "a", "b", "a"]
+    assert mq.claim(5_000, "grouped") is None
+    assert r.hgetall(mq.keys.gactive) == {"a": "3", "b": "2", "c": "1"}
+    assert r.llen(mq.keys.ring) == 0  # emptied lanes leave the ring
+    assert mq.audit() == []
+
+
+def test_lane_limit_takes_a_lane_off_the_ring_and_completion_puts_it_back(mq, r):
+    mq.set_lane_limit("a", 1)
+    mq.enqueue_many(3, group="a")
+    mq.enqueue_many(1, group="b")
+    first = mq.claim(5_000, "grouped")
+    assert first.group == "a"
+    assert "a" not in r.lrange(mq.keys.ring, 0, -1)
+    assert mq.claim(5_000, "grouped").group == "b"
+    assert mq.claim(5_000, "grouped") is None  # a is at its limit, b is empty
+    r.delete(mq.keys.wake)
+    assert mq.complete(first) is True
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a"]
+    assert r.lrange(mq.keys.wake, 0, -1) == ["1"]
+    assert mq.audit() == []
+    mq.set_lane_limit("a", 0)
+    assert r.llen(mq.keys.ring) == 0
+    mq.set_lane_limit("a", 5)
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a"]
+    assert mq.audit() == []
+
+
+def test_a_paused_lane_is_not_served_until_resumed(mq, r):
+    mq.enqueue_many(2, group="a")
+    mq.pause("a")
+    assert r.llen(mq.keys.ring) == 0
+    mq.enqueue("late", group="a")  # admission into a paused lane does not ring it
+    assert r.llen(mq.keys.ring) == 0
+    assert mq.claim(5_000, "grouped") is None
+    assert mq.audit() == []
+    mq.resume("a")
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a"]
+    assert mq.claim(5_000, "grouped").group == "a"
+
+
+def test_wake_is_pushed_for_a_lane_entering_the_ring_and_trimmed(mq, r):
+    mq.enqueue("x", group="a")
+    mq.enqueue("y", group="a")  # already on the ring: no second wake
+    assert r.lrange(mq.keys.wake, 0, -1) == ["1"]
+    for i in range(100):
+        mq.enqueue("z", group=f"lane{i}")
+    assert r.llen(mq.keys.wake) == 64
+    assert mq.audit() == []
+
+
+def test_stale_tokens_are_refused_and_a_gone_row_is_reported(mq, r):
+    job = mq.enqueue("x")
+    first = mq.claim(5_000, "flat")
+    assert mq.fail(first, error="boom", delay_ms=0, max_attempts=5) == "scheduled"
+    assert mq.where_is(job).places == ["schedule"]
+    assert mq.promote() == 1
+    second = mq.claim(5_000, "flat")
+    assert second.token == 2
+    with pytest.raises(StaleToken):
+        mq.complete(first)
+    with pytest.raises(StaleToken):
+        mq.extend(first, 5_000)
+    assert mq.extend(second, 9_000) is True
+    assert mq.complete(second) is True
+    assert mq.complete(second) is False  # row gone
+    assert r.hget(mq.keys.metrics_completed, "count") == "1"
+    assert mq.audit() == []
+
+
+def test_fail_at_max_attempts_dead_letters_and_frees_the_lane(mq, r):
+    mq.set_lane_limit("a", 1)
+    job = mq.enqueue("x", group="a")
+    mq.enqueue("y", group="a")
+    claim = mq.claim(5_000, "grouped")
+    assert claim.id == job
+    assert mq.fail(claim, error="bad", max_attempts=1) == "dead"
+    assert r.hgetall(mq.keys.job(job))["state"] == "dead"
+    assert r.zscore(mq.keys.dead, job) == 0
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a"]
+    assert r.hget(mq.keys.metrics_failed, "count") == "1"
+    assert mq.audit() == []
+
+
+def test_a_late_complete_after_a_recovery_finishes_the_job_cleanly(mq, r):
+    """EchoMQ fences by token only: the stalled worker that finishes after the
+    sweep returned its job (nobody re-claimed it) retires it from the lane."""
+    mq.enqueue("x", group="a")
+    claim = mq.claim(5_000, "grouped")
+    mq.expire(claim)
+    assert engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10).recovered == 1
+    assert mq.where_is(claim.id).places == ["lane:a"]
+    assert mq.complete(claim) is True
+    assert mq.where_is(claim.id).places == []
+    assert mq.audit() == []
+
+
+def test_echomq_extend_after_a_recovery_double_places_the_job_strict_does_not(mq, r):
+    """A hazard of EchoMQ's own extension (not of our sweep): the audit sees it."""
+    job = mq.enqueue("x")
+    claim = mq.claim(5_000, "flat")
+    mq.expire(claim)
+    engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10)
+    assert mq.extend(claim, 5_000, strict=True) is False
+    assert mq.audit() == []
+    assert mq.extend(claim, 5_000) is True
+    assert sorted(mq.where_is(job).places) == ["active", "pending"]
+    assert any("several places" in p for p in mq.audit())
+
+
+def test_seed_stalled_leaves_what_a_dead_worker_leaves(r, queue_name):
+    mq = EchoMQ(r, queue_name)
+    seeded = mq.seed_stalled(2_000, groups=["a", "b"], budget=3, at_budget_fraction=0.25)
+    keys = QueueKeys(queue_name)
+    assert r.zcount(keys.active, "-inf", server_now_ms(r)) == 2_000
+    grouped = [j for j, g in seeded.groups.items() if g]
+    assert 0 < len(grouped) < 2_000
+    assert sum(int(v) for v in r.hvals(keys.gactive)) == len(grouped)
+    assert all(seeded.stalled_before[j] == 2 for j in seeded.at_budget)
+    assert 0 < len(seeded.at_budget) < 2_000
+    assert mq.audit() == []
+    result = engine.drain(r, queue_name, engine.Budgets(3), 500)
+    assert (result.recovered, result.dead_lettered) == (2_000 - len(seeded.at_budget), len(seeded.at_budget))
+    assert set(r.zrange(keys.dead, 0, -1)) == seeded.at_budget
+    assert mq.audit() == []
+
+
+def test_the_model_works_without_decoded_responses(redis_server, queue_name):
+    raw = redis_server.client()
+    raw.flushall()
+    mq = EchoMQ(raw, queue_name)
+    mq.enqueue("x", group="a")
+    claim = mq.claim(5_000)
+    assert isinstance(claim.id, str) and claim.group == "a"
+    assert mq.where_is(claim.id).places == ["active"]
+    assert mq.audit() == []
+    assert mq.complete(claim) is True
+    raw.close()
+
+
+# -- the audit catches what it must -------------------------------------------
+
+def _only(problems: list[str], needle: str) -> None:
+    assert problems, "the audit saw nothing"
+    assert any(needle in p for p in problems), problems
+
+
+def test_audit_flags_a_job_in_two_places(mq, r):
+    job = mq.enqueue("x")
+    r.zadd(mq.keys.dead, {job: 0})
+    _only(mq.audit(), "several places")
+
+
+def test_audit_flags_a_ghost_row_and_a_dangling_id(mq, r):
+    r.hset(mq.keys.job("JOBghost"), mapping={"state": "pending", "stalled": "1"})
+    _only(mq.audit(), "in no place")
+    r.delete(mq.keys.job("JOBghost"))
+    r.zadd(mq.keys.dead, {"JOBdangling": 0})
+    _only(mq.audit(), "dangling")
+
+
+def test_audit_flags_a_lost_job_against_the_ledger(mq, r):
+    job = mq.enqueue("x")
+    r.zrem(mq.keys.pending, job)
+    r.delete(mq.keys.job(job))
+    _only(mq.audit(), "lost")
+    assert mq.audit(check_ledger=False) == []
+
+
+def test_audit_flags_state_and_lane_mismatches(mq, r):
+    flat = mq.enqueue("x")
+    grouped = mq.enqueue("y", group="a")
+    r.hset(mq.keys.job(flat), "state", "active")
+    _only(mq.audit(), "want 'pending'")
+    r.hset(mq.keys.job(flat), "state", "pending")
+    r.zrem(mq.keys.lane_pending("a"), grouped)
+    r.zadd(mq.keys.pending, {grouped: 0})
+    _only(mq.audit(), "flat pending")
+
+
+def test_audit_flags_gactive_drift(mq, r):
+    mq.enqueue("x", group="a")
+    mq.claim(5_000, "grouped")
+    r.hincrby(mq.keys.gactive, "a", 1)
+    _only(mq.audit(), "in flight")
+    r.hset(mq.keys.gactive, "b", 0)
+    _only(mq.audit(), "must be deleted")
+
+
+def test_audit_flags_ring_faults(mq, r):
+    mq.enqueue_many(2, group="a")
+    r.delete(mq.keys.ring)
+    _only(mq.audit(), "missing from the ring")
+    r.rpush(mq.keys.ring, "a", "a")
+    _only(mq.audit(), "2 times")
+    r.delete(mq.keys.ring)
+    r.sadd(mq.keys.paused, "a")
+    r.rpush(mq.keys.ring, "a")
+    _only(mq.audit(), "paused but on the ring")
+    r.delete(mq.keys.ring, mq.keys.paused)
+    r.hset(mq.keys.glimit, "a", 0)
+    r.rpush(mq.keys.ring, "a")
+    _only(mq.audit(), "at its limit")
+
+
+def test_audit_flags_non_integer_counters_and_wrong_row_types(mq, r):
+    job = mq.enqueue("x")
+    r.hset(mq.keys.job(job), "stalled", "lots")
+    _only(mq.audit(), "not an integer")
+    r.delete(mq.keys.job(job))
+    r.set(mq.keys.job(job), "oops")
+    _only(audit(r, mq.queue), "not a hash")
