@@ -1,0 +1,174 @@
+"""Status conditions of a StalledPolicy, as pure functions over plain lists.
+
+Conditions are dicts in the CRD's shape (``type``, ``status``, ``reason``,
+``message``, ``lastTransitionTime``, ``observedGeneration``), kept as a list
+keyed by ``type``. Functions never mutate their input: they return a new list,
+so comparing old and new tells whether a status patch is needed.
+
+``lastTransitionTime`` changes only when a condition's ``status`` changes (a
+new reason or message alone keeps it), as Kubernetes conventions ask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+READY = "Ready"
+SWEEPER_AVAILABLE = "SweeperAvailable"
+REDIS_REACHABLE = "RedisReachable"
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+_STATUSES = (TRUE, FALSE, UNKNOWN)
+
+# Reasons used by the summary below; the operator may use any CamelCase word.
+REASON_SWEEPING = "Sweeping"
+REASON_SUSPENDED = "Suspended"
+REASON_PENDING = "Pending"
+
+MESSAGE_MAX = 32768
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition's meaning, without its bookkeeping (time, generation)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+    @classmethod
+    def of(cls, condition: Mapping[str, Any]) -> Condition:
+        return cls(
+            type=str(condition["type"]),
+            status=str(condition.get("status", UNKNOWN)),
+            reason=str(condition.get("reason", "")),
+            message=str(condition.get("message", "")),
+        )
+
+
+def format_time(now: datetime | str) -> str:
+    """RFC 3339 UTC with second precision (``2026-12-02T15:56:25Z``), as the API stores it."""
+    if isinstance(now, str):
+        return now
+    if now.tzinfo is None:
+        raise ValueError("now: give a timezone-aware datetime (datetime.now(timezone.utc))")
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def get_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    """The condition of that type (a copy), or None."""
+    for condition in conditions or ():
+        if condition.get("type") == type_:
+            return dict(condition)
+    return None
+
+
+def condition_status(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> str:
+    """``True``, ``False`` or ``Unknown`` (a missing condition is Unknown)."""
+    found = get_condition(conditions, type_)
+    return str(found.get("status", UNKNOWN)) if found else UNKNOWN
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    type: str,  # noqa: A002 - the field's own name
+    status: str | bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime | str,
+) -> list[dict[str, Any]]:
+    """A new condition list with ``type`` set (replaced in place, or appended).
+
+    ``status`` may be a bool. ``lastTransitionTime`` is kept when the status is
+    unchanged and set to ``now`` when it changes (or the condition is new).
+    Raises ValueError for a status outside True/False/Unknown or a reason the
+    CRD would refuse (it must be a CamelCase word). Messages are cut to the
+    CRD's limit.
+    """
+    if isinstance(status, bool):
+        status = TRUE if status else FALSE
+    if status not in _STATUSES:
+        raise ValueError(f"status: {status!r}; use True, False or Unknown")
+    if not _REASON.fullmatch(reason or ""):
+        raise ValueError(f"reason: {reason!r}; use a CamelCase word such as DeploymentAvailable")
+
+    previous = get_condition(conditions, type)
+    keep_time = previous is not None and previous.get("status") == status and previous.get(
+        "lastTransitionTime"
+    )
+    updated: dict[str, Any] = {
+        "type": type,
+        "status": status,
+        "reason": reason,
+        "message": (message or "")[:MESSAGE_MAX],
+        "lastTransitionTime": previous["lastTransitionTime"] if keep_time else format_time(now),
+    }
+    if generation is not None:
+        updated["observedGeneration"] = int(generation)
+
+    result: list[dict[str, Any]] = []
+    placed = False
+    for condition in conditions or ():
+        if condition.get("type") == type:
+            result.append(updated)
+            placed = True
+        else:
+            result.append(dict(condition))
+    if not placed:
+        result.append(updated)
+    return result
+
+
+def set_conditions(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    updates: Iterable[Condition],
+    generation: int | None,
+    now: datetime | str,
+) -> list[dict[str, Any]]:
+    """:func:`set_condition` for several conditions at once."""
+    result = [dict(c) for c in conditions or ()]
+    for update in updates:
+        result = set_condition(
+            result, update.type, update.status, update.reason, update.message, generation, now
+        )
+    return result
+
+
+def ready_from(
+    parts: Iterable[Condition | Mapping[str, Any]],
+    *,
+    suspended: bool = False,
+) -> Condition:
+    """The ``Ready`` summary of the other conditions.
+
+    Ready is True when every part is True. Otherwise the first False part (in
+    the order given, so list the most telling first) decides the reason and
+    message; failing that, the first Unknown one, as Ready=Unknown. When the
+    policy is suspended a sweeper at zero replicas is expected, so the
+    ``SweeperAvailable`` part is left out and Ready=True has reason Suspended.
+    """
+    considered = [p if isinstance(p, Condition) else Condition.of(p) for p in parts]
+    if suspended:
+        considered = [c for c in considered if c.type != SWEEPER_AVAILABLE]
+    if not considered:
+        return Condition(READY, UNKNOWN, REASON_PENDING, "nothing observed yet")
+    for wanted in (FALSE, UNKNOWN):
+        for condition in considered:
+            if condition.status == wanted:
+                return Condition(READY, wanted, condition.reason, condition.message)
+    if suspended:
+        return Condition(
+            READY, TRUE, REASON_SUSPENDED, "sweeping is suspended (spec.suspend); status is still published"
+        )
+    return Condition(READY, TRUE, REASON_SWEEPING, "the sweeper is available and Redis is reachable")

@@ -1,0 +1,483 @@
+"""The StalledPolicy spec as pydantic models, with the CRD's own rules.
+
+The API server already enforces the CRD schema, so these checks are a second
+line (objects written before a CRD upgrade, tests, tools that build specs);
+they apply exactly the CRD's rules and report problems the way a user wrote
+the field (``spec.lanes[2].maxStalled: must be at least 0 (got -1); ...``).
+
+Python attribute names are snake_case; the CRD's camelCase names are aliases
+and either form is accepted (``populate_by_name``).
+
+One rule goes further than a plain URL check: an inline ``redis.url`` may not
+carry credentials (a user, a password, or a ``password=`` query parameter),
+because the URL would be readable in the sweeper Deployment. Such a URL is
+refused with a message pointing at ``redis.secretRef``; the CRD refuses it too.
+
+Entry point: :meth:`StalledPolicySpec.from_k8s`. The sweeper's configuration
+is :meth:`StalledPolicySpec.sweeper_env` (the env var names are the contract
+with ``stalledpolicy sweep``; see :data:`ENV_QUEUE` and friends).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from stalledpolicy.durations import parse_duration
+from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+
+# --- the contract with `stalledpolicy sweep` (env var names) ---------------
+ENV_QUEUE = "STALLEDPOLICY_QUEUE"
+ENV_MAX_STALLED = "STALLEDPOLICY_MAX_STALLED"
+ENV_LANES = "STALLEDPOLICY_LANES"  # "imports=1,billing=0"; absent when no lane is listed
+ENV_INTERVAL = "STALLEDPOLICY_INTERVAL"  # as the user wrote it, e.g. "30s"
+ENV_BATCH_SIZE = "STALLEDPOLICY_BATCH_SIZE"
+ENV_METRICS_PORT = "STALLEDPOLICY_METRICS_PORT"
+ENV_LOG_FORMAT = "STALLEDPOLICY_LOG_FORMAT"
+ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
+
+DEFAULT_METRICS_PORT = 9090
+
+# --- limits shared with crds/stalledpolicies.yaml (a unit test compares) ----
+QUEUE_MAX_LENGTH = 128
+LANE_NAME_MAX_LENGTH = 128
+MAX_LANES = 256
+BUDGET_MAX = 2_147_483_647
+BATCH_SIZE_MIN, BATCH_SIZE_MAX = 1, 10_000
+SWEEP_INTERVAL_MIN_S, SWEEP_INTERVAL_MAX_S = 1.0, 3600.0
+SWEEPER_REPLICAS_MAX = 100
+# Go's duration syntax without "d" (the CRD checks bounds with CEL duration(),
+# which is Go's parser); digit counts bounded so the sum never overflows int64 ns.
+SWEEP_INTERVAL_PATTERN = r"^([0-9]{1,5}(\.[0-9]{1,9})?(ms|s|m|h))+$"
+_SWEEP_INTERVAL = re.compile(SWEEP_INTERVAL_PATTERN)
+# Kubernetes resource.Quantity syntax.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_URL_SCHEME = re.compile(r"^rediss?://")
+_URL_USERINFO = re.compile(r"^rediss?://[^/?#]*@")
+_URL_PASSWORD_QUERY = re.compile(r"[?&]password=")
+# Lane names are joined as "name=budget,name=budget" in STALLEDPOLICY_LANES.
+_LANE_EXTRA_FORBIDDEN = ",="
+
+
+class PolicyError(ValueError):
+    """A spec the operator cannot run. ``str()`` lists every problem as
+    ``<field path>: <what is wrong>; <how to fix it>``; ``problems`` holds them
+    as (path, message) pairs and ``field`` is the first path. Messages never
+    contain a Redis URL."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]]):
+        self.problems = list(problems)
+        self.field = self.problems[0][0] if self.problems else "spec"
+        super().__init__("; ".join(f"{path}: {message}" for path, message in self.problems))
+
+
+def _problem(message: str, at: tuple[Any, ...] = ()) -> PydanticCustomError:
+    """A complete message (the type tells _explain() not to add a fix); ``at``
+    extends the error's location below the validated field (e.g. a list index).
+    A message given with ``at`` must hold no braces (pydantic formats it then)."""
+    return PydanticCustomError("policy", message, {"at": at} if at else None)
+
+
+def _bad_character(name: str, extra: str = "") -> str | None:
+    """The first character a queue or lane name may not hold. Mirrors the CRD
+    pattern ``[^{}:\\s\\p{Z}\\p{Cc}]``: braces, colon, any whitespace, Unicode
+    separators and control characters (plus ``extra``)."""
+    for ch in name:
+        if ch in "{}:" or ch in extra or ch.isspace():
+            return ch
+        category = unicodedata.category(ch)
+        if category.startswith("Z") or category == "Cc":
+            return ch
+    return None
+
+
+def _check_queue(name: str) -> str:
+    try:
+        validate_queue_name(name)
+    except InvalidQueueName as exc:
+        detail = str(exc).removeprefix("queue: ")
+        raise _problem(f"{detail}; use the EchoMQ queue name exactly as producers write it") from None
+    bad = _bad_character(name)
+    if bad is not None:
+        raise _problem(
+            f"{name!r} contains {bad!r}; EchoMQ queue names may not contain '{{', '}}', ':', "
+            "whitespace or control characters"
+        )
+    return name
+
+
+def _check_lane_name(name: str) -> str:
+    if not name:
+        raise _problem("must not be empty; use the lane (EchoMQ group) name")
+    if len(name) > LANE_NAME_MAX_LENGTH:
+        raise _problem(f"at most {LANE_NAME_MAX_LENGTH} characters (got {len(name)})")
+    bad = _bad_character(name, _LANE_EXTRA_FORBIDDEN)
+    if bad is not None:
+        raise _problem(
+            f"{name!r} contains {bad!r}; lane names may not contain '{{', '}}', ':', ',', '=' "
+            "or whitespace"
+        )
+    return name
+
+
+def _check_interval(text: str) -> str:
+    if not _SWEEP_INTERVAL.fullmatch(text):
+        raise _problem(
+            f"{text!r} is not a duration; write a number with a unit (ms, s, m or h), "
+            "for example 30s, 2m or 1h30m"
+        )
+    seconds = parse_duration(text)
+    if not SWEEP_INTERVAL_MIN_S <= seconds <= SWEEP_INTERVAL_MAX_S:
+        raise _problem(f"{text!r} is out of range; use a duration from 1s to 1h")
+    return text
+
+
+def _check_quantity(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _problem("must be a quantity such as 100m, 0.5, 128Mi or 1Gi")
+    if isinstance(value, str) and not _QUANTITY.fullmatch(value):
+        raise _problem(f"{value!r} is not a quantity; write for example 100m, 0.5, 128Mi or 1Gi")
+    return value
+
+
+QueueName = Annotated[str, AfterValidator(_check_queue)]
+LaneName = Annotated[str, AfterValidator(_check_lane_name)]
+Budget = Annotated[int, Field(ge=0, le=BUDGET_MAX)]
+Quantity = Annotated[Any, AfterValidator(_check_quantity)]
+
+
+class _Model(BaseModel):
+    # strict: "3" is not 3 and true is not 1, as in the API server's schema.
+    # Unknown fields are ignored: the API server prunes them anyway.
+    model_config = ConfigDict(
+        strict=True, populate_by_name=True, frozen=True, extra="ignore", validate_default=True
+    )
+
+
+class LanePolicy(_Model):
+    """One lane (EchoMQ group) of the queue; ``max_stalled`` None = the policy's budget."""
+
+    name: LaneName
+    max_stalled: Budget | None = Field(default=None, alias="maxStalled")
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret (in the policy's namespace) holding the Redis URL."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(default="url", min_length=1, max_length=253)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.fullmatch(value):
+            raise _problem(
+                f"{value!r} is not a Secret name; use lowercase letters, digits, '-' and '.'"
+            )
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _secret_key(cls, value: str) -> str:
+        if not _SECRET_KEY.fullmatch(value):
+            raise _problem(f"{value!r} is not a Secret key; use letters, digits, '-', '_' and '.'")
+        return value
+
+
+class RedisSource(_Model):
+    """Exactly one of ``url`` (no credentials) or ``secret_ref``."""
+
+    url: str | None = Field(default=None, min_length=1, max_length=2048)
+    secret_ref: SecretKeyRef | None = Field(default=None, alias="secretRef")
+
+    @field_validator("url")
+    @classmethod
+    def _plain_url(cls, value: str | None) -> str | None:
+        # Never echo the URL: it may hold a password.
+        if value is None:
+            return value
+        if not _URL_SCHEME.match(value):
+            raise _problem("must start with redis:// or rediss:// (TLS)")
+        if _URL_USERINFO.match(value) or _URL_PASSWORD_QUERY.search(value):
+            raise _problem(
+                "carries credentials, which would be readable in the sweeper Deployment; "
+                "put the URL in a Secret and use spec.redis.secretRef instead"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RedisSource:
+        if (self.url is None) == (self.secret_ref is None):
+            raise _problem(
+                "set exactly one of redis.url (a URL without credentials) or redis.secretRef "
+                "(a Secret key holding the URL)"
+            )
+        return self
+
+
+class Toleration(_Model):
+    key: str | None = Field(default=None, max_length=316)
+    operator: str | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: str | None = None
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+
+    @field_validator("operator")
+    @classmethod
+    def _operator(cls, value: str | None) -> str | None:
+        if value not in (None, "Exists", "Equal"):
+            raise _problem(f"{value!r} is not a toleration operator; use Exists or Equal")
+        return value
+
+    @field_validator("effect")
+    @classmethod
+    def _effect(cls, value: str | None) -> str | None:
+        if value not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise _problem(
+                f"{value!r} is not a taint effect; use NoSchedule, PreferNoSchedule or NoExecute"
+            )
+        return value
+
+    def to_k8s(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class Resources(_Model):
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+
+    def to_k8s(self) -> dict[str, Any]:
+        return {k: dict(v) for k, v in (("limits", self.limits), ("requests", self.requests)) if v}
+
+
+class SweeperOverrides(_Model):
+    """``spec.sweeper``: how to run the sweeper Deployment. None = the operator's default."""
+
+    image: str | None = Field(default=None, min_length=1, max_length=1024)
+    replicas: int = Field(default=1, ge=0, le=SWEEPER_REPLICAS_MAX)
+    resources: Resources | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", max_length=64)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    priority_class_name: str | None = Field(
+        default=None, alias="priorityClassName", min_length=1, max_length=253
+    )
+
+
+class StalledPolicySpec(_Model):
+    """``spec`` of a StalledPolicy. Build it with :meth:`from_k8s`."""
+
+    queue: QueueName
+    max_stalled: Budget = Field(default=1, alias="maxStalled")
+    sweep_interval: Annotated[str, AfterValidator(_check_interval)] = Field(
+        default="30s", alias="sweepInterval", max_length=32
+    )
+    batch_size: int = Field(default=100, alias="batchSize", ge=BATCH_SIZE_MIN, le=BATCH_SIZE_MAX)
+    lanes: list[LanePolicy] = Field(default_factory=list, max_length=MAX_LANES)
+    redis: RedisSource
+    suspend: bool = False
+    sweeper: SweeperOverrides = Field(default_factory=SweeperOverrides)
+
+    @field_validator("lanes")
+    @classmethod
+    def _unique_lanes(cls, lanes: list[LanePolicy]) -> list[LanePolicy]:
+        first_at: dict[str, int] = {}
+        for index, lane in enumerate(lanes):
+            if lane.name in first_at:
+                raise _problem(
+                    f"lane {lane.name!r} is already listed at lanes[{first_at[lane.name]}]; "
+                    "list each lane once",
+                    at=(index, "name"),
+                )
+            first_at[lane.name] = index
+        return lanes
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    def from_k8s(cls, spec: Mapping[str, Any] | None) -> StalledPolicySpec:
+        """Validate a policy's ``spec`` as the API server hands it (camelCase keys;
+        any Mapping, e.g. kopf's ``spec``). Raises :class:`PolicyError` naming each
+        bad field as ``spec.<path>``."""
+        if not isinstance(spec, Mapping):
+            raise PolicyError([("spec", "is missing; a StalledPolicy needs spec.queue and spec.redis")])
+        try:
+            return cls.model_validate(_plain(spec))
+        except ValidationError as exc:
+            # `from None`: the pydantic error repeats input values (a URL may hold a password).
+            raise PolicyError([_explain(error) for error in exc.errors()]) from None
+
+    # -- derived configuration ---------------------------------------------
+
+    @property
+    def interval_seconds(self) -> float:
+        return parse_duration(self.sweep_interval)
+
+    def lane_budgets(self) -> dict[str, int]:
+        """Each listed lane's effective budget (its own, else the policy's), in spec order."""
+        return {
+            lane.name: self.max_stalled if lane.max_stalled is None else lane.max_stalled
+            for lane in self.lanes
+        }
+
+    def lanes_env(self) -> str:
+        """``STALLEDPOLICY_LANES``: ``name=budget`` pairs joined by commas (``imports=1,billing=0``)."""
+        return format_lane_budgets(self.lane_budgets())
+
+    def sweeper_env(
+        self, *, metrics_port: int = DEFAULT_METRICS_PORT, log_format: str = "json"
+    ) -> list[dict[str, Any]]:
+        """The sweeper container's ``env``: everything ``stalledpolicy sweep`` needs.
+
+        The Redis URL comes by ``valueFrom.secretKeyRef`` for ``redis.secretRef``;
+        an inline ``redis.url`` (credential-free by validation) is a plain value.
+        """
+        env: list[dict[str, Any]] = [
+            {"name": ENV_QUEUE, "value": self.queue},
+            {"name": ENV_MAX_STALLED, "value": str(self.max_stalled)},
+            {"name": ENV_INTERVAL, "value": self.sweep_interval},
+            {"name": ENV_BATCH_SIZE, "value": str(self.batch_size)},
+            {"name": ENV_METRICS_PORT, "value": str(metrics_port)},
+            {"name": ENV_LOG_FORMAT, "value": log_format},
+        ]
+        if self.lanes:
+            # Absent when no lane is listed (the API server drops empty values anyway).
+            env.insert(2, {"name": ENV_LANES, "value": self.lanes_env()})
+        if self.redis.secret_ref is not None:
+            ref = self.redis.secret_ref
+            env.append(
+                {
+                    "name": ENV_REDIS_URL,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+                }
+            )
+        else:
+            env.append({"name": ENV_REDIS_URL, "value": self.redis.url})
+        return env
+
+
+def format_lane_budgets(budgets: Mapping[str, int]) -> str:
+    """``{"imports": 1, "billing": 0}`` -> ``"imports=1,billing=0"``."""
+    return ",".join(f"{name}={budget}" for name, budget in budgets.items())
+
+
+def parse_lane_budgets(text: str) -> dict[str, int]:
+    """The inverse of :func:`format_lane_budgets`, for ``stalledpolicy sweep``.
+    Empty text is no lanes. Raises ValueError naming the bad pair and the form."""
+    budgets: dict[str, int] = {}
+    for pair in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name or not value.strip().isdigit():
+            raise ValueError(
+                f"{ENV_LANES}: {pair!r} is not name=budget; write for example imports=1,billing=0"
+            )
+        if name in budgets:
+            raise ValueError(f"{ENV_LANES}: lane {name!r} is listed twice")
+        budgets[name] = int(value)
+    return budgets
+
+
+# --- error reporting ------------------------------------------------------
+
+_FIXES = {
+    "queue": "use the EchoMQ queue name, 1 to 128 characters without '{', '}', ':' or whitespace",
+    "maxStalled": (
+        "use 0 (never dead-letter) or a budget n >= 1 (the n-th stall dead-letters the job; "
+        "1 = no recovery, 2 = one recovery)"
+    ),
+    "sweepInterval": "write a duration from 1s to 1h with a unit, for example 30s, 2m or 1h",
+    "batchSize": f"use a whole number from {BATCH_SIZE_MIN} to {BATCH_SIZE_MAX} (default 100)",
+    "lanes": f"list at most {MAX_LANES} lanes as {{name, maxStalled}} objects",
+    "name": "give the name as a string",
+    "redis": "set redis.url (without credentials) or redis.secretRef {name, key}",
+    "url": "write redis://host:port/db, or use redis.secretRef for a URL with a password",
+    "secretRef": "give the Secret as {name, key}",
+    "key": "name the Secret key holding the URL (default url)",
+    "suspend": "use true or false",
+    "sweeper": "give sweeper overrides as an object",
+    "image": "give a container image reference",
+    "replicas": f"use a whole number from 0 to {SWEEPER_REPLICAS_MAX}",
+    "nodeSelector": "give node labels as a map of strings",
+    "tolerations": "give tolerations as in a Pod spec",
+    "priorityClassName": "name an existing PriorityClass",
+}
+_SECRET_FIELDS = {"url"}
+
+
+def _path(loc: Sequence[Any]) -> str:
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    plain = {
+        "missing": "is required",
+        "int_type": "must be a whole number",
+        "string_type": "must be a string",
+        "bool_type": "must be true or false",
+        "dict_type": "must be an object",
+        "model_type": "must be an object",
+        "list_type": "must be a list",
+        "tuple_type": "must be a list",
+        "string_too_short": "must not be empty",
+    }
+    if kind in plain:
+        return plain[kind]
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx['le']}"
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters"
+    if kind == "too_long":
+        return f"must have at most {ctx['max_length']} entries"
+    return str(error["msg"])
+
+
+def _explain(error: Mapping[str, Any]) -> tuple[str, str]:
+    loc = tuple(error["loc"])
+    if error["type"] == "policy":
+        return _path(loc + tuple((error.get("ctx") or {}).get("at", ()))), str(error["msg"])
+    path = _path(loc)
+    field = next((part for part in reversed(loc) if isinstance(part, str)), "spec")
+    message = _describe(error)
+    shown = error.get("input")
+    if (
+        error["type"] != "missing"
+        and field not in _SECRET_FIELDS
+        and isinstance(shown, (int, float, str, bool))
+    ):
+        message += f" (got {shown!r:.80})"
+    fix = _FIXES.get(field)
+    return path, f"{message}; {fix}" if fix else message
+
+
+def _plain(value: Any) -> Any:
+    """kopf hands Mapping views, not dicts; strict validation wants plain types."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
