@@ -1,0 +1,139 @@
+"""Our ceiling: what this Redis server can do for the sweep's work at all.
+
+The same jobs are moved without Lua, by ``redis-cli --pipe`` (a C client, so
+the client is not the bottleneck) sending pre-built commands:
+
+- ``naive``: per job ZREM active, HINCRBY stalled, HSET state, ZADD pending
+  (or the lane), PUBLISH the event (5 commands a job);
+- ``script-mix``: exactly the commands our sweep script sends, without Lua:
+  per batch ZRANGEBYSCORE + one variadic ZREM + variadic ZADDs, per job
+  HMGET, HSET, PUBLISH.
+
+Neither is atomic nor applies the budget (a ceiling, not a product): every job
+lands in pending or its lane, which is checked. The rate is the server's, on
+the same machine and load as our sweep's.
+
+    python bench/ceiling.py --n 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import echomq_seed  # noqa: E402
+from stalledpolicy.keyspace import QueueKeys  # noqa: E402
+
+QUEUE = "bench"
+LANES = 20
+
+
+def _resp(*parts) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _jobs(n: int, grouped_every: int = 3):
+    for index in range(n):
+        group = f"g{index % LANES:02d}" if index % grouped_every == 0 else None
+        yield echomq_seed.job_id(index), group
+
+
+def build_commands(n: int, mode: str, batch: int) -> tuple[bytes, int]:
+    keys = QueueKeys(QUEUE)
+    chunks: list[bytes] = []
+    count = 0
+    jobs = list(_jobs(n))
+    for start in range(0, n, batch):
+        part = jobs[start:start + batch]
+        if mode == "script-mix":
+            chunks.append(_resp("ZRANGEBYSCORE", keys.active, "-inf", "+inf", "LIMIT", 0, batch + 1))
+            chunks.append(_resp("ZREM", keys.active, *[jid for jid, _ in part]))
+            count += 2
+        by_target: dict[str, list[str]] = {}
+        for jid, group in part:
+            row = keys.job(jid)
+            target = keys.lane_pending(group) if group else keys.pending
+            event = '{"event":"stalled","job":"%s"}' % jid
+            if mode == "naive":
+                chunks.append(_resp("ZREM", keys.active, jid))
+                chunks.append(_resp("HINCRBY", row, "stalled", 1))
+                chunks.append(_resp("HSET", row, "state", "pending"))
+                chunks.append(_resp("ZADD", target, 0, jid))
+                chunks.append(_resp("PUBLISH", keys.events, event))
+                count += 5
+            else:
+                chunks.append(_resp("HMGET", row, "group", "stalled", "attempts", "state"))
+                chunks.append(_resp("HSET", row, "stalled", 1, "state", "pending"))
+                chunks.append(_resp("PUBLISH", keys.events, event))
+                by_target.setdefault(target, []).append(jid)
+                count += 3
+        for target, ids in by_target.items():
+            args: list = []
+            for jid in ids:
+                args += [0, jid]
+            chunks.append(_resp("ZADD", target, *args))
+            count += 1
+    return b"".join(chunks), count
+
+
+def run_ceiling(client, port: int, n: int, mode: str, batch: int = 1000) -> dict:
+    client.flushall()
+    echomq_seed.seed(client, QUEUE, n)
+    payload, commands = build_commands(n, mode, batch)
+    with tempfile.NamedTemporaryFile(prefix="ceiling-", suffix=".resp", delete=False) as handle:
+        handle.write(payload)
+        path = handle.name
+    try:
+        with open(path, "rb") as stdin:
+            started = time.perf_counter()
+            done = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], stdin=stdin,
+                                  capture_output=True, text=True, check=True)
+            seconds = time.perf_counter() - started
+    finally:
+        os.unlink(path)
+    if "errors: 0" not in done.stdout:
+        raise RuntimeError(f"redis-cli --pipe reported errors: {done.stdout.strip()}")
+    seen = echomq_seed.observe(client, QUEUE, LANES)
+    moved = seen.pending + sum(seen.lanes.values())
+    if seen.active != 0 or moved != n:
+        raise AssertionError(f"ceiling {mode}: active {seen.active}, moved {moved} of {n}")
+    return {"mode": mode, "n": n, "batch": batch, "seconds": seconds, "jobs_per_s": n / seconds,
+            "commands": commands, "commands_per_job": commands / n, "verified": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    server = start_redis()
+    try:
+        client = server.client(decode_responses=True)
+        results = [run_ceiling(client, server.port, args.n, mode) for mode in ("naive", "script-mix")]
+    finally:
+        server.stop()
+    for r in results:
+        print(f"{r['mode']:>10}: {r['jobs_per_s']:,.0f} jobs/s ({r['commands_per_job']:.2f} commands/job, "
+              f"{r['commands'] / r['seconds']:,.0f} commands/s), verified")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

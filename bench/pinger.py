@@ -1,0 +1,100 @@
+"""A second client that PINGs in a tight loop while a recovery runs.
+
+It lives in its own process with its own connection, so what it sees is what
+any other application sharing the Redis server would see. Each sample is one
+round trip (a PONG or a BUSY error). A BUSY reply is retried; the time until a
+PONG finally arrives after the first BUSY is kept as ``longest_without_pong``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class PingStats:
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    busy_errors: int
+    longest_without_pong_ms: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def _loop(port: int, started, stop, results) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=None)
+    client.ping()
+    latencies: list[float] = []
+    busy = 0
+    busy_since: float | None = None
+    longest_without_pong = 0.0
+    clock = time.perf_counter
+    started.set()
+    while not stop.is_set():
+        t0 = clock()
+        try:
+            client.ping()
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("BUSY"):
+                raise
+            busy += 1
+            if busy_since is None:
+                busy_since = t0
+            latencies.append(clock() - t0)
+            continue
+        t1 = clock()
+        latencies.append(t1 - t0)
+        if busy_since is not None:
+            longest_without_pong = max(longest_without_pong, t1 - busy_since)
+            busy_since = None
+    if busy_since is not None:
+        longest_without_pong = max(longest_without_pong, clock() - busy_since)
+    latencies.sort()
+    results.put(PingStats(
+        samples=len(latencies),
+        p50_ms=_percentile(latencies, 0.50) * 1000,
+        p99_ms=_percentile(latencies, 0.99) * 1000,
+        max_ms=(latencies[-1] if latencies else float("nan")) * 1000,
+        busy_errors=busy,
+        longest_without_pong_ms=longest_without_pong * 1000,
+    ).as_dict())
+
+
+class Pinger:
+    """``with Pinger(port) as p: ...`` then ``p.stats``."""
+
+    def __init__(self, port: int) -> None:
+        ctx = mp.get_context("fork")
+        self._started = ctx.Event()
+        self._stop = ctx.Event()
+        self._results = ctx.Queue()
+        self._process = ctx.Process(target=_loop, args=(port, self._started, self._stop, self._results),
+                                    daemon=True)
+        self.stats: PingStats | None = None
+
+    def __enter__(self) -> "Pinger":
+        self._process.start()
+        if not self._started.wait(30):
+            raise RuntimeError("pinger did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        # A PING stuck behind a long script returns when the script ends, so
+        # the child always reaches the stop check.
+        self.stats = PingStats(**self._results.get(timeout=600))
+        self._process.join(30)

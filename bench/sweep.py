@@ -1,0 +1,164 @@
+"""Issue 2's benchmark: drain N expired EchoMQ jobs with our sweep, print one table.
+
+    python bench/sweep.py                      # N = 100,000 and 1,000,000 at batch 100 and 1,000
+    python bench/sweep.py --n 10000 --batch 100 --json bench/out/sweep.json
+
+Each run gets a flushed queue seeded the way dead workers leave it (a third of
+the jobs in 20 lanes, a tenth at the budget), a second client PINGing in a
+tight loop in another process, and, afterwards, a check that every job moved
+(pending, lanes and dead match the seed exactly: no figure without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import echomq_seed  # noqa: E402
+import redisstats  # noqa: E402
+from pinger import Pinger  # noqa: E402
+
+QUEUE = "bench"
+BUDGET = 3
+
+
+@dataclass
+class SweepRun:
+    system: str
+    n: int
+    batch: int
+    healthy: int
+    seconds: float
+    jobs_per_s: float
+    calls: int
+    client_max_call_ms: float
+    server_max_call_ms: float
+    server_p99_call_ms: float
+    server_usec_per_call: float
+    ping_p50_ms: float
+    ping_p99_ms: float
+    ping_max_ms: float
+    busy_errors: int
+    commands_per_job: float
+    command_mix: dict
+    recovered: int
+    dead_lettered: int
+    verified: bool
+
+
+def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True) -> SweepRun:
+    from stalledpolicy.engine import Budgets, drain
+
+    client.flushall()
+    expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET)
+    budgets = Budgets(default=BUDGET)
+    call_seconds: list[float] = []
+
+    def on_call(_result, seconds: float) -> None:
+        call_seconds.append(seconds)
+
+    redisstats.reset(client)
+    before = redisstats.commandstats(client)
+    if ping:
+        pinger = Pinger(port)
+        pinger.__enter__()
+    started = time.perf_counter()
+    try:
+        result = drain(client, QUEUE, budgets, batch, on_call=on_call)
+    finally:
+        elapsed = time.perf_counter() - started
+        if ping:
+            pinger.__exit__(None, None, None)
+    after = redisstats.commandstats(client)
+    server = redisstats.server_side(client, "evalsha")
+    mix = redisstats.work_commands(before, after)
+    echomq_seed.verify(client, QUEUE, expected)
+    if result.recovered != expected.recovered or result.dead_lettered != expected.dead:
+        raise AssertionError(f"engine counted {result.recovered} recovered / {result.dead_lettered} dead, "
+                             f"seed expects {expected.recovered} / {expected.dead}")
+    stats = pinger.stats if ping else None
+    return SweepRun(
+        system=f"ours (batch {batch})", n=n, batch=batch, healthy=healthy,
+        seconds=elapsed, jobs_per_s=n / elapsed if elapsed else float("inf"),
+        calls=len(call_seconds),
+        client_max_call_ms=max(call_seconds) * 1000 if call_seconds else 0.0,
+        server_max_call_ms=server.max_us / 1000,
+        server_p99_call_ms=server.p99_us / 1000,
+        server_usec_per_call=server.usec_per_call,
+        ping_p50_ms=stats.p50_ms if stats else float("nan"),
+        ping_p99_ms=stats.p99_ms if stats else float("nan"),
+        ping_max_ms=stats.max_ms if stats else float("nan"),
+        busy_errors=stats.busy_errors if stats else 0,
+        commands_per_job=sum(mix.values()) / n if n else 0.0,
+        command_mix={k: round(v / n, 3) for k, v in sorted(mix.items())} if n else {},
+        recovered=result.recovered, dead_lettered=result.dead_lettered, verified=True,
+    )
+
+
+def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
+    header = ("N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
+              "p99 call server ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
+    rows = [(f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
+             f"{r.jobs_per_s:,.0f}", f"{r.calls:,}", f"{r.client_max_call_ms:.2f}",
+             f"{r.server_max_call_ms:.2f}", f"{r.server_p99_call_ms:.2f}",
+             f"{r.ping_p50_ms:.3f} / {r.ping_p99_ms:.3f} / {r.ping_max_ms:.2f}", str(r.busy_errors),
+             f"{r.commands_per_job:.1f}", "yes" if r.verified else "NO") for r in runs]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", file=out)
+    print("| " + " | ".join("-" * w for w in widths) + " |", file=out)
+    for row in rows:
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |", file=out)
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, action="append", help="expired jobs (repeatable)")
+    parser.add_argument("--batch", type=int, action="append", help="jobs per script call (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write the runs as JSON here")
+    parser.add_argument("--no-ping", action="store_true",
+                        help="no second client (the drain's rate alone, for comparison)")
+    args = parser.parse_args(argv)
+    sizes = args.n or [100_000, 1_000_000]
+    batches = args.batch or [100, 1_000]
+
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    server = start_redis()
+    runs: list[SweepRun] = []
+    try:
+        client = server.client(decode_responses=True)
+        print(f"redis-server {client.info('server')['redis_version']} on port {server.port}; {load_line()}",
+              flush=True)
+        for n in sizes:
+            for batch in batches:
+                run = run_one(client, server.port, n, batch, ping=not args.no_ping)
+                runs.append(run)
+                print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
+                      f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
+                      f"{run.server_usec_per_call:.0f} us/call server, PING p99 {run.ping_p99_ms:.3f} ms, verified; {load_line()}", flush=True)
+    finally:
+        server.stop()
+    print()
+    print_table(runs)
+    if runs:
+        print("\ncommands per job (INFO commandstats deltas, first run):", json.dumps(runs[0].command_mix))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
