@@ -42,6 +42,9 @@ PREVIEW_IDS = 20
 LIST_DEFAULT_LIMIT = 50
 LAST_ERROR_MIN_WIDTH = 20
 LAST_ERROR_DEFAULT_WIDTH = 60
+CONNECT_TIMEOUT_S = 5.0
+# generous: a morgue call is bounded by the engine, but a busy server may be slow
+SOCKET_TIMEOUT_S = 30.0
 
 EXIT_CODES_EPILOG = """\
 exit codes:
@@ -207,17 +210,35 @@ def scrub(text: str, url: str) -> str:
 def connect(url: str) -> Any:
     """A decoded client for ``url``; a cluster-enabled server gives a RedisCluster."""
     import redis
+    from redis.backoff import NoBackoff
     from redis.cluster import RedisCluster
+    from redis.retry import Retry
 
-    client = redis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+    options = dict(
+        decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
     )
-    if int(client.info("cluster").get("cluster_enabled", 0)):
+    # One quick retry replaces a stale pooled connection; an on-call engineer
+    # facing an outage wants exit 3 now, not after a backoff schedule.
+    client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
+    try:
+        cluster = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.ResponseError:
+        cluster = False  # INFO refused (a proxy, a restricted ACL user): a plain server
+    if cluster:
         client.close()
-        return RedisCluster.from_url(
-            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
-        )
+        return RedisCluster.from_url(url, **options)
     return client
+
+
+def unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Errors meaning "Redis cannot serve us now", as opposed to "this call is wrong"."""
+    import redis
+    from redis.exceptions import (
+        ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, TryAgainError,
+    )
+
+    return (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError,
+            MasterDownError, ReadOnlyError, RedisClusterException, OSError)
 
 
 def server_now_ms(client: Any) -> int:
@@ -256,6 +277,10 @@ def confirm(question: str, *, stdin: IO[str], stderr: IO[str]) -> bool:
 
 def _emit_json(document: dict, out: IO[str]) -> None:
     out.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
 
 
 def _iso(ms: int | None) -> str | None:
@@ -357,7 +382,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
     footer = f"{where}: jobs {first}-{last} of {total}"
     if last < total:
         footer += f"; next page: --offset {last}"
-    out.write(footer + "\n")
+    out.write("\n" + footer + "\n")
     return EXIT_OK
 
 
@@ -393,10 +418,9 @@ def _ids_preview(ids: Sequence[str]) -> str:
     return shown + (f", ... and {more} more (-o json lists all)" if more > 0 else "")
 
 
-def _change(client: Any, args: argparse.Namespace, engine: Any, out: IO[str], err: IO[str],
-            stdin: IO[str]) -> int:
+def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
+            out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     replaying = args.morgue_action == "replay"
-    selection = _selection(args)
     queue = args.queue
     requested = selection["ids"]
 
@@ -425,18 +449,18 @@ def _change(client: Any, args: argparse.Namespace, engine: Any, out: IO[str], er
     if not args.yes:
         if not is_interactive(stdin):
             err.write(
-                f"stalledpolicy morgue {verb}: refusing to {verb} {count} jobs of queue {queue} "
+                f"stalledpolicy morgue {verb}: refusing to {verb} {_jobs(count)} of queue {queue} "
                 "without confirmation: stdin is not a terminal; pass --yes to confirm "
                 "(or --dry-run to preview)\n"
             )
             return EXIT_USAGE
         if replaying:
-            question = f"Replay {count} jobs of queue {queue}?"
+            question = f"Replay {_jobs(count)} of queue {queue}?"
         else:
-            question = (f"Purge {count} jobs of queue {queue}? This permanently deletes them "
-                        "and cannot be undone.")
+            question = (f"Purge {_jobs(count)} of queue {queue}? This permanently deletes "
+                        f"{'it' if count == 1 else 'them'} and cannot be undone.")
         if missing:
-            err.write(f"note: {len(missing)} requested ids are not in the morgue: {_ids_preview(missing)}\n")
+            err.write(f"note: requested ids not in the morgue: {_ids_preview(missing)}\n")
         if not confirm(question, stdin=stdin, stderr=err):
             err.write(f"aborted: nothing {past}\n")
             return EXIT_ABORTED
@@ -469,20 +493,19 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], *, dry_run: bo
         document["vanished"] = vanished
         _emit_json(document, out)
     elif dry_run:
-        out.write(f"dry run: would {verb} {len(ids)} jobs of queue {queue} (nothing changed)\n")
+        out.write(f"dry run: would {verb} {_jobs(len(ids))} of queue {queue} (nothing changed)\n")
     elif not ids:
         out.write(f"nothing to {verb} in queue {queue}\n")
     else:
-        out.write(f"{past} {len(ids)} jobs of queue {queue}\n")
+        out.write(f"{past} {_jobs(len(ids))} of queue {queue}\n")
     if args.output == "table" and ids:
         if lanes:
             out.write(tables.render_table(("LANE", "JOBS"), _lane_rows(lanes), right=("JOBS",)) + "\n")
         out.write(f"ids: {_ids_preview(ids)}\n")
     if missing:
-        err.write(f"{len(missing)} requested ids are not in the morgue of queue {queue}: "
-                  f"{_ids_preview(missing)}\n")
+        err.write(f"requested ids not in the morgue of queue {queue}: {_ids_preview(missing)}\n")
     if vanished:
-        err.write(f"{len(vanished)} jobs left the morgue between the preview and the change "
+        err.write(f"{_jobs(len(vanished))} left the morgue between the preview and the change "
                   f"(another replay or purge?): {_ids_preview(vanished)}\n")
     return code
 
@@ -517,8 +540,11 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     prog = f"stalledpolicy morgue {args.morgue_action}"
+    changing = args.morgue_action not in ACTIONS
     try:
         _resolve(args)
+        # a bad selection is refused before Redis is even contacted
+        selection = _selection(args) if changing else None
     except UsageError as exc:
         err.write(f"{prog}: error: {exc}\n")
         return EXIT_USAGE
@@ -529,32 +555,31 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
 
     url = args.redis_url
     where = redact_url(url)
-    connected = False
+    client = None
     try:
         client = connect(url)
-        connected = True
-        if args.morgue_action in ACTIONS:
+        if not changing:
             return ACTIONS[args.morgue_action](client, args, engine, out)
-        return _change(client, args, engine, out, err, stdin)
-    except UsageError as exc:
-        err.write(f"{prog}: error: {exc}\n")
-        return EXIT_USAGE
+        return _change(client, args, selection, engine, out, err, stdin)
     except ValueError as exc:
-        # redis-py's URL parser (bad port, bad db, ...)
-        if connected:
-            raise
-        err.write(f"{prog}: error: --redis-url {where}: {scrub(str(exc), url)}\n")
+        # before a client exists: redis-py's URL parser (bad port, db, option);
+        # after: the engine refusing an argument (it names the field)
+        subject = f"--redis-url {where}: " if client is None else ""
+        err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if connected:
-            err.write(
-                f"{prog}: lost the connection to Redis at {where} during the operation: "
-                f"{scrub(str(exc), url)}; it may have been partly applied, check with "
-                "'stalledpolicy morgue stats'\n"
-            )
+    except unreachable_errors() as exc:
+        reason = scrub(str(exc), url) or type(exc).__name__
+        if client is None:
+            err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
         else:
-            err.write(f"{prog}: cannot reach Redis at {where}: {scrub(str(exc), url)}\n")
+            err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+            if changing and not args.dry_run:
+                err.write("the change may have been partly applied; check with "
+                          "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return EXIT_FAILED
+    finally:
+        if client is not None:
+            client.close()

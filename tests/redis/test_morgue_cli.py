@@ -1,0 +1,587 @@
+"""``stalledpolicy morgue``: the real CLI as a subprocess against a real Redis.
+
+The morgue is built directly with QueueKeys, shaped as the sweep leaves it:
+row ``state=dead``, ``stalled``, ``attempts``, ``last_error``, ``dead_at`` (ms,
+server clock), optional ``group``; the id in ``emq:{q}:dead``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stalledpolicy import morgue_cli
+from stalledpolicy.devenv.ports import free_port
+from stalledpolicy.keyspace import QueueKeys
+
+HOUR_MS = 3600 * 1000
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def server_ms(r) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
+
+
+def bury(r, queue: str, job_id: str, *, lane: str | None = None, stalled: int = 2, attempts: int = 3,
+         last_error: str = "stalled", age_ms: int = 60_000, dead_at: bool = True) -> None:
+    """One dead-lettered job, as the sweep leaves it."""
+    keys = QueueKeys(queue)
+    row = {"state": "dead", "stalled": stalled, "attempts": attempts, "last_error": last_error,
+           "payload": json.dumps({"job": job_id})}
+    if dead_at:
+        row["dead_at"] = server_ms(r) - age_ms
+    if lane is not None:
+        row["group"] = lane
+    r.hset(keys.job(job_id), mapping=row)
+    r.zadd(keys.dead, {job_id: 0})
+
+
+def standard_morgue(r, queue: str) -> None:
+    """Two flat jobs, three in lane ``tenant-a``, one in ``tenant-b``; JOB001 died 3h12m ago."""
+    bury(r, queue, "JOB001", age_ms=(3 * 3600 + 12 * 60 + 5) * 1000, last_error="stalled", attempts=4)
+    bury(r, queue, "JOB002", age_ms=30 * 60 * 1000, last_error="boom\nat worker.ex:12")
+    bury(r, queue, "JOB003", lane="tenant-a", stalled=1, attempts=2, age_ms=2 * HOUR_MS)
+    bury(r, queue, "JOB004", lane="tenant-a", age_ms=10 * 60 * 1000)
+    bury(r, queue, "JOB005", lane="tenant-a", age_ms=5 * 60 * 1000)
+    bury(r, queue, "JOB006", lane="tenant-b", age_ms=90 * 1000)
+
+
+def dump(r) -> dict:
+    """Every key and its value: 'nothing changed' is checked on the whole database."""
+    out = {}
+    for key in sorted(r.keys("*")):
+        kind = r.type(key)
+        if kind == "hash":
+            out[key] = r.hgetall(key)
+        elif kind == "zset":
+            out[key] = r.zrange(key, 0, -1, withscores=True)
+        elif kind == "list":
+            out[key] = r.lrange(key, 0, -1)
+        elif kind == "set":
+            out[key] = sorted(r.smembers(key))
+        else:
+            out[key] = r.get(key)
+    return out
+
+
+def morgue(url: str, *args: str, input: str | None = None, env: dict | None = None,
+           stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    full_env.update(env or {})
+    argv = [sys.executable, "-m", "stalledpolicy", "morgue", *args]
+    if url is not None:
+        argv += ["--redis-url", url]
+    return subprocess.run(
+        argv, input=input, stdin=None if input is not None else stdin,
+        capture_output=True, text=True, env=full_env, timeout=60,
+    )
+
+
+def morgue_in_pty(url: str, *args: str, answer: str) -> tuple[int, str, str]:
+    """Run with stdin on a pseudo-terminal (an engineer at a terminal) and type ``answer``."""
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stalledpolicy", "morgue", *args, "--redis-url", url],
+        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    os.close(slave)
+    try:
+        # wait for the prompt's effect is unobservable on stdin; typing ahead is
+        # what a terminal allows, the line discipline holds the line until read
+        os.write(master, answer.encode())
+        out, err = proc.communicate(timeout=60)
+    finally:
+        while select.select([master], [], [], 0)[0]:
+            try:
+                if not os.read(master, 4096):
+                    break
+            except OSError:
+                break
+        os.close(master)
+    return proc.returncode, out, err
+
+
+def table_rows(stdout: str, first_header: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
+    rows = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        rows.append(line)
+    return rows
+
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def url(redis_server):
+    return redis_server.url
+
+
+# -------------------------------------------------------------------- stats
+
+
+def test_stats_table_shows_size_lanes_and_oldest_age(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "stats", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert queue_name in out
+    assert "dead jobs" in out and " 6" in out.splitlines()[1]
+    assert "3h12m ago" in out
+    lanes = {line.split()[0]: int(line.split()[1]) for line in table_rows(out, "LANE")[1:]}
+    assert lanes == {"-": 2, "tenant-a": 3, "tenant-b": 1}
+
+
+def test_stats_json_is_one_document(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "stats", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["queue"] == queue_name
+    assert doc["size"] == 6
+    assert doc["lanes"] == {"": 2, "tenant-a": 3, "tenant-b": 1}
+    oldest = int(r.hget(QueueKeys(queue_name).job("JOB001"), "dead_at"))
+    assert doc["oldest_dead_at_ms"] == oldest
+    assert 3 * 3600 + 12 * 60 <= doc["oldest_age_s"] < 3 * 3600 + 13 * 60
+
+
+def test_stats_of_an_empty_morgue(r, url, queue_name):
+    result = morgue(url, "stats", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["size"], doc["lanes"], doc["oldest_dead_at_ms"]) == (0, {}, None)
+
+
+def test_queue_and_url_from_the_environment(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(None, "stats", "-o", "json",
+                    env={"STALLEDPOLICY_REDIS_URL": url, "STALLEDPOLICY_QUEUE": queue_name})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["size"] == 6
+
+
+# --------------------------------------------------------------------- list
+
+
+def test_list_table_columns_and_values(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout, "ID")
+    header = rows[0]
+    assert header.split()[:5] == ["ID", "LANE", "STALLED", "ATTEMPTS", "DIED"]
+    assert header.rstrip().endswith("LAST ERROR")
+    body = {line.split()[0]: line for line in rows[1:]}
+    assert sorted(body) == [f"JOB00{i}" for i in range(1, 7)]
+    # every column starts at the same offset on every row
+    lane_col, error_col = header.index("LANE"), header.index("LAST ERROR")
+    assert body["JOB003"][lane_col:].startswith("tenant-a")
+    assert body["JOB001"][lane_col:].startswith("-")
+    assert body["JOB001"][error_col:] == "stalled"
+    # a multi-line worker error stays on its row
+    assert body["JOB002"][error_col:] == "boom at worker.ex:12"
+    assert "3h12m ago" in body["JOB001"]
+    fields = body["JOB003"].split()
+    assert fields[2:4] == ["1", "2"]  # STALLED, ATTEMPTS
+    assert "jobs 1-6 of 6" in result.stdout
+
+
+def test_list_lane_limit_offset(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "tenant-a", "--limit", "2")
+    assert result.returncode == 0, result.stderr
+    ids = [line.split()[0] for line in table_rows(result.stdout, "ID")[1:]]
+    assert ids == ["JOB003", "JOB004"]
+    assert "jobs 1-2 of 3" in result.stdout and "--offset 2" in result.stdout
+
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "tenant-a", "--offset", "2",
+                    "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [job["id"] for job in doc["jobs"]] == ["JOB005"]
+    assert doc["total"] == 3
+
+
+def test_list_json_has_full_rows(r, url, queue_name):
+    long_error = "x" * 300
+    bury(r, queue_name, "JOB100", lane="tenant-a", stalled=5, attempts=9, last_error=long_error)
+    bury(r, queue_name, "JOB101", dead_at=False)
+    result = morgue(url, "list", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    jobs = {job["id"]: job for job in json.loads(result.stdout)["jobs"]}
+    row = r.hgetall(QueueKeys(queue_name).job("JOB100"))
+    assert jobs["JOB100"]["lane"] == "tenant-a"
+    assert jobs["JOB100"]["stalled"] == 5
+    assert jobs["JOB100"]["attempts"] == 9
+    assert jobs["JOB100"]["last_error"] == long_error  # not truncated in JSON
+    assert jobs["JOB100"]["dead_at_ms"] == int(row["dead_at"])
+    assert jobs["JOB100"]["state"] == "dead"
+    assert jobs["JOB101"]["dead_at_ms"] is None and jobs["JOB101"]["age_s"] is None
+
+
+def test_list_empty_morgue(r, url, queue_name):
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    assert "empty" in result.stdout
+
+
+# ------------------------------------------------------------------- replay
+
+
+def assert_replayed(r, queue, job_id, lane):
+    keys = QueueKeys(queue)
+    row = r.hgetall(keys.job(job_id))
+    assert row["state"] == "pending", row
+    assert int(row.get("stalled", 0)) == 0, row
+    assert r.zscore(keys.dead, job_id) is None
+    target = keys.lane_pending(lane) if lane else keys.pending
+    assert r.zscore(target, job_id) is not None, f"{job_id} not in {target}"
+
+
+def assert_still_dead(r, queue, job_id):
+    keys = QueueKeys(queue)
+    assert r.zscore(keys.dead, job_id) is not None
+    assert r.hget(keys.job(job_id), "state") == "dead"
+
+
+def test_replay_lane_moves_only_that_lane_to_its_lane_pending(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "tenant-a", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "replayed 3 jobs" in result.stdout
+    for job_id in ("JOB003", "JOB004", "JOB005"):
+        assert_replayed(r, queue_name, job_id, "tenant-a")
+    for job_id in ("JOB001", "JOB002", "JOB006"):
+        assert_still_dead(r, queue_name, job_id)
+    assert "tenant-a" in r.lrange(QueueKeys(queue_name).ring, 0, -1)
+    assert r.zcard(QueueKeys(queue_name).pending) == 0
+
+
+def test_replay_ids_flat_and_grouped(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--id", "JOB002", "--id", "JOB006",
+                    "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert sorted(doc["ids"]) == ["JOB002", "JOB006"]
+    assert doc["replayed"] == 2 and doc["missing"] == []
+    assert_replayed(r, queue_name, "JOB002", None)
+    assert_replayed(r, queue_name, "JOB006", "tenant-b")
+    assert r.zcard(QueueKeys(queue_name).dead) == 4
+
+
+def test_replay_all(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert r.zcard(QueueKeys(queue_name).dead) == 0
+    assert r.zcard(QueueKeys(queue_name).pending) == 2
+    assert r.zcard(QueueKeys(queue_name).lane_pending("tenant-a")) == 3
+    assert r.zcard(QueueKeys(queue_name).lane_pending("tenant-b")) == 1
+
+
+def test_bare_replay_is_refused_before_touching_anything(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "replay", "--queue", queue_name, "--yes")
+    assert result.returncode == 2
+    assert "--all" in result.stderr
+    assert dump(r) == before
+
+
+def test_contradictory_selection_is_bad_usage(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--lane", "tenant-a", "--yes")
+    assert result.returncode == 2 and "--all" in result.stderr
+    assert dump(r) == before
+
+
+def test_replay_dry_run_changes_nothing(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would replay 6 jobs" in result.stdout
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "tenant-a", "--dry-run", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["dry_run"] is True
+    assert sorted(doc["ids"]) == ["JOB003", "JOB004", "JOB005"]
+    assert doc["lanes"] == {"tenant-a": 3}
+    assert dump(r) == before
+
+
+def test_replay_missing_id_exits_1_and_names_it(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--id", "JOB001", "--id", "JOB999", "--yes")
+    assert result.returncode == 1
+    assert "JOB999" in result.stderr and "not in the morgue" in result.stderr
+    assert_replayed(r, queue_name, "JOB001", None)
+
+
+def test_replay_without_yes_and_without_tty_refuses(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "replay", "--queue", queue_name, "--all")
+    assert result.returncode == 2
+    assert "--yes" in result.stderr
+    assert dump(r) == before
+    # a piped "y" is not a terminal either: still refused
+    result = morgue(url, "replay", "--queue", queue_name, "--all", input="y\n")
+    assert result.returncode == 2
+    assert dump(r) == before
+
+
+def test_replay_confirmed_at_a_terminal(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    code, out, err = morgue_in_pty(url, "replay", "--queue", queue_name, "--lane", "tenant-b",
+                                   answer="y\n")
+    assert code == 0, err
+    assert f"Replay 1 job of queue {queue_name}? [y/N]" in err
+    assert_replayed(r, queue_name, "JOB006", "tenant-b")
+
+
+def test_replay_declined_at_a_terminal_changes_nothing(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "replay", "--queue", queue_name, "--all", answer="n\n")
+    assert code == 4
+    assert "aborted" in err
+    assert dump(r) == before
+
+
+# -------------------------------------------------------------------- purge
+
+
+def test_purge_older_than_respects_dead_at(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    bury(r, queue_name, "JOB007", dead_at=False)  # no time of death: never "older than"
+    keys = QueueKeys(queue_name)
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert sorted(doc["ids"]) == ["JOB001", "JOB003"]
+    for job_id in ("JOB001", "JOB003"):
+        assert r.zscore(keys.dead, job_id) is None
+        assert not r.exists(keys.job(job_id))
+    for job_id in ("JOB002", "JOB004", "JOB005", "JOB006", "JOB007"):
+        assert_still_dead(r, queue_name, job_id)
+
+
+def test_purge_lane_with_older_than(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "purge", "--queue", queue_name, "--lane", "tenant-a", "--older-than", "7m",
+                    "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)["ids"]) == ["JOB003", "JOB004"]
+    assert_still_dead(r, queue_name, "JOB005")
+    assert_still_dead(r, queue_name, "JOB001")
+
+
+def test_purge_dry_run_and_refusal_change_nothing(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "purge", "--queue", queue_name, "--all", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would purge 6 jobs" in result.stdout
+    result = morgue(url, "purge", "--queue", queue_name, "--all")
+    assert result.returncode == 2 and "--yes" in result.stderr
+    result = morgue(url, "purge", "--queue", queue_name)
+    assert result.returncode == 2
+    assert dump(r) == before
+
+
+def test_purge_prompt_says_it_is_permanent(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--id", "JOB001", answer="\n")
+    assert code == 4  # Enter alone takes the default: No
+    assert "Purge 1 job of queue" in err and "permanently" in err and "[y/N]" in err
+    assert dump(r) == before
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--id", "JOB001", answer="yes\n")
+    assert code == 0, err
+    assert not r.exists(QueueKeys(queue_name).job("JOB001"))
+
+
+def test_purge_missing_id_exits_1(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "purge", "--queue", queue_name, "--id", "JOB404", "--yes")
+    assert result.returncode == 1
+    assert "JOB404" in result.stderr
+    assert r.zcard(QueueKeys(queue_name).dead) == 6
+
+
+# ------------------------------------------------------------- bad input, outages
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["stats", "--queue", "bad:name"], "--queue"),
+        (["stats", "--queue", "a{b}"], "--queue"),
+        (["purge", "--queue", "q", "--older-than", "soon", "--yes"], "--older-than"),
+        (["list", "--queue", "q", "--limit", "0"], "--limit"),
+        (["list", "--queue", "q", "-o", "yaml"], "--output"),
+        (["stats"], "--queue"),
+    ],
+)
+def test_bad_usage_exits_2_with_a_message_naming_the_option(url, args, needle):
+    result = morgue(url, *args)
+    assert result.returncode == 2
+    assert needle in result.stderr
+
+
+def test_bad_url_is_bad_usage():
+    result = morgue("http://:hunter2@localhost:1/0", "stats", "--queue", "q")
+    assert result.returncode == 2
+    assert "--redis-url" in result.stderr and "hunter2" not in result.stderr
+
+
+def test_redis_down_exits_3_without_the_password():
+    port = free_port()
+    secret_url = f"redis://:s3cr3t-pw@127.0.0.1:{port}/0"
+    for action in (["stats"], ["replay", "--all", "--yes"]):
+        result = morgue(secret_url, *action, "--queue", "orders")
+        assert result.returncode == 3, result.stderr
+        assert f"127.0.0.1:{port}" in result.stderr
+        assert "cannot reach Redis" in result.stderr
+        assert "s3cr3t-pw" not in result.stderr + result.stdout
+        assert "***" in result.stderr
+
+
+def test_help_documents_exit_codes():
+    result = subprocess.run([sys.executable, "-m", "stalledpolicy", "morgue", "replay", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for code in ("0", "1", "2", "3", "4"):
+        assert f"\n  {code}  " in result.stdout
+    assert "--yes" in result.stdout and "--dry-run" in result.stdout
+
+
+# ---------------------------------------------- the prompt and redaction, in process
+
+
+@pytest.mark.parametrize(
+    ("typed", "agreed"),
+    [("y\n", True), ("YES\n", True), (" y \n", True), ("n\n", False), ("\n", False), ("", False),
+     ("yep\n", False)],
+)
+def test_confirm_only_yes_agrees(typed, agreed):
+    err = io.StringIO()
+    assert morgue_cli.confirm("Replay 3 jobs of queue q?", stdin=io.StringIO(typed), stderr=err) is agreed
+    assert err.getvalue().startswith("Replay 3 jobs of queue q? [y/N] ")
+
+
+def test_a_pipe_is_not_interactive():
+    read_end, write_end = os.pipe()
+    try:
+        with os.fdopen(read_end) as pipe:
+            assert morgue_cli.is_interactive(pipe) is False
+    finally:
+        os.close(write_end)
+    assert morgue_cli.is_interactive(io.StringIO("y\n")) is False
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "hidden"),
+    [
+        ("redis://:pw1@h:6379/0", "redis://:***@h:6379/0", "pw1"),
+        ("rediss://alice:pw2@h:6380/1", "rediss://alice:***@h:6380/1", "pw2"),
+        ("redis://h:6379/0?password=pw3&socket_timeout=5", "password=***", "pw3"),
+        ("redis://h:6379/0", "redis://h:6379/0", None),
+    ],
+)
+def test_redact_url(url, shown, hidden):
+    redacted = morgue_cli.redact_url(url)
+    assert shown in redacted
+    if hidden:
+        assert hidden not in redacted
+        assert hidden not in morgue_cli.scrub(f"error talking to {url}", url)
+
+
+def test_a_large_replay_goes_in_bounded_chunks_and_loses_nothing(r, url, queue_name):
+    count = morgue_cli.CHUNK_SIZE * 2 + 37
+    keys = QueueKeys(queue_name)
+    now = server_ms(r)
+    pipe = r.pipeline(transaction=False)
+    for i in range(count):
+        job_id = f"JOB{i:06d}"
+        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now}
+        if i % 3 == 0:
+            row["group"] = "bulk"
+        pipe.hset(keys.job(job_id), mapping=row)
+        pipe.zadd(keys.dead, {job_id: 0})
+    pipe.execute()
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["replayed"] == count and len(set(doc["ids"])) == count
+    grouped = len(range(0, count, 3))
+    assert r.zcard(keys.dead) == 0
+    assert r.zcard(keys.lane_pending("bulk")) == grouped
+    assert r.zcard(keys.pending) == count - grouped
+
+
+class AnswerAfter:
+    """A terminal whose user answers only after ``meanwhile()`` ran (another
+    engineer acting on the same morgue while the prompt is open)."""
+
+    def __init__(self, answer: str, meanwhile):
+        self.answer, self.meanwhile = answer, meanwhile
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        self.meanwhile()
+        return self.answer
+
+
+def _args(*argv: str):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="stalledpolicy morgue")
+    morgue_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_only_the_confirmed_jobs_change(r, url, queue_name):
+    """What the engineer confirmed is what runs: a job that dies while the prompt
+    is open is not replayed by the approved --lane, and a job someone else
+    replayed meanwhile is reported, not silently counted."""
+    standard_morgue(r, queue_name)
+    keys = QueueKeys(queue_name)
+
+    def meanwhile():
+        bury(r, queue_name, "JOB050", lane="tenant-a")  # a new death in the lane
+        r.zrem(keys.dead, "JOB004")  # another engineer took JOB004 out
+        r.hset(keys.job("JOB004"), "state", "pending")
+
+    out, err = io.StringIO(), io.StringIO()
+    code = morgue_cli.run(
+        _args("replay", "--redis-url", url, "--queue", queue_name, "--lane", "tenant-a"),
+        stdin=AnswerAfter("y\n", meanwhile), stdout=out, stderr=err,
+    )
+    assert code == 1, err.getvalue()
+    assert "Replay 3 jobs" in err.getvalue()
+    assert "JOB004" in err.getvalue() and "left the morgue" in err.getvalue()
+    assert_replayed(r, queue_name, "JOB003", "tenant-a")
+    assert_replayed(r, queue_name, "JOB005", "tenant-a")
+    assert_still_dead(r, queue_name, "JOB050")
+    assert r.zscore(keys.lane_pending("tenant-a"), "JOB004") is None  # not moved twice
