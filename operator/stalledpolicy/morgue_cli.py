@@ -31,6 +31,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_ABORTED = 4
+EXIT_INTERRUPTED = 130
 
 ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
 ENV_QUEUE = "STALLEDPOLICY_QUEUE"
@@ -48,14 +49,16 @@ SOCKET_TIMEOUT_S = 30.0
 
 EXIT_CODES_EPILOG = """\
 exit codes:
-  0  success (also: nothing matched, nothing to do)
-  1  the operation failed or partly failed (e.g. some --id not in the morgue,
-     or jobs left the morgue between the preview and the change)
-  2  bad usage: unknown option, bad --queue, --redis-url or duration, or a
-     change refused because stdin is not a terminal and --yes was not given
-  3  Redis unreachable or refused our credentials (or the connection was lost
-     during the operation)
-  4  aborted at the confirmation prompt (nothing changed)
+  0    success (also: nothing matched, nothing to do)
+  1    the operation failed or partly failed (e.g. some --id not in the
+       morgue, or jobs changed by someone else between the preview and the
+       change)
+  2    bad usage: unknown option, bad --queue, --redis-url or duration, or a
+       change refused because stdin is not a terminal and --yes was not given
+  3    Redis unreachable or refused our credentials (or the connection was
+       lost during the operation)
+  4    aborted at the confirmation prompt (nothing changed)
+  130  interrupted (Ctrl-C)
 
 environment:
   STALLEDPOLICY_REDIS_URL  default for --redis-url
@@ -400,8 +403,9 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(
             f"say which jobs to {args.morgue_action}: {choices}, or --all for the whole morgue"
         )
-    if args.lane is not None and ids is not None:
-        raise UsageError("--lane and --id cannot be combined; the ids already name the jobs")
+    if ids is not None and len(filters) > 1:
+        others = ", ".join(f for f in filters if f != "--id")
+        raise UsageError(f"--id cannot be combined with {others}; the ids already name the jobs")
     selection: dict[str, Any] = {"lane": args.lane, "ids": ids}
     if hasattr(args, "older_than"):
         selection["older_than_s"] = older_than
@@ -505,8 +509,8 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], *, dry_run: bo
     if missing:
         err.write(f"requested ids not in the morgue of queue {queue}: {_ids_preview(missing)}\n")
     if vanished:
-        err.write(f"{_jobs(len(vanished))} left the morgue between the preview and the change "
-                  f"(another replay or purge?): {_ids_preview(vanished)}\n")
+        err.write(f"{_jobs(len(vanished))} no longer matched when the change ran (replayed, purged "
+                  f"or dead-lettered again by someone else meanwhile): {_ids_preview(vanished)}\n")
     return code
 
 
@@ -580,6 +584,12 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     except redis.RedisError as exc:
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        err.write(f"\n{prog}: interrupted\n")
+        if changing and not args.dry_run:
+            err.write("the change may have been partly applied; check with "
+                      "'stalledpolicy morgue stats' and 'list'\n")
+        return EXIT_INTERRUPTED
     finally:
         if client is not None:
             client.close()

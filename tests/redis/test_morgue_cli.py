@@ -309,6 +309,8 @@ def test_contradictory_selection_is_bad_usage(r, url, queue_name):
     before = dump(r)
     result = morgue(url, "replay", "--queue", queue_name, "--all", "--lane", "tenant-a", "--yes")
     assert result.returncode == 2 and "--all" in result.stderr
+    result = morgue(url, "purge", "--queue", queue_name, "--id", "JOB001", "--older-than", "1h", "--yes")
+    assert result.returncode == 2 and "--id" in result.stderr and "--older-than" in result.stderr
     assert dump(r) == before
 
 
@@ -580,7 +582,7 @@ def test_only_the_confirmed_jobs_change(r, url, queue_name):
     )
     assert code == 1, err.getvalue()
     assert "Replay 3 jobs" in err.getvalue()
-    assert "JOB004" in err.getvalue() and "left the morgue" in err.getvalue()
+    assert "JOB004" in err.getvalue() and "no longer matched" in err.getvalue()
     assert_replayed(r, queue_name, "JOB003", "tenant-a")
     assert_replayed(r, queue_name, "JOB005", "tenant-a")
     assert_still_dead(r, queue_name, "JOB050")
