@@ -69,6 +69,8 @@ def _wait_ready(port: int, process: subprocess.Popen, timeout: float = 15.0) -> 
         try:
             if probe.ping():
                 return
+        except redis.AuthenticationError:
+            return  # up and answering, with --requirepass
         except redis.ConnectionError:
             time.sleep(0.05)
     raise TimeoutError(f"redis-server on port {port} not ready after {timeout}s")
