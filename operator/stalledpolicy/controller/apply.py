@@ -1,0 +1,64 @@
+"""Server-side apply of the sweeper Deployment, and the ownership check before it.
+
+Apply (``application/apply-patch+yaml``) with one field manager makes the
+reconcile level-based: the API server merges our intent with what others own,
+and an unchanged intent is a no-op (no write, same resourceVersion). ``force``
+is right for a controller: the fields in our intent are ours, and a drift made
+by someone else (a manual ``kubectl scale``) is taken back. It is only ever used
+on a Deployment this policy controls (``conflict_reason`` first).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from stalledpolicy.controller import FIELD_MANAGER
+
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
+
+def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+def conflict_reason(existing: Mapping[str, Any] | None, policy_uid: str) -> str | None:
+    """Why ``existing`` (a Deployment with our name) must not be taken over, or None."""
+    if existing is None:
+        return None
+    owner = controller_owner(existing)
+    if owner is None:
+        return "it has no controller owner (it was not created by this operator)"
+    if owner.get("uid") != policy_uid:
+        return (f"it is controlled by {owner.get('kind', '?')} {owner.get('name', '?')} "
+                f"(uid {owner.get('uid', '?')}), not by this policy")
+    return None
+
+
+def _json(response) -> dict:
+    return json.loads(response.data)
+
+
+def read_deployment(apps, namespace: str, name: str) -> dict | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return _json(apps.read_namespaced_deployment(name, namespace, _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
+    """Server-side apply ``deployment``; returns the object as stored."""
+    meta = deployment["metadata"]
+    response = apps.patch_namespaced_deployment(
+        meta["name"], meta["namespace"], dict(deployment),
+        field_manager=FIELD_MANAGER, force=True,
+        _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
+    )
+    return _json(response)

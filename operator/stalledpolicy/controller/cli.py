@@ -1,0 +1,101 @@
+"""``stalledpolicy operator``: run the kopf operator (kopf is imported only here, in run())."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from stalledpolicy.controller.config import OperatorConfig
+
+EXIT_USAGE = 2
+
+
+def _seconds(text: str) -> float:
+    from stalledpolicy.durations import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be greater than zero")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch StalledPolicies in NS (repeatable; glob patterns allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch StalledPolicies in every namespace")
+    parser.add_argument("--sweeper-image", default=os.environ.get("STALLEDPOLICY_SWEEPER_IMAGE"),
+                        help="default sweeper image when a policy sets no spec.sweeper.image "
+                             "(env STALLEDPOLICY_SWEEPER_IMAGE)")
+    parser.add_argument("--liveness", metavar="URL",
+                        help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    parser.add_argument("--status-interval", type=_seconds, default=None, metavar="DURATION",
+                        help="time between two status reads of a policy's queue (default 10s)")
+    parser.add_argument("--max-backoff", type=_seconds, default=None, metavar="DURATION",
+                        help="longest retry delay after an error (default 5m)")
+    parser.add_argument("--status-workers", type=int, default=None, metavar="N",
+                        help="threads refreshing status (default 8)")
+    parser.add_argument("--peering", metavar="NAME",
+                        help="kopf peering name, for several operator replicas "
+                             "(default: standalone, one replica)")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        default=os.environ.get("STALLEDPOLICY_LOG_FORMAT", "text"))
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        default=os.environ.get("STALLEDPOLICY_LOG_LEVEL", "info"))
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    base = OperatorConfig.from_env()
+    return OperatorConfig(
+        sweeper_image=args.sweeper_image or base.sweeper_image,
+        status_interval=args.status_interval or base.status_interval,
+        max_backoff=args.max_backoff or base.max_backoff,
+        secret_ttl=base.secret_ttl,
+        status_workers=args.status_workers or base.status_workers,
+        redis_timeout=base.redis_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.namespace and not args.all_namespaces:
+        print("stalledpolicy operator: give --namespace NS (repeatable) or --all-namespaces",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.status_workers is not None and args.status_workers < 1:
+        print("stalledpolicy operator: --status-workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.kubeconfig:
+        if not os.path.isfile(args.kubeconfig):
+            print(f"stalledpolicy operator: --kubeconfig {args.kubeconfig}: no such file",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    # The kopf entry module reads its settings from the environment, so that
+    # `kopf run -m stalledpolicy.controller.main` behaves the same.
+    os.environ.update(config_from_args(args).to_env())
+
+    from stalledpolicy import logs
+
+    logs.configure(args.log_format, args.log_level)
+    from stalledpolicy.controller import logfilter
+
+    logfilter.install()
+
+    import kopf
+
+    import stalledpolicy.controller.main  # noqa: F401 - registers the handlers
+
+    kopf.run(
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        clusterwide=bool(args.all_namespaces),
+        namespaces=tuple(args.namespace),
+        liveness_endpoint=args.liveness,
+    )
+    return 0

@@ -1,0 +1,57 @@
+"""Log hygiene for kopf's records: plain fields, and no repeated retry errors.
+
+kopf attaches its settings object and an object reference to every record of
+an object logger; our structured formatters would print the settings in every
+line. This filter keeps the reference as ``namespace``/``policy`` fields and
+drops the rest. It also lets a handler's retry error through only when its
+text changes for that object: a policy stuck on a name clash retries with
+backoff for as long as the clash lasts, but says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+_KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
+_REPEATABLE = ("failed temporarily", "failed with an exception. Will retry")
+_MEMORY = 10_000
+
+
+class KopfRecordFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = getattr(record, "k8s_ref", None)
+        for attr in _KOPF_ATTRS:
+            if hasattr(record, attr):
+                delattr(record, attr)
+        if not isinstance(ref, dict):
+            return True
+        if ref.get("namespace") and not hasattr(record, "namespace"):
+            record.namespace = ref.get("namespace")
+        if ref.get("name") and not hasattr(record, "object"):
+            record.object = f"{ref.get('kind', '')}/{ref.get('name')}".lstrip("/")
+        message = record.getMessage()
+        key = (ref.get("uid") or (ref.get("namespace"), ref.get("name")), record.name)
+        with self._lock:
+            if any(marker in message for marker in _REPEATABLE):
+                if self._last.get(key) == message:
+                    return False
+                if len(self._last) >= _MEMORY:
+                    self._last.clear()
+                self._last[key] = message
+            elif "succeeded" in message:
+                self._last.pop(key, None)
+        return True
+
+
+def install() -> KopfRecordFilter:
+    """Attach one filter to every root handler (call after ``logs.configure``)."""
+    log_filter = KopfRecordFilter()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_filter)
+    return log_filter

@@ -1,0 +1,93 @@
+"""The kopf entry module: handler registration and operator settings only.
+
+Run by ``stalledpolicy operator`` (or ``kopf run -m stalledpolicy.controller.main``).
+No handler here adds a finalizer (no deletion handler, no kopf timer or daemon:
+the status loop is our own scheduler), so a policy is deleted at once even when
+the operator is down, and the sweeper goes with it through its owner reference.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
+                                      VERSION)
+from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, reapply_after_deletion,
+                                                reconcile)
+
+STORAGE_PREFIX = f"operator.{GROUP}"
+_controller = None
+
+
+def controller():
+    if _controller is None:
+        raise kopf.TemporaryError("the operator is still starting", delay=1)
+    return _controller
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_) -> None:
+    global _controller
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=STORAGE_PREFIX, key="last-handled-configuration")
+    settings.posting.enabled = True
+    settings.posting.level = logging.WARNING
+    config = OperatorConfig.from_env()
+    settings.execution.max_workers = max(4, config.status_workers)
+    # Clean shutdown on SIGTERM: give running handlers a moment, then stop.
+    settings.process.ultimate_exiting_timeout = 10
+    from stalledpolicy.controller.wiring import build_controller
+
+    _controller = build_controller(config)
+    _controller.start()
+
+
+@kopf.on.cleanup()
+def cleanup(**_) -> None:
+    if _controller is not None:
+        _controller.stop()
+
+
+def _run_reconcile(body, retry: int, old_spec=None) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    ctl = controller()
+    try:
+        reconcile(ctl, body, retry=retry, old_spec=old_spec)
+    except InvalidPolicy as exc:
+        raise kopf.PermanentError(str(exc)) from None
+    except RetryLater as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    except ApiException as exc:
+        raise kopf.TemporaryError(f"Kubernetes API refused: HTTP {exc.status} {exc.reason}",
+                                  delay=backoff(retry, 2.0, ctl.config.max_backoff)) from None
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
+def on_create_or_resume(body, retry, **_) -> None:
+    _run_reconcile(body, retry)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
+def on_update(body, old, retry, **_) -> None:
+    _run_reconcile(body, retry, old_spec=(old or {}).get("spec") or {})
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_policy_event(body, type, **_) -> None:  # noqa: A002 - kopf's argument name
+    if _controller is not None:
+        _controller.observe_policy(body, type)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE})
+def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
+    if _controller is None:
+        return
+    _controller.observe_deployment(body, type)
+    if type == "DELETED":
+        reapply_after_deletion(_controller, body)

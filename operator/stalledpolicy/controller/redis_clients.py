@@ -1,0 +1,219 @@
+"""Redis clients of the policies: the URL from ``spec.redis.url`` or a Secret.
+
+A password lives only in the URL, so the URL itself is never logged, put in an
+event, a condition or an exception message: errors name the Secret and the key,
+and a client is identified by a digest of its URL. Clients are cached per
+policy and shared between policies naming the same URL (one pool per server).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+PolicyKey = tuple[str, str]  # (namespace, name)
+
+
+class RedisConfigError(Exception):
+    """The operator cannot build a client; ``reason`` is a condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def redact(url: str) -> str:
+    """``url`` without its credentials (for messages): scheme, host and port only."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparseable URL>"
+    return f"{parts.scheme}://{host}{port}"
+
+
+def url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def check_url(url: str, where: str) -> str:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise RedisConfigError("InvalidRedisURL", f"{where} is not a valid URL ({exc}); "
+                               "write redis://[:password@]host[:port][/db]") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise RedisConfigError("InvalidRedisURL", f"{where} must start with redis:// or rediss:// "
+                               "(write redis://[:password@]host[:port][/db])")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise RedisConfigError("InvalidRedisURL", f"{where} has no host")
+    return url
+
+
+def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
+    """The decoded value of ``key`` in a Secret's base64 ``data`` (None when absent)."""
+    if not secret_data or key not in secret_data or secret_data[key] is None:
+        return None
+    return base64.b64decode(secret_data[key]).decode("utf-8").strip()
+
+
+@dataclass
+class _CachedSecret:
+    fetched_at: float
+    data: Mapping[str, str] | None  # None: not found
+
+
+class SecretReader:
+    """Reads Secrets through the API, reusing a found Secret for ``ttl`` seconds.
+
+    ``read(namespace, name)`` returns the Secret's ``data`` or None when it does
+    not exist; a missing Secret is not cached, so its creation is seen at once.
+    """
+
+    def __init__(self, read: Callable[[str, str], Mapping[str, str] | None], ttl: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[tuple[str, str], _CachedSecret] = {}
+        self._lock = threading.Lock()
+
+    def get(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get((namespace, name))
+        if hit is not None and now - hit.fetched_at < self._ttl:
+            return hit.data
+        data = self._read(namespace, name)
+        with self._lock:
+            if data is None:
+                self._cache.pop((namespace, name), None)
+            else:
+                self._cache[(namespace, name)] = _CachedSecret(now, data)
+        return data
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._cache.pop((namespace, name), None)
+
+
+def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretReader) -> str:
+    """The Redis URL of a policy's ``spec.redis``; RedisConfigError names what is wrong."""
+    url = redis_spec.get("url")
+    ref = redis_spec.get("secretRef")
+    if url and ref:
+        raise RedisConfigError("InvalidSpec", "spec.redis: set either url or secretRef, not both")
+    if url:
+        return check_url(url, "spec.redis.url")
+    if not ref or not ref.get("name"):
+        raise RedisConfigError("InvalidSpec", "spec.redis: set url or secretRef {name, key}")
+    name, key = ref["name"], ref.get("key") or "url"
+    data = secrets.get(namespace, name)
+    if data is None:
+        raise RedisConfigError(
+            "SecretNotFound",
+            f"Secret {namespace}/{name} (spec.redis.secretRef.name) does not exist; "
+            f"create it with the Redis URL under key {key!r}")
+    value = secret_value(data, key)
+    if not value:
+        raise RedisConfigError(
+            "SecretKeyNotFound",
+            f"Secret {namespace}/{name} has no key {key!r} (spec.redis.secretRef.key); "
+            f"keys present: {sorted(data)}")
+    return check_url(value, f"the value of key {key!r} in Secret {namespace}/{name}")
+
+
+def connect(url: str, timeout: float):
+    """A client for ``url``; a cluster-enabled server gives a ``RedisCluster``."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
+                                  socket_connect_timeout=timeout)
+    try:
+        cluster = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.ResponseError:
+        cluster = False  # INFO cluster refused (a proxy or a restricted user): plain server
+    if cluster:
+        client.close()
+        return RedisCluster.from_url(url, decode_responses=True, socket_timeout=timeout,
+                                     socket_connect_timeout=timeout)
+    return client
+
+
+class RedisClients:
+    """One client per distinct URL, remembered per policy, closed when unused."""
+
+    def __init__(self, timeout: float = 2.0,
+                 connect_fn: Callable[[str, float], Any] = connect) -> None:
+        self._timeout = timeout
+        self._connect = connect_fn
+        self._lock = threading.Lock()
+        self._by_digest: dict[str, Any] = {}
+        self._policy_digest: dict[PolicyKey, str] = {}
+
+    def client(self, policy: PolicyKey, url: str):
+        digest = url_digest(url)
+        with self._lock:
+            stale = self._policy_digest.get(policy)
+            self._policy_digest[policy] = digest
+            existing = self._by_digest.get(digest)
+        if stale and stale != digest:
+            self._close_unused(stale)
+        if existing is not None:
+            return existing
+        # Connect outside the lock: an unreachable server must not block other policies.
+        created = self._connect(url, self._timeout)
+        with self._lock:
+            winner = self._by_digest.setdefault(digest, created)
+        if winner is not created:
+            created.close()
+        return winner
+
+    def drop(self, policy: PolicyKey) -> None:
+        """The policy is gone (or its client failed): release its client."""
+        with self._lock:
+            digest = self._policy_digest.pop(policy, None)
+        if digest:
+            self._close_unused(digest)
+
+    def invalidate(self, policy: PolicyKey) -> None:
+        """Close the policy's client after an error so the next use reconnects."""
+        with self._lock:
+            digest = self._policy_digest.get(policy)
+            client = self._by_digest.pop(digest, None) if digest else None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - a broken connection may fail to close
+                pass
+
+    def _close_unused(self, digest: str) -> None:
+        with self._lock:
+            if digest in self._policy_digest.values():
+                return
+            client = self._by_digest.pop(digest, None)
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close_all(self) -> None:
+        with self._lock:
+            clients = list(self._by_digest.values())
+            self._by_digest.clear()
+            self._policy_digest.clear()
+        for client in clients:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass

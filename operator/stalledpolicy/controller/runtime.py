@@ -1,0 +1,356 @@
+"""The operator's memory and its status loop.
+
+kopf feeds it (every policy and sweeper Deployment event, every reconcile
+outcome); a ``Scheduler`` refreshes each policy's status on an interval, or
+at once after a change. The status subresource has one writer, this module,
+and a per-policy lock, so the reconcile handlers and the status workers never
+write over each other's conditions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from stalledpolicy.controller import GROUP, KIND, PLURAL, VERSION, events
+from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller.redis_clients import (
+    PolicyKey, RedisClients, RedisConfigError, SecretReader, redact, resolve_url)
+from stalledpolicy.controller.replay import (
+    InvalidReplayRequest, replay_message, requested_replay, run_replay)
+from stalledpolicy.controller.scheduler import Scheduler
+from stalledpolicy.controller.status import (
+    READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome, condition_of,
+    desired_status, status_patch, utc_now)
+
+log = logging.getLogger("stalledpolicy.operator")
+
+
+def plain(value: Any) -> Any:
+    """kopf's bodies are mapping views; keep plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def policy_key(body: Mapping[str, Any]) -> PolicyKey:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def sweeper_name(policy_name: str) -> str:
+    try:
+        from stalledpolicy.policy.builder import deployment_name
+    except ImportError:  # the builder names it <policy>-sweeper as well
+        return f"{policy_name}-sweeper"
+    return deployment_name(policy_name)
+
+
+def safe_error(exc: BaseException, url: str | None) -> str:
+    """An exception as text, with the URL's password (if any) never shown."""
+    text = f"{type(exc).__name__}: {exc}"
+    if url:
+        from urllib.parse import urlsplit
+
+        try:
+            secret = urlsplit(url).password
+        except ValueError:
+            secret = None
+        text = text.replace(url, redact(url))
+        if secret:
+            text = text.replace(secret, "***")
+    return text[:500]
+
+
+@dataclass
+class PolicyState:
+    key: PolicyKey
+    body: dict
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    outcome: ReconcileOutcome | None = None
+    status: dict | None = None  # as last written (or first seen)
+    failures: int = 0
+    logged_problem: Problem | None = None
+    served_token: str | None = None
+    unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
+
+
+class Controller:
+    def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
+                 secrets: SecretReader, clients: RedisClients,
+                 snapshot_fn: Callable[..., Any] | None = None,
+                 replay_fn: Callable[..., Any] | None = None) -> None:
+        self.config = config
+        self.apps, self.core, self.custom = apps, core, custom
+        self.recorder = recorder
+        self.secrets = secrets
+        self.clients = clients
+        if snapshot_fn is None:
+            from stalledpolicy.engine import queue_snapshot as snapshot_fn
+        self.snapshot_fn = snapshot_fn
+        self.replay_fn = replay_fn
+        self.policies: dict[PolicyKey, PolicyState] = {}
+        self.deployments: dict[tuple[str, str], dict] = {}
+        self._lock = threading.Lock()
+        self.scheduler: Scheduler | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        self.scheduler = Scheduler(self.refresh, workers=self.config.status_workers)
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.clients.close_all()
+
+    def _kick(self, key: PolicyKey) -> None:
+        if self.scheduler is not None:
+            self.scheduler.kick(key)
+
+    # -- what kopf tells us --------------------------------------------------
+    def state(self, body: Mapping[str, Any]) -> PolicyState:
+        key = policy_key(body)
+        with self._lock:
+            state = self.policies.get(key)
+            uid = (body.get("metadata") or {}).get("uid")
+            if state is not None and state.body.get("metadata", {}).get("uid") != uid:
+                state = None  # deleted and created again under the same name
+            if state is None:
+                snapshot = plain(body)
+                state = PolicyState(key=key, body=snapshot)
+                state.status = dict(snapshot.get("status") or {})
+                state.served_token = (state.status.get("lastReplay") or {}).get("token")
+                self.policies[key] = state
+            return state
+
+    def observe_policy(self, body: Mapping[str, Any], event_type: str | None) -> None:
+        key = policy_key(body)
+        if event_type == "DELETED":
+            self.forget(key)
+            return
+        state = self.state(body)
+        with state.lock:
+            fresh = plain(body)
+            if _rv(fresh) >= _rv(state.body):
+                state.body = fresh
+            annotations = (state.body.get("metadata") or {}).get("annotations") or {}
+            token = annotations.get(f"{GROUP}/replay")
+            wants_replay = token is not None and token != state.served_token
+        if wants_replay and state.outcome is not None:
+            self._kick(key)
+
+    def forget(self, key: PolicyKey) -> None:
+        with self._lock:
+            self.policies.pop(key, None)
+        if self.scheduler is not None:
+            self.scheduler.remove(key)
+        self.clients.drop(key)
+
+    def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None) -> PolicyKey | None:
+        """Remember a sweeper Deployment's state; returns its policy's key when we know it."""
+        meta = body.get("metadata") or {}
+        dkey = (meta.get("namespace") or "", meta.get("name") or "")
+        with self._lock:
+            if event_type == "DELETED":
+                self.deployments.pop(dkey, None)
+            else:
+                known = self.deployments.get(dkey)
+                if known is None or _rv(body) >= _rv(known):
+                    self.deployments[dkey] = plain(body)
+        owner = next((ref for ref in meta.get("ownerReferences") or []
+                      if ref.get("controller") and ref.get("kind") == KIND), None)
+        if owner is None:
+            return None
+        key = (dkey[0], owner.get("name"))
+        if key in self.policies:
+            self._kick(key)
+            return key
+        return None
+
+    def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome) -> None:
+        state = self.state(body)
+        with state.lock:
+            before = state.outcome
+            state.outcome = outcome
+            fresh = plain(body)
+            if _rv(fresh) >= _rv(state.body):
+                state.body = fresh
+        changed = before is None or (before.ok, before.reason, before.message) != (
+            outcome.ok, outcome.reason, outcome.message)
+        if changed:
+            extra = {"namespace": state.key[0], "policy": state.key[1],
+                     "generation": outcome.generation, "reason": outcome.reason}
+            if outcome.ok:
+                log.info("policy reconciled", extra=extra)
+            else:
+                log.warning(outcome.message, extra=extra)
+                self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)
+        self._kick(state.key)
+
+    # -- the status loop -------------------------------------------------------
+    def refresh(self, key: PolicyKey) -> float | None:
+        state = self.policies.get(key)
+        if state is None:
+            return None
+        with state.lock:
+            if state.outcome is None:
+                return 1.0  # the reconcile handler has not run yet in this process
+            problem = self._refresh_locked(state)
+            if self.policies.get(key) is not state:
+                return None
+            if problem is None:
+                state.failures = 0
+                return self.config.status_interval
+            state.failures += 1
+            return backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
+
+    def _read_queue(self, state: PolicyState, spec: Mapping[str, Any]):
+        """(client, snapshot, problem): exactly one of snapshot/problem is set."""
+        import redis
+
+        from stalledpolicy.keyspace import InvalidQueueName
+
+        url = None
+        try:
+            url = resolve_url(state.key[0], spec.get("redis") or {}, self.secrets)
+            client = self.clients.client(state.key, url)
+            lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
+            return client, self.snapshot_fn(client, spec.get("queue"), lanes), None
+        except RedisConfigError as exc:
+            return None, None, Problem(exc.reason, exc.message)
+        except InvalidQueueName as exc:
+            return None, None, Problem("InvalidSpec", f"spec.{exc}")
+        except (redis.RedisError, OSError) as exc:
+            self.clients.invalidate(state.key)
+            where = redact(url) if url else "Redis"
+            return None, None, Problem("RedisUnreachable",
+                                       f"cannot read queue {spec.get('queue')} at {where}: "
+                                       f"{safe_error(exc, url)}")
+
+    def _refresh_locked(self, state: PolicyState) -> Problem | None:
+        body, outcome = state.body, state.outcome
+        spec = body.get("spec") or {}
+        namespace, name = state.key
+        deployment_name = sweeper_name(name)
+        deployment = self.deployments.get((namespace, deployment_name))
+        client, snapshot, problem = self._read_queue(state, spec)
+        now = utc_now()
+
+        if client is not None and problem is None:
+            problem, snapshot = self._maybe_replay(state, client, spec, snapshot, now)
+
+        previous = state.status or {}
+        desired = desired_status(
+            previous, outcome=outcome,
+            deployment=DeploymentState.from_object(deployment) if deployment else None,
+            deployment_name=deployment_name, snapshot=snapshot, problem=problem,
+            last_replay=state.unwritten_replay, now=now)
+        patch = status_patch(previous, desired)
+        if patch is not None:
+            if not self._write_status(state, patch):
+                return problem or Problem("StatusWriteFailed", "could not write status")
+            state.status = desired
+            if state.unwritten_replay is not None:
+                self._announce_replay(state, spec, state.unwritten_replay)
+                state.unwritten_replay = None
+            self._announce_changes(state, previous, desired, spec)
+        self._log_problem(state, problem)
+        return problem
+
+    def _maybe_replay(self, state: PolicyState, client, spec, snapshot, now):
+        annotations = (state.body.get("metadata") or {}).get("annotations") or {}
+        try:
+            request = requested_replay(annotations, state.served_token)
+        except InvalidReplayRequest as exc:
+            token = annotations.get(f"{GROUP}/replay")
+            state.served_token = token  # refused once; a new token asks again
+            self.recorder.post(state.body, events.WARNING, events.REPLAY_FAILED, str(exc))
+            log.warning(str(exc), extra={"namespace": state.key[0], "policy": state.key[1]})
+            return None, snapshot
+        if request is None:
+            return None, snapshot
+        import redis
+
+        try:
+            record = run_replay(client, spec.get("queue"), request, now, self.replay_fn)
+        except (redis.RedisError, OSError) as exc:
+            self.clients.invalidate(state.key)
+            return Problem("RedisUnreachable",
+                           f"replay of queue {spec.get('queue')} failed: {safe_error(exc, None)}"), snapshot
+        # Served from now on, whatever happens to the status write.
+        state.served_token = request.token
+        state.unwritten_replay = record
+        try:
+            lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
+            snapshot = self.snapshot_fn(client, spec.get("queue"), lanes)
+        except (redis.RedisError, OSError):
+            pass  # the numbers catch up on the next refresh
+        return None, snapshot
+
+    def _write_status(self, state: PolicyState, patch: dict) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = state.key
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": patch},
+                _content_type="application/merge-patch+json")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                self.forget(state.key)
+                return False
+            self._log_problem(state, Problem("StatusWriteFailed",
+                                             f"status patch refused: HTTP {exc.status} {exc.reason}"))
+            return False
+        except Exception as exc:  # noqa: BLE001 - API server down: retry on the next refresh
+            self._log_problem(state, Problem("StatusWriteFailed", f"status patch failed: {type(exc).__name__}"))
+            return False
+
+    def _announce_replay(self, state: PolicyState, spec, record: dict) -> None:
+        message = replay_message(spec.get("queue"), record)
+        log.info(message, extra={"namespace": state.key[0], "policy": state.key[1],
+                                 "replayed": record["replayed"]})
+        self.recorder.post(state.body, events.NORMAL, events.REPLAYED, message)
+
+    def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec) -> None:
+        before = condition_of(previous, REDIS_REACHABLE)
+        after = condition_of(desired, REDIS_REACHABLE)
+        if after is not None and (before is None or (before.get("status"), before.get("reason"))
+                                  != (after.get("status"), after.get("reason"))):
+            if after.get("status") != TRUE:
+                self.recorder.post(state.body, events.WARNING, after.get("reason") or events.REDIS_UNREACHABLE,
+                                   after.get("message") or "")
+            elif before is not None:
+                self.recorder.post(state.body, events.NORMAL, events.REDIS_REACHABLE,
+                                   f"queue {spec.get('queue')} is readable again")
+        grown = events.dead_letter_growth_message(
+            spec.get("queue"), previous.get("deadLetters"), desired.get("deadLetters", 0))
+        if grown:
+            self.recorder.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
+        ready_before, ready_after = condition_of(previous, READY), condition_of(desired, READY)
+        if ready_after and (ready_before is None or ready_before.get("status") != ready_after.get("status")):
+            log.info("Ready is now %s", ready_after.get("status"), extra={
+                "namespace": state.key[0], "policy": state.key[1], "reason": ready_after.get("reason")})
+
+    def _log_problem(self, state: PolicyState, problem: Problem | None) -> None:
+        """Log a problem when it appears or changes, and its end; never every retry."""
+        if problem == state.logged_problem:
+            return
+        extra = {"namespace": state.key[0], "policy": state.key[1]}
+        if problem is None:
+            log.info("queue readable again", extra=extra)
+        else:
+            log.warning(problem.message, extra={**extra, "reason": problem.reason})
+        state.logged_problem = problem

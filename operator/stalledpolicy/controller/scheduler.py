@@ -1,0 +1,115 @@
+"""A small due-time scheduler on a thread pool: each key runs at most once at a time.
+
+``work(key)`` returns the delay before the key's next run (None: do not
+reschedule). ``kick(key)`` asks for a run now; a kick during a run makes the
+run repeat right after it. This is the status loop of every policy: one
+operator watching 1,000 policies runs a bounded number of threads, and one
+slow Redis never holds up the others beyond one worker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Callable, Hashable
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, work: Callable[[Hashable], float | None], workers: int = 4,
+                 clock: Callable[[], float] = time.monotonic, name: str = "status") -> None:
+        self._work = work
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._due: dict[Hashable, float] = {}
+        self._running: set[Hashable] = set()
+        self._rerun: set[Hashable] = set()
+        self._cancelled: set[Hashable] = set()
+        self._stopped = False
+        self._seq = itertools.count()
+        self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+                         for i in range(max(1, workers))]
+        for thread in self._threads:
+            thread.start()
+
+    def schedule(self, key: Hashable, delay: float) -> None:
+        """Run ``key`` after ``delay`` seconds unless it is already due sooner."""
+        with self._cond:
+            if self._stopped:
+                return
+            self._cancelled.discard(key)
+            if key in self._running:
+                if delay <= 0:
+                    self._rerun.add(key)
+                return
+            due = self._clock() + max(0.0, delay)
+            if key in self._due and self._due[key] <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._heap, (due, next(self._seq), key))
+            self._cond.notify()
+
+    def kick(self, key: Hashable) -> None:
+        self.schedule(key, 0.0)
+
+    def remove(self, key: Hashable) -> None:
+        with self._cond:
+            self._due.pop(key, None)
+            self._rerun.discard(key)
+            if key in self._running:
+                self._cancelled.add(key)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _next(self) -> Hashable | None:
+        with self._cond:
+            while not self._stopped:
+                now = self._clock()
+                while self._heap:
+                    due, _, key = self._heap[0]
+                    if self._due.get(key) != due:  # superseded or removed
+                        heapq.heappop(self._heap)
+                        continue
+                    if due > now:
+                        break
+                    heapq.heappop(self._heap)
+                    del self._due[key]
+                    self._running.add(key)
+                    return key
+                timeout = (self._heap[0][0] - now) if self._heap else None
+                self._cond.wait(timeout)
+            return None
+
+    def _loop(self) -> None:
+        while True:
+            key = self._next()
+            if key is None:
+                return
+            delay: float | None
+            try:
+                delay = self._work(key)
+            except Exception:  # noqa: BLE001 - a bug in one policy's run must not kill the worker
+                log.exception("status refresh failed", extra={"policy": str(key)})
+                delay = 30.0
+            with self._cond:
+                self._running.discard(key)
+                rerun = key in self._rerun
+                self._rerun.discard(key)
+                cancelled = key in self._cancelled
+                self._cancelled.discard(key)
+            if cancelled:
+                continue
+            if rerun:
+                self.schedule(key, 0.0)
+            elif delay is not None:
+                self.schedule(key, delay)

@@ -1,0 +1,209 @@
+"""The policy's status: queue numbers and conditions, written only on change.
+
+Pure part: ``desired_status`` turns what the operator knows (the reconcile
+outcome, the sweeper Deployment's state, one queue snapshot or the reason it
+could not be read) into the status it should show; ``status_patch`` keeps only
+what differs from the status shown now. ``observedGeneration`` (and each
+condition's) is the generation the last reconcile applied, never a newer one:
+so ``kubectl wait --for=condition=Ready`` after an edit waits for that edit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+READY = "Ready"
+SWEEPER_AVAILABLE = "SweeperAvailable"
+REDIS_REACHABLE = "RedisReachable"
+CONDITION_ORDER = (READY, SWEEPER_AVAILABLE, REDIS_REACHABLE)
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """What the last reconcile of a policy did, for generation ``generation``."""
+
+    generation: int
+    ok: bool
+    reason: str
+    message: str
+    suspended: bool = False
+    # metadata.generation of the Deployment as applied: its rollout is done
+    # when the Deployment's status.observedGeneration reaches it.
+    deployment_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    generation: int
+    observed_generation: int
+    replicas: int  # desired (spec.replicas)
+    updated: int
+    available: int
+    ready: int
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> "DeploymentState":
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        replicas = spec.get("replicas")
+        return cls(
+            generation=int((obj.get("metadata") or {}).get("generation") or 0),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            replicas=1 if replicas is None else int(replicas),
+            updated=int(status.get("updatedReplicas") or 0),
+            available=int(status.get("availableReplicas") or 0),
+            ready=int(status.get("readyReplicas") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+
+
+def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | None,
+                      deployment_name: str) -> Condition:
+    if not outcome.ok:
+        if outcome.reason == "NameConflict":
+            return Condition(FALSE, outcome.reason, outcome.message)
+        if deployment is None:
+            return Condition(FALSE, outcome.reason, outcome.message)
+    if deployment is None:
+        return Condition(FALSE, "DeploymentMissing", f"Deployment {deployment_name} does not exist yet")
+    if outcome.ok and outcome.suspended and deployment.replicas == 0:
+        return Condition(TRUE, "Suspended", "spec.suspend is true: the sweeper is scaled to zero")
+    rolled = deployment.observed_generation >= deployment.generation and (
+        outcome.deployment_generation is None
+        or deployment.observed_generation >= outcome.deployment_generation)
+    if not rolled:
+        return Condition(FALSE, "RollingOut",
+                         f"Deployment {deployment_name} has not observed its latest change yet")
+    want = deployment.replicas
+    if deployment.updated < want or deployment.available < want:
+        return Condition(FALSE, "Progressing",
+                         f"{deployment.available} of {want} sweeper replicas available, "
+                         f"{deployment.updated} updated to the current spec")
+    return Condition(TRUE, "Available", f"{deployment.available} of {want} sweeper replicas available")
+
+
+def redis_condition(problem: Problem | None, reachable_before: bool | None) -> Condition:
+    if problem is None:
+        return Condition(TRUE, "Reachable", "the queue was read")
+    return Condition(FALSE, problem.reason, problem.message)
+
+
+def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
+    if not outcome.ok:
+        return Condition(FALSE, outcome.reason, outcome.message)
+    for condition in (sweeper, redis):
+        if condition.status != TRUE:
+            return Condition(FALSE, condition.reason, condition.message)
+    if sweeper.reason == "Suspended":
+        return Condition(TRUE, "Suspended", "the policy is suspended; Redis is reachable")
+    return Condition(TRUE, "Ready", "the sweeper is available and Redis is reachable")
+
+
+def set_condition(conditions: Sequence[Mapping[str, Any]], type_: str, condition: Condition,
+                  generation: int, now: str) -> list[dict]:
+    """``conditions`` with ``type_`` set; lastTransitionTime moves only when status changes."""
+    result: list[dict] = []
+    found = False
+    for existing in conditions:
+        if existing.get("type") != type_:
+            result.append(dict(existing))
+            continue
+        found = True
+        transition = existing.get("lastTransitionTime") or now
+        if existing.get("status") != condition.status:
+            transition = now
+        result.append({"type": type_, "status": condition.status, "reason": condition.reason,
+                       "message": condition.message, "lastTransitionTime": transition,
+                       "observedGeneration": generation})
+    if not found:
+        result.append({"type": type_, "status": condition.status, "reason": condition.reason,
+                       "message": condition.message, "lastTransitionTime": now,
+                       "observedGeneration": generation})
+    rank = {t: i for i, t in enumerate(CONDITION_ORDER)}
+    return sorted(result, key=lambda c: rank.get(c.get("type"), len(rank)))
+
+
+def condition_of(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return condition
+    return None
+
+
+def snapshot_numbers(snapshot) -> dict:
+    return {
+        "deadLetters": snapshot.dead,
+        "pending": snapshot.pending,
+        "active": snapshot.active,
+        "recoveredTotal": snapshot.recovered_total,
+        "deadLetteredTotal": snapshot.dead_lettered_total,
+        "orphansTotal": snapshot.orphans_total,
+        "quarantinedTotal": snapshot.quarantined_total,
+        "lanes": [{"name": lane.name, "pending": lane.pending,
+                   "deadLettered": lane.dead_lettered_total, "recovered": lane.recovered_total}
+                  for lane in snapshot.lanes],
+    }
+
+
+def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutcome,
+                   deployment: DeploymentState | None, deployment_name: str,
+                   snapshot=None, problem: Problem | None = None,
+                   last_replay: Mapping[str, Any] | None = None, now: str | None = None) -> dict:
+    """The status to show. Numbers of a failed read keep their last values."""
+    previous = dict(previous or {})
+    now = now or utc_now()
+    generation = outcome.generation
+    before = condition_of(previous, REDIS_REACHABLE)
+    redis = redis_condition(problem, None if before is None else before.get("status") == TRUE)
+    sweeper = sweeper_condition(outcome, deployment, deployment_name)
+    ready = ready_condition(outcome, sweeper, redis)
+    conditions = list(previous.get("conditions") or [])
+    for type_, condition in ((READY, ready), (SWEEPER_AVAILABLE, sweeper), (REDIS_REACHABLE, redis)):
+        conditions = set_condition(conditions, type_, condition, generation, now)
+    status = {k: v for k, v in previous.items() if k != "lastUpdateTime"}
+    status.update({"observedGeneration": generation, "conditions": conditions,
+                   "sweeperDeployment": deployment_name})
+    if snapshot is not None:
+        status.update(snapshot_numbers(snapshot))
+    if last_replay is not None:
+        status["lastReplay"] = dict(last_replay)
+    if previous.get("lastUpdateTime"):
+        status["lastUpdateTime"] = previous["lastUpdateTime"]
+    if status_patch(previous, status):
+        status["lastUpdateTime"] = now
+    return status
+
+
+def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict | None:
+    """A merge patch turning ``previous`` into ``desired`` (top-level keys), or None if equal.
+
+    ``lastUpdateTime`` alone is never a change (it only follows real changes).
+    """
+    previous = previous or {}
+    patch = {key: value for key, value in desired.items()
+             if key != "lastUpdateTime" and previous.get(key) != value}
+    if not patch:
+        return None
+    if "lastUpdateTime" in desired:
+        patch["lastUpdateTime"] = desired["lastUpdateTime"]
+    return patch
