@@ -39,13 +39,14 @@ if #expired == 0 then
   return {0, 0, 0, 0, 0, {}}
 end
 
--- unpack() is bounded by the Lua C stack: batch variadic commands in chunks.
-local CHUNK = 4000
+-- unpack() is bounded by the Lua C stack (8000 slots): variadic commands go
+-- in chunks of at most 4000 arguments.
 local function variadic(cmd, key, members, with_zero_score)
+  local chunk = with_zero_score and 2000 or 4000
   local n = #members
   local i = 1
   while i <= n do
-    local last = math.min(i + CHUNK - 1, n)
+    local last = math.min(i + chunk - 1, n)
     local args = {}
     for j = i, last do
       if with_zero_score then args[#args + 1] = 0 end

@@ -1,0 +1,120 @@
+"""Rows built directly with Redis commands, shaped as EchoMQ workers leave them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from stalledpolicy.keyspace import QueueKeys
+
+EXPIRED = 1  # a lease deadline long past on any server clock
+
+
+def server_ms(r) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def put_active(r, keys: QueueKeys, job_id: str, *, group: str | None = None, score: int = EXPIRED,
+               attempts: str | int = 1, count_in_gactive: bool = True, **fields) -> str:
+    """A claimed job: its row, its `active` entry and (grouped) its lane slot."""
+    row = {"state": "active", "attempts": str(attempts), "payload": f"payload-{job_id}"}
+    if group is not None:
+        row["group"] = group
+    row.update({k: str(v) for k, v in fields.items()})
+    r.hset(keys.job(job_id), mapping=row)
+    r.zadd(keys.active, {job_id: score})
+    if group is not None and count_in_gactive:
+        r.hincrby(keys.gactive, group, 1)
+    return job_id
+
+
+def put_dead(r, keys: QueueKeys, job_id: str, *, group: str | None = None, stalled: int = 1,
+             attempts: int = 2, dead_at: int | None = None, last_error: str = "stalled",
+             **fields) -> str:
+    row = {"state": "dead", "attempts": str(attempts), "payload": f"payload-{job_id}",
+           "stalled": str(stalled), "last_error": last_error}
+    if dead_at is not None:
+        row["dead_at"] = str(dead_at)
+    if group is not None:
+        row["group"] = group
+    row.update({k: str(v) for k, v in fields.items()})
+    r.hset(keys.job(job_id), mapping=row)
+    r.zadd(keys.dead, {job_id: 0})
+    return job_id
+
+
+# EchoMQ's complete, modelled from the contract: the caller's token must equal
+# `attempts` (else EMQSTALE); the id need not be in active (a job returned to
+# pending is taken out of it); the row is deleted.
+_COMPLETE = """
+local att = redis.call('HGET', KEYS[2], 'attempts')
+if not att then return 0 end
+if att ~= ARGV[2] then return redis.error_reply('EMQSTALE complete token mismatch') end
+local p = ARGV[3]
+local g = redis.call('HGET', KEYS[2], 'group')
+local was_active = redis.call('ZREM', KEYS[1], ARGV[1])
+if g then
+  local lane = p .. 'g:' .. g .. ':pending'
+  if was_active == 1 then
+    local act = redis.call('HINCRBY', p .. 'gactive', g, -1)
+    if act <= 0 then redis.call('HDEL', p .. 'gactive', g) end
+  else
+    redis.call('ZREM', lane, ARGV[1])
+  end
+else
+  if was_active == 0 then redis.call('ZREM', p .. 'pending', ARGV[1]) end
+end
+redis.call('DEL', KEYS[2])
+redis.call('HINCRBY', p .. 'metrics:completed', 'count', 1)
+return 1
+"""
+
+
+def echomq_complete(r, keys: QueueKeys, job_id: str, token: int):
+    return r.eval(_COMPLETE, 2, keys.active, keys.job(job_id), job_id, str(token), keys.prefix)
+
+
+def reclaim(r, keys: QueueKeys, job_id: str, *, source: str) -> int:
+    """A worker claims the job again (from `source`), attempts += 1, lease lapsed."""
+    assert r.zrem(source, job_id) == 1
+    token = r.hincrby(keys.job(job_id), "attempts", 1)
+    r.hset(keys.job(job_id), "state", "active")
+    r.zadd(keys.active, {job_id: EXPIRED})
+    group = r.hget(keys.job(job_id), "group")
+    if group:
+        r.hincrby(keys.gactive, group, 1)
+    return token
+
+
+class EventTap:
+    """Subscribe before the sweep; collect the JSON events afterwards."""
+
+    def __init__(self, r, keys: QueueKeys):
+        self.pubsub = r.pubsub()
+        self.pubsub.subscribe(keys.events)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait for the subscribe confirmation
+            message = self.pubsub.get_message(timeout=0.5)
+            if message and message["type"] == "subscribe":
+                break
+
+    def collect(self, expected: int, timeout: float = 5.0) -> list[dict]:
+        events: list[dict] = []
+        deadline = time.monotonic() + timeout
+        while len(events) < expected and time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.2)
+            if message and message["type"] == "message":
+                data = message["data"]
+                events.append(json.loads(data if isinstance(data, str) else data.decode()))
+        # anything beyond `expected` would be a duplicate announcement
+        extra = self.pubsub.get_message(timeout=0.2)
+        while extra is not None:
+            if extra["type"] == "message":
+                data = extra["data"]
+                events.append(json.loads(data if isinstance(data, str) else data.decode()))
+            extra = self.pubsub.get_message(timeout=0.1)
+        return events
+
+    def close(self) -> None:
+        self.pubsub.close()

@@ -1,0 +1,474 @@
+"""The sweep script, branch by branch, on a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from stalledpolicy import engine
+from stalledpolicy.engine import Budgets
+from stalledpolicy.keyspace import QueueKeys
+
+from tests.redis.engine_rows import (
+    EXPIRED, EventTap, echomq_complete, put_active, reclaim, server_ms,
+)
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def keys(queue_name):
+    return QueueKeys(queue_name)
+
+
+def sweep(r, keys, default=1, lanes=None, limit=100):
+    return engine.sweep_batch(r, keys.queue, Budgets(default, lanes or {}), limit)
+
+
+def where(r, keys, job_id, group=None):
+    places = []
+    for name, key in (("pending", keys.pending), ("active", keys.active), ("dead", keys.dead)):
+        if r.zscore(key, job_id) is not None:
+            places.append(name)
+    if group is not None and r.zscore(keys.lane_pending(group), job_id) is not None:
+        places.append("lane")
+    return places
+
+
+# ----------------------------------------------------------------- the budget
+
+
+@pytest.mark.parametrize("budget, recoveries", [(1, 0), (2, 1), (3, 2)])
+def test_budget_counts_recoveries_then_dead_letters_on_the_stall_that_reaches_it(r, keys, budget, recoveries):
+    put_active(r, keys, "JOB1")
+    for stall in range(1, recoveries + 1):
+        result = sweep(r, keys, default=budget)
+        assert (result.recovered, result.dead_lettered) == (1, 0)
+        assert where(r, keys, "JOB1") == ["pending"]
+        assert r.hget(keys.job("JOB1"), "stalled") == str(stall)
+        assert r.hget(keys.job("JOB1"), "state") == "pending"
+        reclaim(r, keys, "JOB1", source=keys.pending)
+    result = sweep(r, keys, default=budget)
+    assert (result.recovered, result.dead_lettered) == (0, 1)
+    assert where(r, keys, "JOB1") == ["dead"]
+    row = r.hgetall(keys.job("JOB1"))
+    assert row["state"] == "dead"
+    assert row["last_error"] == "stalled"
+    assert row["stalled"] == str(budget)
+    assert row["payload"] == "payload-JOB1"
+
+
+def test_budget_zero_never_dead_letters_but_still_counts(r, keys):
+    put_active(r, keys, "JOB1")
+    for stall in range(1, 6):
+        result = sweep(r, keys, default=0)
+        assert (result.recovered, result.dead_lettered) == (1, 0)
+        assert r.hget(keys.job("JOB1"), "stalled") == str(stall)
+        reclaim(r, keys, "JOB1", source=keys.pending)
+    assert r.zcard(keys.dead) == 0
+
+
+def test_existing_stall_count_on_the_row_is_honoured(r, keys):
+    put_active(r, keys, "JOB1", stalled=2)
+    result = sweep(r, keys, default=3)
+    assert result.dead_lettered == 1
+    assert r.hget(keys.job("JOB1"), "stalled") == "3"
+
+
+def test_lane_budget_overrides_the_default(r, keys):
+    put_active(r, keys, "JOBflat")
+    put_active(r, keys, "JOBbulk", group="bulk")
+    put_active(r, keys, "JOBother", group="other")
+    result = sweep(r, keys, default=1, lanes={"bulk": 3})
+    assert where(r, keys, "JOBflat") == ["dead"]
+    assert where(r, keys, "JOBbulk", "bulk") == ["lane"]
+    assert where(r, keys, "JOBother", "other") == ["dead"]
+    assert result.lanes == {
+        "bulk": engine.LaneCounts(recovered=1, dead_lettered=0),
+        "other": engine.LaneCounts(recovered=0, dead_lettered=1),
+    }
+
+
+def test_lane_budget_zero_protects_one_lane(r, keys):
+    put_active(r, keys, "JOBa", group="a", stalled=10)
+    result = sweep(r, keys, default=1, lanes={"a": 0})
+    assert result.recovered == 1 and where(r, keys, "JOBa", "a") == ["lane"]
+    assert r.hget(keys.job("JOBa"), "stalled") == "11"
+
+
+def test_budgets_refuse_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="maxStalled"):
+        Budgets(-1)
+    with pytest.raises(ValueError, match=r"lanes\[a\]"):
+        Budgets(1, {"a": "2"})
+    with pytest.raises(ValueError, match="lane name"):
+        Budgets(1, {"": 2})
+    with pytest.raises(ValueError, match="batch size"):
+        engine.sweep_batch(None, "q", Budgets(1), 0)
+
+
+# ----------------------------------------------------------------- clock and limit
+
+
+def test_only_leases_lapsed_on_the_server_clock_are_swept(r, keys):
+    now = server_ms(r)
+    put_active(r, keys, "JOBlive", score=now + 60_000)
+    put_active(r, keys, "JOBlapsed", score=now - 1)
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 1
+    assert where(r, keys, "JOBlive") == ["active"]
+    assert r.hgetall(keys.job("JOBlive")) == {"state": "active", "attempts": "1", "payload": "payload-JOBlive"}
+    assert where(r, keys, "JOBlapsed") == ["pending"]
+
+
+def test_limit_bounds_a_call_and_more_says_whether_expired_work_is_left(r, keys):
+    for i in range(5):
+        put_active(r, keys, f"JOB{i}")
+    first = sweep(r, keys, default=2, limit=2)
+    assert (first.recovered, first.more) == (2, True)
+    assert r.zcard(keys.active) == 3
+    second = sweep(r, keys, default=2, limit=3)
+    assert (second.recovered, second.more) == (3, False)
+    assert r.zcard(keys.active) == 0
+    empty = sweep(r, keys, default=2, limit=3)
+    assert (empty.recovered, empty.more, empty.lanes) == (0, False, {})
+
+
+def test_more_ignores_leases_still_running(r, keys):
+    put_active(r, keys, "JOB1")
+    put_active(r, keys, "JOB2", score=server_ms(r) + 60_000)
+    assert sweep(r, keys, default=2, limit=1).more is False
+
+
+def test_drain_loops_bounded_calls_until_the_prefix_is_empty(r, keys):
+    for i in range(7):
+        put_active(r, keys, f"JOB{i}", group="g" if i % 2 else None)
+    seen = []
+    total = engine.drain(r, keys.queue, Budgets(2), 3, on_call=lambda res, secs: seen.append((res.moved, secs)))
+    assert total.recovered == 7 and total.calls == 3 and total.more is False
+    assert [moved for moved, _ in seen] == [3, 3, 1]
+    assert all(secs >= 0 for _, secs in seen)
+    assert total.lanes == {"g": engine.LaneCounts(recovered=3)}
+
+
+def test_drain_stops_between_calls_when_asked(r, keys):
+    for i in range(6):
+        put_active(r, keys, f"JOB{i}")
+    calls = []
+    total = engine.drain(r, keys.queue, Budgets(2), 2, should_stop=lambda: len(calls) >= 2,
+                         on_call=lambda res, secs: calls.append(res))
+    assert total.calls == 2 and total.recovered == 4 and total.more is True
+    assert r.zcard(keys.active) == 2
+
+
+# ----------------------------------------------------------------- orphans and malformed rows
+
+
+def test_orphan_is_removed_counted_and_never_recreated(r, keys):
+    r.zadd(keys.active, {"JOBgone": EXPIRED})
+    put_active(r, keys, "JOBok")
+    result = sweep(r, keys, default=2)
+    assert (result.orphans, result.recovered) == (1, 1)
+    assert r.exists(keys.job("JOBgone")) == 0
+    assert where(r, keys, "JOBgone") == []
+    assert r.hget(keys.sweeper_totals, "orphans") == "1"
+
+
+def test_row_with_only_a_payload_is_still_a_job(r, keys):
+    r.hset(keys.job("JOBbare"), "payload", "p")
+    r.zadd(keys.active, {"JOBbare": EXPIRED})
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 1 and result.orphans == 0
+    assert r.hgetall(keys.job("JOBbare")) == {"payload": "p", "stalled": "1", "state": "pending"}
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("stalled", "abc", "stalled is not a non-negative integer: abc"),
+    ("stalled", "-1", "stalled is not a non-negative integer: -1"),
+    ("stalled", "1.5", "stalled is not a non-negative integer: 1.5"),
+    ("stalled", "01", "stalled is not a non-negative integer: 01"),
+    ("stalled", "9" * 16, "stalled is not a non-negative integer: " + "9" * 16),
+    ("attempts", "x", "attempts is not a non-negative integer: x"),
+    ("group", "", "group is empty"),
+])
+def test_malformed_hash_row_is_quarantined_without_aborting_the_batch(r, keys, field, value, problem):
+    put_active(r, keys, "JOB0")
+    put_active(r, keys, "JOBbad", **{field: value})
+    put_active(r, keys, "JOBz", group="g")
+    result = sweep(r, keys, default=2)
+    assert (result.recovered, result.quarantined, result.dead_lettered) == (2, 1, 0)
+    assert where(r, keys, "JOB0") == ["pending"]
+    assert where(r, keys, "JOBz", "g") == ["lane"]
+    assert where(r, keys, "JOBbad") == ["dead"]
+    row = r.hgetall(keys.job("JOBbad"))
+    assert row["state"] == "dead"
+    assert row["last_error"] == "malformed: " + problem
+    assert row[field] == value  # the evidence is kept
+    assert int(row["dead_at"]) > 0
+    assert r.hget(keys.metrics_failed, "count") == "1"
+    assert r.hget(keys.sweeper_totals, "quarantined") == "1"
+
+
+@pytest.mark.parametrize("kind", ["string", "list", "set", "zset", "stream"])
+def test_row_of_the_wrong_type_goes_to_the_morgue_untouched(r, keys, kind):
+    row = keys.job("JOBwrong")
+    {"string": lambda: r.set(row, "v"), "list": lambda: r.rpush(row, "v"),
+     "set": lambda: r.sadd(row, "v"), "zset": lambda: r.zadd(row, {"v": 1}),
+     "stream": lambda: r.xadd(row, {"f": "v"})}[kind]()
+    r.zadd(keys.active, {"JOBwrong": EXPIRED})
+    put_active(r, keys, "JOBok")
+    tap = EventTap(r, keys)
+    try:
+        result = sweep(r, keys, default=2)
+        events = tap.collect(2)
+    finally:
+        tap.close()
+    assert (result.quarantined, result.recovered) == (1, 1)
+    assert where(r, keys, "JOBwrong") == ["dead"]
+    assert r.type(row) == kind
+    failed = [e for e in events if e["event"] == "failed"]
+    assert failed == [{"event": "failed", "job": "JOBwrong",
+                       "reason": f"malformed: job row is a {kind}, not a hash"}]
+
+
+def test_malformed_grouped_row_frees_its_lane_slot_and_rings_the_lane(r, keys):
+    r.hset(keys.glimit, "g", 1)
+    put_active(r, keys, "JOBbad", group="g", stalled="oops")
+    r.zadd(keys.lane_pending("g"), {"JOBnext": 0})
+    result = sweep(r, keys, default=2)
+    assert result.quarantined == 1
+    assert r.hget(keys.gactive, "g") is None
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
+def test_quarantine_fences_a_row_whose_token_is_an_integer(r, keys):
+    put_active(r, keys, "JOBbad", attempts=4, stalled="nope")
+    sweep(r, keys, default=2)
+    with pytest.raises(redis.ResponseError, match="EMQSTALE"):
+        echomq_complete(r, keys, "JOBbad", 4)
+    assert r.hget(keys.job("JOBbad"), "attempts") == "5"
+
+
+def test_corrupt_gactive_does_not_abort_the_batch(r, keys):
+    put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
+    r.hset(keys.gactive, "g", "many")
+    put_active(r, keys, "JOB2")
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 2
+    assert r.hget(keys.gactive, "g") == "many"
+
+
+# ----------------------------------------------------------------- fencing
+
+
+def test_dead_letter_fences_the_stalled_worker(r, keys):
+    put_active(r, keys, "JOB1", attempts=3)
+    sweep(r, keys, default=1)
+    with pytest.raises(redis.ResponseError, match="EMQSTALE"):
+        echomq_complete(r, keys, "JOB1", 3)
+    assert r.exists(keys.job("JOB1")) == 1
+    assert where(r, keys, "JOB1") == ["dead"]
+    assert r.hget(keys.job("JOB1"), "attempts") == "4"
+    assert r.hget(keys.metrics_completed, "count") is None
+
+
+def test_recovery_needs_no_fence_a_late_complete_finishes_the_job_exactly_once(r, keys):
+    """Documented choice (docs/scripts.md): a recovered job keeps its token, so
+    the stalled worker that did finish may still complete it before anyone
+    re-claims it; the claim bumps the token and refuses it after that."""
+    put_active(r, keys, "JOB1", attempts=1)
+    put_active(r, keys, "JOB2", attempts=1)
+    sweep(r, keys, default=3)
+    assert echomq_complete(r, keys, "JOB1", 1) == 1
+    assert where(r, keys, "JOB1") == [] and r.exists(keys.job("JOB1")) == 0
+    token = reclaim(r, keys, "JOB2", source=keys.pending)
+    with pytest.raises(redis.ResponseError, match="EMQSTALE"):
+        echomq_complete(r, keys, "JOB2", 1)
+    assert echomq_complete(r, keys, "JOB2", token) == 1
+
+
+# ----------------------------------------------------------------- lanes: gactive, ring, wake
+
+
+def test_grouped_recovery_goes_to_its_lane_frees_the_slot_and_rings(r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    result = sweep(r, keys, default=2)
+    assert result.lanes == {"g": engine.LaneCounts(recovered=1)}
+    assert where(r, keys, "JOB1", "g") == ["lane"]
+    assert r.hget(keys.gactive, "g") is None
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+    assert r.lrange(keys.wake, 0, -1) == ["1"]
+
+
+def test_gactive_is_decremented_not_deleted_while_others_run(r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g", score=server_ms(r) + 60_000)
+    sweep(r, keys, default=2)
+    assert r.hget(keys.gactive, "g") == "1"
+
+
+def test_dead_lettered_grouped_job_puts_a_lane_with_backlog_back_on_ring(r, keys):
+    r.hset(keys.glimit, "g", 1)
+    put_active(r, keys, "JOB1", group="g")
+    r.zadd(keys.lane_pending("g"), {"JOB2": 0, "JOB3": 0})
+    result = sweep(r, keys, default=1)
+    assert result.lanes == {"g": engine.LaneCounts(dead_lettered=1)}
+    assert where(r, keys, "JOB1", "g") == ["dead"]
+    assert r.hget(keys.gactive, "g") is None
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+    assert r.lrange(keys.wake, 0, -1) == ["1"]
+
+
+def test_dead_lettered_job_of_a_lane_without_work_is_not_ringed(r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    sweep(r, keys, default=1)
+    assert r.lrange(keys.ring, 0, -1) == [] and r.llen(keys.wake) == 0
+
+
+@pytest.mark.parametrize("budget", [1, 2])  # dead-letter and recovery
+def test_paused_lane_is_not_ringed(r, keys, budget):
+    r.sadd(keys.paused, "g")
+    put_active(r, keys, "JOB1", group="g")
+    r.zadd(keys.lane_pending("g"), {"JOB2": 0})
+    sweep(r, keys, default=budget)
+    assert r.llen(keys.ring) == 0 and r.llen(keys.wake) == 0
+    assert r.hget(keys.gactive, "g") is None
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_lane_still_at_its_limit_is_not_ringed(r, keys, budget):
+    r.hset(keys.glimit, "g", 2)
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g", score=server_ms(r) + 60_000)
+    put_active(r, keys, "JOB3", group="g", score=server_ms(r) + 60_000)
+    r.zadd(keys.lane_pending("g"), {"JOB4": 0})
+    sweep(r, keys, default=budget)
+    assert r.hget(keys.gactive, "g") == "2"
+    assert r.llen(keys.ring) == 0 and r.llen(keys.wake) == 0
+
+
+def test_lane_under_its_limit_after_the_sweep_is_ringed(r, keys):
+    r.hset(keys.glimit, "g", 2)
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g", score=server_ms(r) + 60_000)
+    sweep(r, keys, default=2)
+    assert r.hget(keys.gactive, "g") == "1"
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
+def test_lane_already_on_ring_is_not_pushed_twice(r, keys):
+    r.rpush(keys.ring, "other", "g")
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g")
+    sweep(r, keys, default=2)
+    assert r.lrange(keys.ring, 0, -1) == ["other", "g"]
+    assert r.llen(keys.wake) == 0
+
+
+def test_one_wake_per_lane_ringed_and_wake_trimmed_to_64(r, keys):
+    r.rpush(keys.wake, *["1"] * 64)
+    for lane in ("a", "b", "c"):
+        put_active(r, keys, f"JOB{lane}1", group=lane)
+        put_active(r, keys, f"JOB{lane}2", group=lane)
+    sweep(r, keys, default=2)
+    assert sorted(r.lrange(keys.ring, 0, -1)) == ["a", "b", "c"]
+    assert r.llen(keys.wake) == 64
+
+
+def test_unparsable_lane_limit_counts_as_unlimited(r, keys):
+    r.hset(keys.glimit, "g", "lots")
+    put_active(r, keys, "JOB1", group="g")
+    sweep(r, keys, default=2)
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
+# ----------------------------------------------------------------- events, totals, metrics
+
+
+def test_events_announce_each_recovery_and_death_in_echomq_shape(r, keys):
+    put_active(r, keys, "JOBrec")
+    put_active(r, keys, "JOBdead", stalled=1)
+    put_active(r, keys, 'JOB"odd\\id')
+    r.zadd(keys.active, {"JOBgone": EXPIRED})
+    tap = EventTap(r, keys)
+    try:
+        sweep(r, keys, default=2)
+        events = tap.collect(3)
+    finally:
+        tap.close()
+    assert sorted(events, key=lambda e: e["job"]) == sorted([
+        {"event": "stalled", "job": "JOBrec"},
+        {"event": "failed", "job": "JOBdead", "reason": "stalled"},
+        {"event": "stalled", "job": 'JOB"odd\\id'},
+    ], key=lambda e: e["job"])
+
+
+def test_event_payload_starts_with_event_then_job_like_echomq(r, keys):
+    put_active(r, keys, "JOB1")
+    tap = EventTap(r, keys)
+    try:
+        sweep(r, keys, default=1)
+        message = None
+        for _ in range(25):
+            message = tap.pubsub.get_message(timeout=0.2)
+            if message and message["type"] == "message":
+                break
+    finally:
+        tap.close()
+    assert message["data"] == '{"event":"failed","job":"JOB1","reason":"stalled"}'
+
+
+def test_totals_hash_and_metrics_failed_accumulate_across_calls(r, keys):
+    put_active(r, keys, "JOB1")
+    put_active(r, keys, "JOB2", stalled=1)
+    put_active(r, keys, "JOB3", group="g")
+    put_active(r, keys, "JOB4", group="g", stalled=1)
+    put_active(r, keys, "JOB5", stalled="bad")
+    r.zadd(keys.active, {"JOBgone": EXPIRED})
+    r.hset(keys.metrics_failed, "count", 10)
+    sweep(r, keys, default=2)
+    put_active(r, keys, "JOB6", group="g")
+    sweep(r, keys, default=2)
+    assert r.hgetall(keys.sweeper_totals) == {
+        "recovered": "3", "dead_lettered": "2", "orphans": "1", "quarantined": "1",
+        "lane:g:recovered": "2", "lane:g:dead_lettered": "1",
+    }
+    assert r.hget(keys.metrics_failed, "count") == str(10 + 2 + 1)
+
+
+def test_dead_at_is_the_server_clock_in_ms(r, keys):
+    before = server_ms(r)
+    put_active(r, keys, "JOB1")
+    sweep(r, keys, default=1)
+    assert before <= int(r.hget(keys.job("JOB1"), "dead_at")) <= server_ms(r)
+
+
+def test_works_with_a_bytes_client(redis_server, keys):
+    client = redis_server.client(decode_responses=False)
+    try:
+        client.flushall()
+        client.hset(keys.job("JOB1"), mapping={"state": "active", "attempts": "1", "group": "g"})
+        client.zadd(keys.active, {"JOB1": EXPIRED})
+        client.hset(keys.job("JOB2"), mapping={"state": "active", "attempts": "1"})
+        client.zadd(keys.active, {"JOB2": EXPIRED})
+        result = engine.sweep_batch(client, keys.queue, Budgets(1, {"g": 2}), 10)
+        assert result.lanes == {"g": engine.LaneCounts(recovered=1)}
+        assert (result.recovered, result.dead_lettered) == (1, 1)
+        snap = engine.queue_snapshot(client, keys.queue, ["g"])
+        assert (snap.dead, snap.recovered_total, snap.lanes[0].pending) == (1, 1, 1)
+    finally:
+        client.close()
+
+
+def test_large_batch_crosses_the_unpack_chunk(r, keys):
+    pipe = r.pipeline(transaction=False)
+    for i in range(9000):
+        pipe.hset(keys.job(f"JOB{i:05d}"), mapping={"state": "active", "attempts": "1",
+                                                     **({"group": "g"} if i % 2 else {})})
+    pipe.zadd(keys.active, {f"JOB{i:05d}": EXPIRED for i in range(9000)})
+    pipe.hset(keys.gactive, "g", 4500)
+    pipe.execute()
+    result = sweep(r, keys, default=2, limit=9000)
+    assert result.recovered == 9000 and result.more is False
+    assert r.zcard(keys.pending) == 4500 and r.zcard(keys.lane_pending("g")) == 4500
+    assert r.hget(keys.gactive, "g") is None
