@@ -33,10 +33,16 @@ class RetryLater(Exception):
         self.delay = delay
 
 
-def build(body: Mapping[str, Any], spec, sweeper_image: str | None) -> dict:
-    from stalledpolicy.policy.builder import build_deployment
+DEFAULT_SWEEPER_IMAGE = "stalledpolicy:0.1.0"
 
-    return build_deployment(body, spec, default_image=sweeper_image)
+
+def build(body: Mapping[str, Any], spec, sweeper_image: str | None) -> dict:
+    from stalledpolicy.policy.builder import build_sweeper_deployment
+
+    meta = body.get("metadata") or {}
+    return build_sweeper_deployment(
+        meta["name"], meta["namespace"], meta["uid"], spec,
+        image=sweeper_image or DEFAULT_SWEEPER_IMAGE, generation=meta.get("generation"))
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,

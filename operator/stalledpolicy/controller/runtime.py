@@ -50,11 +50,9 @@ def _rv(obj: Mapping[str, Any]) -> int:
 
 
 def sweeper_name(policy_name: str) -> str:
-    try:
-        from stalledpolicy.policy.builder import deployment_name
-    except ImportError:  # the builder names it <policy>-sweeper as well
-        return f"{policy_name}-sweeper"
-    return deployment_name(policy_name)
+    from stalledpolicy.policy.builder import sweeper_name as name
+
+    return name(policy_name)
 
 
 def safe_error(exc: BaseException, url: str | None) -> str:

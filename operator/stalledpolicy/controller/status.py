@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-READY = "Ready"
-SWEEPER_AVAILABLE = "SweeperAvailable"
-REDIS_REACHABLE = "RedisReachable"
-CONDITION_ORDER = (READY, SWEEPER_AVAILABLE, REDIS_REACHABLE)
+from stalledpolicy.policy.conditions import (FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE,
+                                             TRUE, UNKNOWN, set_condition)
 
-TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+__all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "TRUE", "FALSE", "UNKNOWN"]
 
 
 def utc_now() -> str:
@@ -119,30 +117,6 @@ def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condit
     return Condition(TRUE, "Ready", "the sweeper is available and Redis is reachable")
 
 
-def set_condition(conditions: Sequence[Mapping[str, Any]], type_: str, condition: Condition,
-                  generation: int, now: str) -> list[dict]:
-    """``conditions`` with ``type_`` set; lastTransitionTime moves only when status changes."""
-    result: list[dict] = []
-    found = False
-    for existing in conditions:
-        if existing.get("type") != type_:
-            result.append(dict(existing))
-            continue
-        found = True
-        transition = existing.get("lastTransitionTime") or now
-        if existing.get("status") != condition.status:
-            transition = now
-        result.append({"type": type_, "status": condition.status, "reason": condition.reason,
-                       "message": condition.message, "lastTransitionTime": transition,
-                       "observedGeneration": generation})
-    if not found:
-        result.append({"type": type_, "status": condition.status, "reason": condition.reason,
-                       "message": condition.message, "lastTransitionTime": now,
-                       "observedGeneration": generation})
-    rank = {t: i for i, t in enumerate(CONDITION_ORDER)}
-    return sorted(result, key=lambda c: rank.get(c.get("type"), len(rank)))
-
-
 def condition_of(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
     for condition in (status or {}).get("conditions") or []:
         if condition.get("type") == type_:
@@ -179,7 +153,8 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
     ready = ready_condition(outcome, sweeper, redis)
     conditions = list(previous.get("conditions") or [])
     for type_, condition in ((READY, ready), (SWEEPER_AVAILABLE, sweeper), (REDIS_REACHABLE, redis)):
-        conditions = set_condition(conditions, type_, condition, generation, now)
+        conditions = set_condition(conditions, type_, condition.status, condition.reason,
+                                   condition.message, generation, now)
     status = {k: v for k, v in previous.items() if k != "lastUpdateTime"}
     status.update({"observedGeneration": generation, "conditions": conditions,
                    "sweeperDeployment": deployment_name})
