@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from stalledpolicy import tables
 from stalledpolicy.durations import parse_duration
-from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.keyspace import InvalidQueueName, QueueKeys, validate_queue_name
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -244,9 +244,14 @@ def unreachable_errors() -> tuple[type[BaseException], ...]:
             MasterDownError, ReadOnlyError, RedisClusterException, OSError)
 
 
-def server_now_ms(client: Any) -> int:
-    """Ages are measured on the Redis clock, the same clock that stamped the deaths."""
-    seconds, micros = client.time()
+def server_now_ms(client: Any, queue: str) -> int:
+    """Ages are measured on the clock that stamped the deaths: the server
+    holding the queue's slot (on a cluster, not whichever node TIME lands on)."""
+    if hasattr(client, "get_node_from_key"):
+        node = client.get_node_from_key(QueueKeys(queue).dead)
+        seconds, micros = client.time(target_nodes=node)
+    else:
+        seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
@@ -319,7 +324,7 @@ def _last_error_width(other_columns: int) -> int:
 
 def _stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
     stats = engine.morgue_stats(client, args.queue)
-    now_ms = server_now_ms(client)
+    now_ms = server_now_ms(client, args.queue)
     oldest_age = _age_s(now_ms, stats.oldest_dead_at_ms)
     if args.output == "json":
         _emit_json({
@@ -346,7 +351,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
     jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
     stats = engine.morgue_stats(client, args.queue)
     total = stats.lanes.get(args.lane, 0) if args.lane is not None else stats.size
-    now_ms = server_now_ms(client)
+    now_ms = server_now_ms(client, args.queue)
     if args.output == "json":
         _emit_json({
             "queue": args.queue,

@@ -587,3 +587,47 @@ def test_only_the_confirmed_jobs_change(r, url, queue_name):
     assert_replayed(r, queue_name, "JOB005", "tenant-a")
     assert_still_dead(r, queue_name, "JOB050")
     assert r.zscore(keys.lane_pending("tenant-a"), "JOB004") is None  # not moved twice
+
+
+# ------------------------------------------------------------------ cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from stalledpolicy.devenv.redis_server import start_cluster
+
+    # free_port() may hand out a port above 55535, which a cluster node refuses
+    # (its bus port is port + 10000): try again rather than fail on bad luck.
+    for attempt in range(10):
+        try:
+            started = start_cluster(3)
+            break
+        except RuntimeError:
+            if attempt == 9:
+                raise
+    yield started
+    started.stop()
+
+
+@pytest.mark.slow
+def test_morgue_on_a_three_node_cluster(cluster, queue_name):
+    client = cluster.client(decode_responses=True)
+    standard_morgue(client, queue_name)
+    url = cluster.url  # one node's URL: the CLI finds the cluster from it
+    result = morgue(url, "stats", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["size"] == 6 and doc["lanes"]["tenant-a"] == 3
+    assert 3 * 3600 + 12 * 60 <= doc["oldest_age_s"] < 3 * 3600 + 13 * 60
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "tenant-a")
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in table_rows(result.stdout, "ID")[1:]] == ["JOB003", "JOB004", "JOB005"]
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "tenant-a", "--yes")
+    assert result.returncode == 0, result.stderr
+    for job_id in ("JOB003", "JOB004", "JOB005"):
+        assert_replayed(client, queue_name, job_id, "tenant-a")
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ids"] == ["JOB001"]
+    assert client.zcard(QueueKeys(queue_name).dead) == 2
+    client.close()
