@@ -1,0 +1,419 @@
+"""``stalledpolicy sweep`` as a real process against real redis-servers.
+
+The process is started with ``python -m stalledpolicy sweep``; jobs are laid
+out directly with :class:`QueueKeys` the way EchoMQ workers leave them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stalledpolicy.devenv.ports import free_port
+from stalledpolicy.devenv.redis_server import start_redis
+from stalledpolicy.keyspace import QueueKeys
+
+pytestmark = pytest.mark.redis
+
+SWEEP = [sys.executable, "-m", "stalledpolicy", "sweep"]
+OUTAGE_LINE = "redis unreachable; retrying with backoff"
+RECOVERY_LINE = "redis reachable again"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def eventually(check: Callable[[], object], timeout: float = 20.0, what: str = "condition"):
+    """Poll ``check`` until it returns a truthy value (a wait bound, not a timing assert)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def add_active(client, queue: str, job_id: str, *, lease_ms: int = 1000, stalled: int | None = None,
+               group: str | None = None, attempts: int = 1) -> None:
+    """A claimed job as a worker leaves it; ``lease_ms`` is the lease deadline (ms since epoch)."""
+    keys = QueueKeys(queue)
+    row = {"state": "active", "attempts": attempts, "payload": f"payload of {job_id}"}
+    if stalled is not None:
+        row["stalled"] = stalled
+    if group is not None:
+        row["group"] = group
+        client.hincrby(keys.gactive, group, 1)
+    client.hset(keys.job(job_id), mapping=row)
+    client.zadd(keys.active, {job_id: lease_ms})
+
+
+def far_future_ms() -> int:
+    return int(time.time() * 1000) + 3_600_000
+
+
+class SweeperProcess:
+    """One sweeper subprocess; stderr (the logs) goes to a file so it never blocks."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.metrics_port = free_port()
+        self._dir = Path(tempfile.mkdtemp(prefix="sweeper-test-"))
+        self._stderr_path = self._dir / "stderr"
+        self._stdout_path = self._dir / "stdout"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+        full_env.update(env or {})
+        full_env.setdefault("STALLEDPOLICY_METRICS_PORT", str(self.metrics_port))
+        full_env.setdefault("STALLEDPOLICY_METRICS_ADDRESS", "127.0.0.1")
+        with open(self._stderr_path, "wb") as err, open(self._stdout_path, "wb") as out:
+            self.process = subprocess.Popen([*SWEEP, *args], stdout=out, stderr=err, env=full_env)
+
+    @property
+    def stderr(self) -> str:
+        return self._stderr_path.read_text(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return self._stdout_path.read_text(errors="replace")
+
+    def lines_with(self, text: str) -> list[str]:
+        return [line for line in self.stderr.splitlines() if text in line]
+
+    def get(self, path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return 0, ""
+
+    def status(self, path: str) -> int:
+        return self.get(path)[0]
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        code, body = self.get("/metrics")
+        if code != 200:
+            return None
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout)
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(15)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@pytest.fixture
+def sweepers():
+    started: list[SweeperProcess] = []
+
+    def start(*args: str, env: dict | None = None) -> SweeperProcess:
+        process = SweeperProcess(*args, env=env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+@pytest.fixture
+def own_redis():
+    """A redis-server of this test alone (outage tests stop and restart it)."""
+    servers = []
+
+    def start(extra_args: list[str] | None = None):
+        server = start_redis(extra_args)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+        shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- --once
+
+
+def test_once_sweeps_the_expired_jobs_and_exits_0(redis_server, r, queue_name, sweepers):
+    keys = QueueKeys(queue_name)
+    add_active(r, queue_name, "JOB0001")                            # first stall: recovered
+    add_active(r, queue_name, "JOB0002", stalled=1)                 # reaches budget 2: dead
+    add_active(r, queue_name, "JOB0003", group="acme")              # lane job: back to its lane
+    add_active(r, queue_name, "JOB0004", group="imports")           # lane budget 1: dead
+    add_active(r, queue_name, "JOB0005", lease_ms=far_future_ms())  # lease still valid: untouched
+
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--max-stalled", "2",
+                       "--lane", "imports=1", "--batch-size", "2", "--once")
+    assert sweeper.wait(60) == 0, sweeper.stderr
+
+    summary = json.loads(sweeper.stdout.strip().splitlines()[-1])
+    assert summary["queue"] == queue_name
+    assert (summary["recovered"], summary["dead_lettered"]) == (2, 2)
+    assert summary["lanes"]["acme"] == {"recovered": 1, "dead_lettered": 0}
+    assert summary["lanes"]["imports"] == {"recovered": 0, "dead_lettered": 1}
+    assert summary["calls"] >= 2  # batch size 2 over 4 expired jobs: more than one bounded call
+
+    assert r.zrange(keys.pending, 0, -1) == ["JOB0001"]
+    assert r.zrange(keys.lane_pending("acme"), 0, -1) == ["JOB0003"]
+    assert sorted(r.zrange(keys.dead, 0, -1)) == ["JOB0002", "JOB0004"]
+    assert r.zrange(keys.active, 0, -1) == ["JOB0005"]
+    assert r.hget(keys.job("JOB0001"), "stalled") == "1"
+    assert r.hget(keys.job("JOB0002"), "state") == "dead"
+    assert len(sweeper.lines_with("sweep pass")) == 1
+
+
+def test_once_with_nothing_expired_exits_0_and_moves_nothing(redis_server, r, queue_name, sweepers):
+    keys = QueueKeys(queue_name)
+    add_active(r, queue_name, "JOB0001", lease_ms=far_future_ms())
+    sweeper = sweepers("--queue", queue_name, "--once", env={"STALLEDPOLICY_REDIS_URL": redis_server.url})
+    assert sweeper.wait(60) == 0, sweeper.stderr
+    summary = json.loads(sweeper.stdout.strip().splitlines()[-1])
+    assert (summary["recovered"], summary["dead_lettered"], summary["orphans"]) == (0, 0, 0)
+    assert r.zrange(keys.active, 0, -1) == ["JOB0001"]
+    # Nothing done: the pass line is debug, not info.
+    assert sweeper.lines_with("sweep pass") == []
+
+
+def test_once_exits_1_when_redis_is_unreachable(queue_name, sweepers):
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    sweeper = sweepers("--redis-url", nobody, "--queue", queue_name, "--once")
+    assert sweeper.wait(60) == 1
+    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
+    assert sweeper.stdout == ""
+
+
+def test_once_logs_json_when_asked(redis_server, r, queue_name, sweepers):
+    add_active(r, queue_name, "JOB0001")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--once",
+                       "--log-format", "json")
+    assert sweeper.wait(60) == 0, sweeper.stderr
+    entries = [json.loads(line) for line in sweeper.stderr.splitlines() if line.strip()]
+    [pass_line] = [e for e in entries if e["msg"] == "sweep pass"]
+    assert pass_line["level"] == "info"
+    assert pass_line["queue"] == queue_name
+    # The default budget is 1: the first stall dead-letters.
+    assert (pass_line["recovered"], pass_line["dead_lettered"]) == (0, 1)
+
+
+def test_bad_settings_exit_2_before_touching_redis(queue_name, sweepers):
+    sweeper = sweepers("--queue", queue_name, "--once", env={"STALLEDPOLICY_MAX_STALLED": "-1"})
+    assert sweeper.wait(30) == 2
+    assert "--max-stalled (STALLEDPOLICY_MAX_STALLED): must be >= 0" in sweeper.stderr
+    assert "got -1" in sweeper.stderr
+
+
+# --------------------------------------------------------------------------- long-running
+
+
+def test_sweeps_every_interval_and_serves_metrics_and_health(redis_server, r, queue_name, sweepers):
+    keys = QueueKeys(queue_name)
+    add_active(r, queue_name, "JOB0001")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1s",
+                       "--max-stalled", "2")
+    eventually(lambda: r.zrange(keys.pending, 0, -1) == ["JOB0001"], what="the first pass")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+    assert sweeper.status("/healthz") == 200
+
+    # Jobs that stall after the first pass are swept by a later one, unprompted.
+    add_active(r, queue_name, "JOB0002", stalled=1)
+    add_active(r, queue_name, "JOB0003", group="acme")
+    eventually(lambda: r.zrange(keys.dead, 0, -1) == ["JOB0002"], what="a later pass")
+    eventually(lambda: r.zrange(keys.lane_pending("acme"), 0, -1) == ["JOB0003"], what="the lane job")
+
+    def counted() -> bool:
+        return (
+            sweeper.metric("stalledpolicy_recovered_total", queue=queue_name, lane="") == 1
+            and sweeper.metric("stalledpolicy_recovered_total", queue=queue_name, lane="acme") == 1
+            and sweeper.metric("stalledpolicy_dead_lettered_total", queue=queue_name, lane="") == 1
+            and sweeper.metric("stalledpolicy_morgue_size", queue=queue_name) == 1
+        )
+
+    eventually(counted, what="the counters and the morgue gauge")
+    assert sweeper.metric("stalledpolicy_redis_up", queue=queue_name) == 1
+    assert sweeper.metric("stalledpolicy_pending", queue=queue_name) == 1
+    assert sweeper.metric("stalledpolicy_active", queue=queue_name) == 0
+    assert sweeper.metric("stalledpolicy_orphans_total", queue=queue_name) == 0
+    assert sweeper.metric("stalledpolicy_pass_duration_seconds_count") >= 2
+    assert sweeper.metric("stalledpolicy_script_call_duration_seconds_count") >= 2
+    assert sweeper.metric("stalledpolicy_last_pass_timestamp_seconds") > 0
+    assert sweeper.status("/nope") == 404
+
+    assert sweeper.terminate() == 0
+    assert len(sweeper.lines_with("sweeper stopped")) == 1
+    assert sweeper.status("/healthz") == 0  # the server went down with the process
+
+
+def test_sigterm_exits_0_without_waiting_out_the_interval(redis_server, queue_name, sweepers):
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+    sweeper.process.send_signal(signal.SIGTERM)
+    # An hour-long interval: only an Event-based wait lets the process leave now.
+    assert sweeper.wait(15) == 0
+    assert "signal=SIGTERM" in sweeper.lines_with("sweeper stopped")[0]
+
+
+def test_sigint_exits_0_too(redis_server, queue_name, sweepers):
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+    sweeper.process.send_signal(signal.SIGINT)
+    assert sweeper.wait(15) == 0
+
+
+def test_metrics_port_0_serves_nothing_and_still_sweeps(redis_server, r, queue_name, sweepers):
+    keys = QueueKeys(queue_name)
+    add_active(r, queue_name, "JOB0001")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1s",
+                       "--metrics-port", "0", "--max-stalled", "0")
+    eventually(lambda: r.zrange(keys.pending, 0, -1) == ["JOB0001"], what="a pass")
+    assert sweeper.status("/healthz") == 0
+    assert sweeper.terminate() == 0
+
+
+# --------------------------------------------------------------------------- outage
+
+
+def test_redis_outage_keeps_running_logs_once_and_recovers(own_redis, queue_name, sweepers):
+    server = own_redis()
+    client = server.client(decode_responses=True)
+    keys = QueueKeys(queue_name)
+    sweeper = sweepers("--redis-url", server.url, "--queue", queue_name, "--interval", "1s",
+                       "--max-stalled", "2")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+
+    server.stop()
+    eventually(lambda: sweeper.status("/readyz") == 503, what="/readyz 503 during the outage")
+    eventually(lambda: sweeper.metric("stalledpolicy_redis_up", queue=queue_name) == 0, what="redis_up 0")
+    # Several retries happen during the outage (backoff starts at 0.5s); still one line.
+    time.sleep(4)
+    assert sweeper.process.poll() is None, sweeper.stderr
+    assert sweeper.status("/healthz") == 200
+    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1, sweeper.stderr
+    assert sweeper.lines_with(RECOVERY_LINE) == []
+
+    server.restart()
+    eventually(lambda: sweeper.status("/readyz") == 200, timeout=60, what="/readyz 200 after the outage")
+    assert len(sweeper.lines_with(RECOVERY_LINE)) == 1, sweeper.stderr
+    assert sweeper.metric("stalledpolicy_redis_up", queue=queue_name) == 1
+
+    add_active(client, queue_name, "JOB0001")
+    eventually(lambda: client.zrange(keys.pending, 0, -1) == ["JOB0001"], what="a sweep after recovery")
+    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
+    assert sweeper.terminate() == 0
+
+
+def test_sigterm_during_an_outage_exits_0(own_redis, queue_name, sweepers):
+    server = own_redis()
+    sweeper = sweepers("--redis-url", server.url, "--queue", queue_name, "--interval", "1s")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+    server.stop()
+    eventually(lambda: sweeper.lines_with(OUTAGE_LINE), what="the outage line")
+    assert sweeper.terminate() == 0
+
+
+def test_starting_while_redis_is_down_waits_for_it(own_redis, queue_name, sweepers):
+    server = own_redis()
+    server.stop()
+    sweeper = sweepers("--redis-url", server.url, "--queue", queue_name, "--interval", "1s")
+    eventually(lambda: sweeper.lines_with(OUTAGE_LINE), what="the outage line")
+    assert sweeper.status("/readyz") == 503
+    server.restart()
+    eventually(lambda: sweeper.status("/readyz") == 200, timeout=60, what="/readyz 200")
+    assert len(sweeper.lines_with(RECOVERY_LINE)) == 1
+    assert sweeper.terminate() == 0
+
+
+# --------------------------------------------------------------------------- a script error
+
+
+def test_a_script_error_is_logged_once_and_the_process_keeps_running(redis_server, r, queue_name, sweepers):
+    keys = QueueKeys(queue_name)
+    # `active` holding the wrong type makes every sweep call fail inside Redis.
+    r.set(keys.active, "not a sorted set")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1s",
+                       "--max-stalled", "3")
+    eventually(lambda: sweeper.lines_with("sweep pass failed"), what="the error line")
+    eventually(lambda: sweeper.status("/readyz") == 503, what="/readyz 503 after a failed pass")
+    time.sleep(3)  # several more passes fail the same way
+    assert sweeper.process.poll() is None
+    assert len(sweeper.lines_with("sweep pass failed")) == 1, sweeper.stderr
+    assert sweeper.lines_with(OUTAGE_LINE) == []
+    assert sweeper.metric("stalledpolicy_redis_up", queue=queue_name) == 1
+
+    r.delete(keys.active)
+    add_active(r, queue_name, "JOB0001")
+    eventually(lambda: r.zrange(keys.pending, 0, -1) == ["JOB0001"], what="a pass after the fix")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200 again")
+    assert sweeper.terminate() == 0
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+SECRET = "s3cr3t-Pa55word-never-printed"
+
+
+def test_the_password_is_never_printed(own_redis, queue_name, sweepers):
+    server = own_redis(["--requirepass", SECRET])
+    client = server.client(password=SECRET, decode_responses=True)
+    keys = QueueKeys(queue_name)
+    add_active(client, queue_name, "JOB0001")
+    url = f"redis://:{SECRET}@127.0.0.1:{server.port}/0"
+
+    once = sweepers("--queue", queue_name, "--once", "--log-level", "debug", "--max-stalled", "2",
+                    env={"STALLEDPOLICY_REDIS_URL": url})
+    assert once.wait(60) == 0, once.stderr
+    assert client.zrange(keys.pending, 0, -1) == ["JOB0001"]
+    assert f"redis://:***@127.0.0.1:{server.port}/0" in once.stderr
+    assert SECRET not in once.stderr + once.stdout
+
+    # A long-running one through an outage, at debug level (every retry logged).
+    running = sweepers("--redis-url", url, "--queue", queue_name, "--interval", "1s", "--log-level", "debug")
+    eventually(lambda: running.status("/readyz") == 200, what="/readyz 200")
+    server.stop()
+    eventually(lambda: running.lines_with(OUTAGE_LINE), what="the outage line")
+    server.restart()
+    eventually(lambda: running.lines_with(RECOVERY_LINE), timeout=60, what="the recovery line")
+    _, body = running.get("/metrics")
+    _, ready = running.get("/readyz")
+    assert running.terminate() == 0
+    assert SECRET not in running.stderr + running.stdout + body + ready
+
+
+def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name, sweepers):
+    server = own_redis(["--requirepass", SECRET])
+    wrong = "not-the-password-either-9f8e7d"
+    sweeper = sweepers("--queue", queue_name, "--once",
+                       env={"STALLEDPOLICY_REDIS_URL": f"redis://:{wrong}@127.0.0.1:{server.port}/0"})
+    assert sweeper.wait(60) == 1
+    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
+    assert re.search(r"error_type=\w*Auth", sweeper.stderr), sweeper.stderr
+    assert wrong not in sweeper.stderr + sweeper.stdout
