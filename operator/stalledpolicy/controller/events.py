@@ -33,6 +33,10 @@ INVALID_SPEC = "InvalidSpec"
 APPLIED = "SweeperApplied"
 
 
+def _budget(value: int | None) -> str:
+    return "of the policy" if value is None else str(value)
+
+
 def budget_change_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """Describe a change of the budgets between two specs, or None when they are equal."""
     def budgets(spec: Mapping[str, Any]) -> tuple[int, dict[str, int | None]]:
@@ -46,14 +50,12 @@ def budget_change_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str
         parts.append(f"maxStalled {old_default} -> {new_default}")
     for lane in sorted(set(old_lanes) | set(new_lanes), key=str):
         before, after = old_lanes.get(lane), new_lanes.get(lane)
-        if before != after:
-            show = lambda v: "policy default" if v is None else str(v)  # noqa: E731
-            if lane not in old_lanes:
-                parts.append(f"lane {lane} added (maxStalled {show(after)})")
-            elif lane not in new_lanes:
-                parts.append(f"lane {lane} removed")
-            else:
-                parts.append(f"lane {lane} maxStalled {show(before)} -> {show(after)}")
+        if lane not in old_lanes:
+            parts.append(f"lane {lane} added (maxStalled {_budget(after)})")
+        elif lane not in new_lanes:
+            parts.append(f"lane {lane} removed")
+        elif before != after:
+            parts.append(f"lane {lane} maxStalled {_budget(before)} -> {_budget(after)}")
     return "; ".join(parts) or None
 
 

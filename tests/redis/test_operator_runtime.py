@@ -1,0 +1,191 @@
+"""The operator's status loop against a real Redis, with the Kubernetes API
+replaced by recorders: what it patches, when, and which events it posts."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
+from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.events import NullRecorder
+from stalledpolicy.controller.redis_clients import RedisClients, SecretReader
+from stalledpolicy.controller.runtime import Controller
+from stalledpolicy.controller.status import ReconcileOutcome, condition_of
+from stalledpolicy.devenv.echomq import EchoMQ
+from stalledpolicy.keyspace import QueueKeys
+
+pytestmark = pytest.mark.redis
+
+
+class StatusSink:
+    """Stands in for CustomObjectsApi: records status patches."""
+
+    def __init__(self):
+        self.patches: list[dict] = []
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+        self.patches.append(body["status"])
+
+
+def make_controller(secrets: dict, status: StatusSink, recorder: NullRecorder) -> Controller:
+    def read(namespace, name):
+        return secrets.get((namespace, name))
+
+    return Controller(OperatorConfig(status_interval=1, max_backoff=4), apps=None, core=None,
+                      custom=status, recorder=recorder, secrets=SecretReader(read, ttl=0.0),
+                      clients=RedisClients(timeout=1.0))
+
+
+def policy(queue: str, url_secret="creds", annotations=None, generation=1, rv="1"):
+    return {
+        "apiVersion": "queues.emq.dev/v1alpha1", "kind": "StalledPolicy",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "generation": generation,
+                     "resourceVersion": rv, "annotations": annotations or {}},
+        "spec": {"queue": queue, "maxStalled": 1, "lanes": [{"name": "imports"}],
+                 "redis": {"secretRef": {"name": url_secret, "key": "url"}}},
+    }
+
+
+def sweeper(generation=1, available=1):
+    return {"metadata": {"name": "p-sweeper", "namespace": "ns", "generation": generation,
+                         "resourceVersion": "5",
+                         "ownerReferences": [{"kind": "StalledPolicy", "name": "p", "uid": "u-1",
+                                              "controller": True}]},
+            "spec": {"replicas": 1},
+            "status": {"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                       "availableReplicas": available, "readyReplicas": available}}
+
+
+def b64(text):
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.fixture
+def world(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    sink, recorder = StatusSink(), NullRecorder()
+    ctl = make_controller(secrets, sink, recorder)
+    body = policy(queue_name)
+    ctl.observe_policy(body, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    yield ctl, sink, recorder, body, secrets
+    ctl.stop()
+
+
+def dead_letter(r, queue, job_id):
+    keys = QueueKeys(queue)
+    r.hset(keys.job(job_id), mapping={"state": "dead", "attempts": "1", "payload": "{}", "stalled": "1",
+                                      "last_error": "stalled"})
+    r.zadd(keys.dead, {job_id: 0})
+
+
+def test_first_refresh_publishes_numbers_and_ready(world, r, queue_name):
+    ctl, sink, _, _, _ = world
+    mq = EchoMQ(r, queue_name)
+    mq.enqueue_many(3)
+    ctl.refresh(("ns", "p"))
+    assert len(sink.patches) == 1
+    status = sink.patches[0]
+    assert status["pending"] == 3 and status["deadLetters"] == 0
+    assert condition_of(status, "Ready")["status"] == "True"
+    assert status["observedGeneration"] == 1
+
+
+def test_nothing_changed_means_no_patch(world):
+    ctl, sink, _, _, _ = world
+    ctl.refresh(("ns", "p"))
+    ctl.refresh(("ns", "p"))
+    ctl.refresh(("ns", "p"))
+    assert len(sink.patches) == 1
+
+
+def test_dead_letters_growth_is_patched_and_announced(world, r, queue_name):
+    ctl, sink, recorder, _, _ = world
+    ctl.refresh(("ns", "p"))
+    dead_letter(r, queue_name, "JOB0001")
+    dead_letter(r, queue_name, "JOB0002")
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["deadLetters"] == 2
+    assert set(sink.patches[-1]) == {"deadLetters", "lastUpdateTime"}
+    grown = [e for e in recorder.events if e[2] == "DeadLettered"]
+    assert len(grown) == 1 and "2 jobs dead-lettered" in grown[0][3]
+
+
+def test_missing_secret_then_created(world):
+    ctl, sink, recorder, _, secrets = world
+    saved = secrets.pop(("ns", "creds"))
+    delay = ctl.refresh(("ns", "p"))
+    ready = condition_of(sink.patches[-1], "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
+    assert delay == 1  # first retry after one interval
+    assert ctl.refresh(("ns", "p")) == 2  # then backing off
+    assert len(sink.patches) == 1  # the same problem is not patched again
+    assert [e[2] for e in recorder.events].count("SecretNotFound") == 1
+    secrets[("ns", "creds")] = saved
+    assert ctl.refresh(("ns", "p")) == 1
+    assert condition_of(sink.patches[-1], "Ready")["status"] == "True"
+    assert "RedisReachable" in [e[2] for e in recorder.events]
+
+
+def test_unreachable_redis_is_a_condition_and_an_event_never_a_password(world):
+    ctl, sink, recorder, _, secrets = world
+    ctl.refresh(("ns", "p"))
+    secrets[("ns", "creds")] = {"url": b64("redis://:hunter2@127.0.0.1:1/0")}
+    ctl.refresh(("ns", "p"))
+    redis = condition_of(sink.patches[-1], "RedisReachable")
+    assert (redis["status"], redis["reason"]) == ("False", "RedisUnreachable")
+    assert "hunter2" not in str(sink.patches) and "hunter2" not in str(recorder.events)
+    assert [e[2] for e in recorder.events].count("RedisUnreachable") == 1
+
+
+def test_a_spec_change_not_yet_reconciled_keeps_the_old_observed_generation(world):
+    ctl, sink, _, body, _ = world
+    ctl.refresh(("ns", "p"))
+    newer = policy(body["spec"]["queue"], generation=2, rv="2")
+    ctl.observe_policy(newer, "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["observedGeneration"] == 1
+
+
+def test_replay_annotation_replays_once_per_token(world, r, queue_name):
+    ctl, sink, recorder, body, secrets = world
+    mq = EchoMQ(r, queue_name)
+    job = mq.enqueue(group="imports")
+    claim = mq.claim(lease_ms=1)
+    assert claim is not None and claim.id == job
+    mq.expire(claim)
+    from stalledpolicy.engine import Budgets, sweep_batch
+
+    assert sweep_batch(r, queue_name, Budgets(default=1), 10).dead_lettered == 1
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["deadLetters"] == 1
+
+    annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "first",
+                                                REPLAY_LANE_ANNOTATION: "imports"}, rv="9")
+    ctl.observe_policy(annotated, "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    last = sink.patches[-1]
+    assert last["lastReplay"]["token"] == "first" and last["lastReplay"]["replayed"] == 1
+    assert last["lastReplay"]["lane"] == "imports"
+    assert last["deadLetters"] == 0
+    assert r.zscore(QueueKeys(queue_name).lane_pending("imports"), job) is not None
+    assert [e[2] for e in recorder.events].count("Replayed") == 1
+
+    # The same token again (another refresh, an operator restart reading status): no replay.
+    dead_letter(r, queue_name, "JOB0009")
+    ctl.refresh(("ns", "p"))
+    assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
+    restarted = make_controller(secrets, StatusSink(), NullRecorder())
+    written: dict = {}
+    for patch in sink.patches:
+        written.update(patch)
+    seen = dict(annotated, status=written)
+    restarted.observe_policy(seen, "ADDED")
+    restarted.observe_deployment(sweeper())
+    restarted.record_outcome(seen, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    restarted.refresh(("ns", "p"))
+    restarted.stop()
+    assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None

@@ -1,0 +1,142 @@
+"""The operator's status computation: conditions, observedGeneration, patch-on-change."""
+
+from __future__ import annotations
+
+from stalledpolicy.controller.status import (
+    FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, TRUE, DeploymentState, Problem,
+    ReconcileOutcome, condition_of, desired_status, status_patch, sweeper_condition)
+from stalledpolicy.engine import LaneSnapshot, QueueSnapshot
+
+T0, T1, T2 = "2026-12-02T10:00:00Z", "2026-12-02T10:00:10Z", "2026-12-02T10:00:20Z"
+
+
+def snapshot(dead=0, pending=0, active=0, lanes=()):
+    return QueueSnapshot(dead=dead, pending=pending, active=active, recovered_total=3,
+                         dead_lettered_total=dead, orphans_total=0, quarantined_total=0,
+                         lanes=list(lanes))
+
+
+def available(generation=1, replicas=1):
+    return DeploymentState(generation=generation, observed_generation=generation, replicas=replicas,
+                           updated=replicas, available=replicas, ready=replicas)
+
+
+def applied(generation=1, deployment_generation=1, suspended=False):
+    return ReconcileOutcome(generation, True, "Applied", "applied", suspended=suspended,
+                            deployment_generation=deployment_generation)
+
+
+def test_ready_when_sweeper_available_and_queue_read():
+    status = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                            snapshot=snapshot(dead=2, pending=5, active=1), now=T0)
+    assert condition_of(status, READY)["status"] == TRUE
+    assert status["deadLetters"] == 2 and status["pending"] == 5 and status["active"] == 1
+    assert status["observedGeneration"] == 1
+    assert all(c["observedGeneration"] == 1 for c in status["conditions"])
+    assert status["lastUpdateTime"] == T0
+
+
+def test_same_observation_twice_needs_no_patch():
+    first = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                           snapshot=snapshot(dead=2), now=T0)
+    again = desired_status(first, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                           snapshot=snapshot(dead=2), now=T1)
+    assert status_patch(first, again) is None
+    assert again["lastUpdateTime"] == T0
+
+
+def test_a_grown_morgue_patches_only_what_changed():
+    first = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                           snapshot=snapshot(dead=2), now=T0)
+    later = desired_status(first, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                           snapshot=snapshot(dead=5), now=T1)
+    patch = status_patch(first, later)
+    assert patch["deadLetters"] == 5
+    assert patch["lastUpdateTime"] == T1
+    assert "conditions" not in patch  # nothing about readiness changed
+
+
+def test_unreachable_redis_keeps_last_numbers_and_marks_ready_false():
+    first = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                           snapshot=snapshot(dead=4, pending=9), now=T0)
+    down = desired_status(first, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                          problem=Problem("RedisUnreachable", "cannot read queue"), now=T1)
+    assert down["deadLetters"] == 4 and down["pending"] == 9
+    redis = condition_of(down, REDIS_REACHABLE)
+    assert (redis["status"], redis["reason"], redis["lastTransitionTime"]) == (FALSE, "RedisUnreachable", T1)
+    ready = condition_of(down, READY)
+    assert (ready["status"], ready["reason"]) == (FALSE, "RedisUnreachable")
+    # The sweeper condition did not change status: its transition time stays.
+    assert condition_of(down, SWEEPER_AVAILABLE)["lastTransitionTime"] == T0
+
+
+def test_observed_generation_follows_the_reconciled_generation_not_the_newest():
+    first = desired_status({}, outcome=applied(generation=1), deployment=available(),
+                           deployment_name="p-sweeper", snapshot=snapshot(), now=T0)
+    # The spec changed to generation 2, the reconcile applied it (Deployment generation 2),
+    # but the deployment controller has not observed it yet: not Ready for generation 2.
+    rolling = DeploymentState(generation=2, observed_generation=1, replicas=1, updated=1, available=1, ready=1)
+    second = desired_status(first, outcome=applied(generation=2, deployment_generation=2),
+                            deployment=rolling, deployment_name="p-sweeper", snapshot=snapshot(), now=T1)
+    assert second["observedGeneration"] == 2
+    ready = condition_of(second, READY)
+    assert (ready["status"], ready["observedGeneration"]) == (FALSE, 2)
+    done = DeploymentState(generation=2, observed_generation=2, replicas=1, updated=1, available=1, ready=1)
+    third = desired_status(second, outcome=applied(generation=2, deployment_generation=2),
+                           deployment=done, deployment_name="p-sweeper", snapshot=snapshot(), now=T2)
+    assert condition_of(third, READY)["status"] == TRUE
+
+
+def test_stale_deployment_state_from_before_the_apply_is_not_trusted():
+    # Memory still holds the Deployment as it was at generation 1 (fully available),
+    # but the apply returned generation 2: the sweeper has not restarted yet.
+    outcome = applied(generation=3, deployment_generation=2)
+    condition = sweeper_condition(outcome, available(generation=1), "p-sweeper")
+    assert condition.status == FALSE and condition.reason == "RollingOut"
+
+
+def test_name_conflict_makes_ready_false_with_its_reason():
+    outcome = ReconcileOutcome(1, False, "NameConflict", "Deployment ns/p-sweeper already exists")
+    status = desired_status({}, outcome=outcome, deployment=available(), deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0)
+    for type_ in (READY, SWEEPER_AVAILABLE):
+        condition = condition_of(status, type_)
+        assert (condition["status"], condition["reason"]) == (FALSE, "NameConflict")
+
+
+def test_suspended_policy_is_ready_with_zero_replicas():
+    outcome = applied(suspended=True)
+    zero = DeploymentState(generation=1, observed_generation=1, replicas=0, updated=0, available=0, ready=0)
+    status = desired_status({}, outcome=outcome, deployment=zero, deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0)
+    assert condition_of(status, SWEEPER_AVAILABLE)["reason"] == "Suspended"
+    assert (condition_of(status, READY)["status"], condition_of(status, READY)["reason"]) == (TRUE, "Suspended")
+
+
+def test_progressing_deployment_is_not_available():
+    partial = DeploymentState(generation=1, observed_generation=1, replicas=2, updated=2, available=1, ready=1)
+    condition = sweeper_condition(applied(), partial, "p-sweeper")
+    assert condition.status == FALSE and "1 of 2" in condition.message
+
+
+def test_missing_secret_reason_reaches_ready():
+    status = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                            problem=Problem("SecretNotFound", "Secret ns/creds does not exist"), now=T0)
+    ready = condition_of(status, READY)
+    assert (ready["status"], ready["reason"]) == (FALSE, "SecretNotFound")
+    assert "ns/creds" in ready["message"]
+
+
+def test_lanes_and_last_replay_are_published():
+    snap = snapshot(lanes=[LaneSnapshot(name="imports", pending=3, recovered_total=1, dead_lettered_total=2)])
+    record = {"token": "t1", "replayed": 2, "time": T0}
+    status = desired_status({}, outcome=applied(), deployment=available(), deployment_name="p-sweeper",
+                            snapshot=snap, last_replay=record, now=T0)
+    assert status["lanes"] == [{"name": "imports", "pending": 3, "deadLettered": 2, "recovered": 1}]
+    assert status["lastReplay"] == record
+    assert status["sweeperDeployment"] == "p-sweeper"
+
+
+def test_deployment_state_reads_defaults():
+    state = DeploymentState.from_object({"metadata": {"generation": 4}, "spec": {}, "status": {}})
+    assert (state.generation, state.replicas, state.available, state.observed_generation) == (4, 1, 0, 0)
