@@ -213,3 +213,212 @@ def queue_snapshot(client: Any, queue: str, lanes: Iterable[str] = ()) -> QueueS
             for lane, size in zip(lanes, lane_sizes)
         ],
     )
+
+
+# --------------------------------------------------------------------------- morgue
+
+
+@dataclass
+class DeadJob:
+    id: str
+    lane: str | None
+    stalled: int | None
+    attempts: int | None
+    last_error: str | None
+    dead_at_ms: int | None
+    state: str | None
+    #: set when the row cannot be read as a job: missing, or not a hash
+    problem: str | None = None
+
+
+@dataclass
+class MorgueStats:
+    size: int
+    lanes: dict[str, int]  # lane -> dead jobs; "" = flat jobs and rows without a lane
+    oldest_dead_at_ms: int | None
+
+
+@dataclass
+class ReplayResult:
+    replayed: int
+    ids: list[str]
+    lanes: dict[str, int]  # lane -> jobs (to be) replayed; "" = flat
+    missing: list[str]
+    #: dead ids left in the morgue because they cannot be replayed safely (id -> why)
+    unreplayable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PurgeResult:
+    purged: int
+    ids: list[str]
+    missing: list[str] = field(default_factory=list)
+    #: selected ids kept because deleting them could drop a live job (id -> why)
+    kept: dict[str, str] = field(default_factory=dict)
+    #: entries without a readable time of death met by an age purge (kept; aged from now on)
+    undated: int = 0
+
+
+def _lane_filter(lane: str | None) -> str:
+    return "" if lane is None else "=" + lane
+
+
+def _unique(ids: Iterable[str]) -> list[str]:
+    unique = list(dict.fromkeys(_text(i) for i in ids))
+    for job_id in unique:
+        if not isinstance(job_id, str) or not job_id:
+            raise ValueError(f"ids: every id must be a non-empty string, got {job_id!r}")
+    return unique
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str, count: int) -> tuple[list[DeadJob], str]:
+    rows, next_cursor = script("morgue_scan")(client, [keys.dead], [keys.prefix, mode, cursor, count])
+    jobs = []
+    for raw in rows:
+        job_id, group, stalled, attempts, last_error, dead_at, state, problem = (_text(v) for v in raw)
+        jobs.append(DeadJob(
+            id=job_id, lane=group or None, stalled=_int(stalled), attempts=_int(attempts),
+            last_error=last_error, dead_at_ms=_int(dead_at), state=state, problem=problem,
+        ))
+    return jobs, _text(next_cursor)
+
+
+def _scan_all(client: Any, keys: QueueKeys) -> Iterable[DeadJob]:
+    cursor = ""
+    while True:
+        jobs, cursor = _scan(client, keys, "lex", cursor, MORGUE_BATCH)
+        yield from jobs
+        if not cursor:
+            return
+
+
+def morgue_stats(client: Any, queue: str) -> MorgueStats:
+    """Size, dead jobs per lane and the oldest time of death (bounded calls)."""
+    keys = QueueKeys(queue)
+    lanes: dict[str, int] = {}
+    oldest: int | None = None
+    for job in _scan_all(client, keys):
+        name = job.lane or ""
+        lanes[name] = lanes.get(name, 0) + 1
+        if job.dead_at_ms is not None and (oldest is None or job.dead_at_ms < oldest):
+            oldest = job.dead_at_ms
+    return MorgueStats(size=int(client.zcard(keys.dead)), lanes=lanes, oldest_dead_at_ms=oldest)
+
+
+def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int = 100,
+                offset: int = 0) -> list[DeadJob]:
+    """A page of the morgue in id (= mint) order; ``lane=""`` selects flat jobs."""
+    _check_positive("limit", limit)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
+    keys = QueueKeys(queue)
+    page: list[DeadJob] = []
+    if lane is None:
+        start = offset
+        while len(page) < limit:
+            jobs, more = _scan(client, keys, "index", str(start), min(MORGUE_BATCH, limit - len(page)))
+            page += jobs
+            start += len(jobs)
+            if not more:
+                break
+        return page
+    skipped = 0
+    for job in _scan_all(client, keys):
+        if (job.lane or "") != lane:
+            continue
+        if skipped < offset:
+            skipped += 1
+            continue
+        page.append(job)
+        if len(page) >= limit:
+            break
+    return page
+
+
+def _replay_keys(keys: QueueKeys) -> list[str]:
+    return [keys.dead, keys.pending, keys.ring, keys.gactive, keys.glimit, keys.paused, keys.wake,
+            keys.sweeper_totals]
+
+
+def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequence[str] | None = None,
+                  limit: int | None = None, dry_run: bool = False) -> ReplayResult:
+    """Move dead jobs back to their lane (or ``pending``) with the stall count reset.
+
+    Selection: ``ids`` (only those; ids not in the morgue come back in
+    ``missing``), else every dead job of ``lane`` (``""`` = flat jobs), else the
+    whole morgue; at most ``limit`` jobs. Each script call is bounded.
+    """
+    if limit is not None:
+        _check_positive("limit", limit)
+    keys = QueueKeys(queue)
+    result = ReplayResult(replayed=0, ids=[], lanes={}, missing=[])
+    dry = "1" if dry_run else "0"
+
+    def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
+        budget = MORGUE_BATCH if limit is None else min(MORGUE_BATCH, limit - result.replayed)
+        args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, MORGUE_BATCH, budget, *chunk]
+        replayed, refused, missing, next_cursor = script("morgue_replay")(client, _replay_keys(keys), args)
+        for job_id, job_lane in _pairs(replayed):
+            result.ids.append(job_id)
+            result.lanes[job_lane] = result.lanes.get(job_lane, 0) + 1
+        result.replayed = len(result.ids)
+        result.unreplayable.update(_pairs(refused))
+        result.missing += [_text(m) for m in missing]
+        return _text(next_cursor)
+
+    if ids is not None:
+        wanted = _unique(ids)
+        for start in range(0, len(wanted), MORGUE_BATCH):
+            if limit is not None and result.replayed >= limit:
+                break
+            call("ids", "", wanted[start:start + MORGUE_BATCH])
+        return result
+    cursor = ""
+    while limit is None or result.replayed < limit:
+        cursor = call("scan", cursor, ())
+        if not cursor:
+            break
+    return result
+
+
+def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, lane: str | None = None,
+                 ids: Sequence[str] | None = None, dry_run: bool = False) -> PurgeResult:
+    """Delete dead jobs (the morgue entry and the row) for good.
+
+    Selection as :func:`morgue_replay`, narrowed by ``older_than_s``: only jobs
+    whose ``dead_at`` is at least that old on the server clock.
+    """
+    min_age = ""
+    if older_than_s is not None:
+        if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or older_than_s < 0:
+            raise ValueError(f"older than: must be a duration >= 0 seconds, got {older_than_s!r}")
+        min_age = str(int(older_than_s * 1000))
+    keys = QueueKeys(queue)
+    result = PurgeResult(purged=0, ids=[])
+    dry = "1" if dry_run else "0"
+
+    def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
+        args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
+        purged, kept, missing, undated, next_cursor = script("morgue_purge")(
+            client, [keys.dead, keys.sweeper_totals], args)
+        result.ids += [_text(p) for p in purged]
+        result.purged = len(result.ids)
+        result.kept.update(_pairs(kept))
+        result.missing += [_text(m) for m in missing]
+        result.undated += int(undated)
+        return _text(next_cursor)
+
+    if ids is not None:
+        wanted = _unique(ids)
+        for start in range(0, len(wanted), MORGUE_BATCH):
+            call("ids", "", wanted[start:start + MORGUE_BATCH])
+        return result
+    cursor = ""
+    while True:
+        cursor = call("scan", cursor, ())
+        if not cursor:
+            return result

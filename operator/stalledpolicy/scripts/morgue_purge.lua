@@ -1,0 +1,94 @@
+-- morgue_purge: delete dead jobs for good (semantics: docs/scripts.md).
+-- One call examines at most ARGV[7] ids.
+--
+-- KEYS[1] dead  KEYS[2] sweeper:totals
+-- ARGV[1] queue prefix 'emq:{q}:'
+-- ARGV[2] dry run ('1' = decide and report, write nothing)
+-- ARGV[3] lane filter: '' = every lane, else '=' .. lane ('=' alone = flat jobs)
+-- ARGV[4] mode: 'ids' (ARGV[8..] are the ids) or 'scan' (walk `dead` in id order)
+-- ARGV[5] minimum age in ms on the server clock, from the row's dead_at
+--         ('' = any age)
+-- ARGV[6] scan cursor: '' = from the start, else the last id already examined
+-- ARGV[7] scan window
+--
+-- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor}
+
+local prefix = ARGV[1]
+local dry = ARGV[2] == '1'
+local filter = ARGV[3]
+local mode = ARGV[4]
+local min_age = tonumber(ARGV[5])
+
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+
+local candidates
+local next_cursor = ''
+if mode == 'ids' then
+  candidates = {}
+  for i = 8, #ARGV do candidates[#candidates + 1] = ARGV[i] end
+else
+  local min = '-'
+  if ARGV[6] ~= '' then min = '(' .. ARGV[6] end
+  local window = tonumber(ARGV[7])
+  candidates = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, window)
+  if #candidates == window then next_cursor = candidates[#candidates] end
+end
+
+local purged = {}
+local kept = {}
+local missing = {}
+local undated = 0
+
+for _, id in ipairs(candidates) do
+  if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
+    missing[#missing + 1] = id
+  else
+    local row = prefix .. 'job:' .. id
+    local f = redis.pcall('HMGET', row, 'group', 'dead_at', 'state')
+    local is_hash = not f.err
+    local g, dead_at, state = false, false, false
+    if is_hash then g, dead_at, state = f[1], f[2], f[3] end
+    local reason = nil  -- nil = purge, false = not selected (silent), string = kept, reported
+    if filter ~= '' then
+      -- a row that is missing or not a hash has no lane: no lane filter selects it
+      if not is_hash or filter ~= '=' .. (g or '') or (not (g or dead_at or state)
+          and redis.call('EXISTS', row) == 0) then
+        if mode == 'ids' then reason = 'not in the selected lane' else reason = false end
+      end
+    end
+    if reason == nil and state and state ~= 'dead' then
+      -- listed in dead but the row says it lives elsewhere: deleting it would drop a job
+      reason = "state is '" .. state .. "', not dead"
+    end
+    if reason == nil and min_age then
+      local died = nil
+      if dead_at then died = tonumber(dead_at) end
+      if died == nil then
+        -- undated (dead-lettered by EchoMQ itself, or a malformed row): the age
+        -- starts now; a later purge can remove it
+        undated = undated + 1
+        if is_hash and (g or dead_at or state) and not dry then
+          redis.call('HSET', row, 'dead_at', string.format('%d', now))
+        end
+        reason = false
+      elseif now - died < min_age then
+        reason = false
+      end
+    end
+    if reason == nil then
+      purged[#purged + 1] = id
+      if not dry then
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('DEL', row)
+      end
+    elseif reason then
+      kept[#kept + 1] = id
+      kept[#kept + 1] = reason
+    end
+  end
+end
+
+if not dry and #purged > 0 then redis.call('HINCRBY', KEYS[2], 'purged', #purged) end
+
+return {purged, kept, missing, undated, next_cursor}

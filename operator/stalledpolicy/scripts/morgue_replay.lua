@@ -1,0 +1,147 @@
+-- morgue_replay: move dead jobs back to where a worker claims them
+-- (semantics: docs/scripts.md). One call is bounded by ARGV[6] / ARGV[7].
+--
+-- KEYS[1] dead  KEYS[2] pending  KEYS[3] ring  KEYS[4] gactive  KEYS[5] glimit
+-- KEYS[6] paused  KEYS[7] wake  KEYS[8] sweeper:totals
+-- ARGV[1] queue prefix 'emq:{q}:'
+-- ARGV[2] dry run ('1' = decide and report, write nothing)
+-- ARGV[3] lane filter: '' = every lane, else '=' .. lane ('=' alone = flat jobs)
+-- ARGV[4] mode: 'ids' (ARGV[8..] are the ids) or 'scan' (walk `dead` in id order)
+-- ARGV[5] scan cursor: '' = from the start, else the last id already examined
+-- ARGV[6] scan window (ids examined by this call)
+-- ARGV[7] most jobs replayed by this call
+--
+-- Returns {{id, lane, ...}, {id, reason, ...}, {missing ids}, next cursor}
+-- where lane is '' for a flat job and next cursor is '' at the end of `dead`.
+
+local prefix = ARGV[1]
+local dry = ARGV[2] == '1'
+local filter = ARGV[3]
+local mode = ARGV[4]
+local max_replayed = tonumber(ARGV[7])
+
+local candidates
+local next_cursor = ''
+if mode == 'ids' then
+  candidates = {}
+  for i = 8, #ARGV do candidates[#candidates + 1] = ARGV[i] end
+else
+  local min = '-'
+  if ARGV[5] ~= '' then min = '(' .. ARGV[5] end
+  local window = tonumber(ARGV[6])
+  candidates = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, window)
+  if #candidates == window then next_cursor = candidates[#candidates] end
+end
+
+local function count_of(value)
+  if value == false then return 0 end
+  if #value > 15 or not string.find(value, '^%d+$') then return nil end
+  if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
+  return tonumber(value)
+end
+
+local replayed = {}
+local refused = {}
+local missing = {}
+local lanes = {}       -- group -> ids going back to the lane
+local lane_order = {}
+local flat = {}
+local n = 0
+local last_examined = ''
+
+for _, id in ipairs(candidates) do
+  if n >= max_replayed then
+    -- stopped early: resume right after the last id examined
+    if mode ~= 'ids' then next_cursor = last_examined end
+    break
+  end
+  last_examined = id
+  if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
+    missing[#missing + 1] = id
+  else
+    local row = prefix .. 'job:' .. id
+    local f = redis.pcall('HMGET', row, 'group', 'attempts', 'state', 'last_error')
+    local reason = nil
+    local g = false
+    if f.err then
+      reason = 'malformed: job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
+    elseif not (f[1] or f[2] or f[3] or f[4]) and redis.call('EXISTS', row) == 0 then
+      reason = 'job row is missing'
+    else
+      g = f[1]
+      if filter ~= '' and filter ~= '=' .. (g or '') then
+        if mode == 'ids' then reason = 'in lane ' .. (g or '(flat)') .. ', not selected' else reason = false end
+      elseif g == '' then
+        reason = 'malformed: group is empty'
+      elseif f[3] and f[3] ~= 'dead' then
+        reason = "state is '" .. f[3] .. "', not dead"
+      elseif count_of(f[2]) == nil then
+        reason = 'malformed: attempts is not a non-negative integer: ' .. f[2]
+      end
+    end
+    if reason == false then
+      -- another lane's job met by a filtered scan: not ours this time
+    elseif reason then
+      -- kept in `dead` and reported: never dropped, never half-replayed
+      refused[#refused + 1] = id
+      refused[#refused + 1] = reason
+    else
+      n = n + 1
+      replayed[#replayed + 1] = id
+      replayed[#replayed + 1] = g or ''
+      if not dry then
+        redis.call('ZREM', KEYS[1], id)
+        if f[4] then
+          redis.call('HSET', row, 'state', 'pending', 'previous_error', f[4])
+        else
+          redis.call('HSET', row, 'state', 'pending')
+        end
+        redis.call('HDEL', row, 'stalled', 'last_error', 'dead_at')
+        if g then
+          if lanes[g] == nil then
+            lanes[g] = {}
+            lane_order[#lane_order + 1] = g
+          end
+          local ids = lanes[g]
+          ids[#ids + 1] = id
+        else
+          flat[#flat + 1] = id
+        end
+      end
+    end
+  end
+end
+
+local function zadd_all(key, members)
+  local i = 1
+  while i <= #members do
+    local args = {}
+    for j = i, math.min(i + 1999, #members) do
+      args[#args + 1] = 0
+      args[#args + 1] = members[j]
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = i + 2000
+  end
+end
+
+if not dry then
+  if #flat > 0 then zadd_all(KEYS[2], flat) end
+  local woke = false
+  for _, g in ipairs(lane_order) do
+    zadd_all(prefix .. 'g:' .. g .. ':pending', lanes[g])
+    if redis.call('SISMEMBER', KEYS[6], g) == 0 then
+      local act = tonumber(redis.call('HGET', KEYS[4], g) or '0') or 0
+      local cap = tonumber(redis.call('HGET', KEYS[5], g) or '')
+      if (cap == nil or act < cap) and not redis.call('LPOS', KEYS[3], g) then
+        redis.call('RPUSH', KEYS[3], g)
+        redis.call('LPUSH', KEYS[7], '1')
+        woke = true
+      end
+    end
+  end
+  if woke then redis.call('LTRIM', KEYS[7], 0, 63) end
+  if n > 0 then redis.call('HINCRBY', KEYS[8], 'replayed', n) end
+end
+
+return {replayed, refused, missing, next_cursor}

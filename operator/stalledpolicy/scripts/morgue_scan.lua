@@ -1,0 +1,51 @@
+-- morgue_scan: read-only view of a window of the morgue (list and stats).
+--
+-- KEYS[1] dead
+-- ARGV[1] queue prefix 'emq:{q}:'
+-- ARGV[2] 'index' (ARGV[3] = start rank) or 'lex' (ARGV[3] = '' from the
+--         start, else the last id already seen; `dead` scores are all 0)
+-- ARGV[4] count
+--
+-- Returns {rows, next} where each row is
+--   {id, group, stalled, attempts, last_error, dead_at, state, problem}
+-- (raw field values, nil when absent; `problem` names a row that is missing
+-- or not a hash) and `next` is the cursor for the following window, '' at
+-- the end.
+
+local prefix = ARGV[1]
+local count = tonumber(ARGV[4])
+local ids
+if ARGV[2] == 'index' then
+  local start = tonumber(ARGV[3])
+  ids = redis.call('ZRANGE', KEYS[1], start, start + count - 1)
+else
+  local min = '-'
+  if ARGV[3] ~= '' then min = '(' .. ARGV[3] end
+  ids = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, count)
+end
+
+local rows = {}
+for i, id in ipairs(ids) do
+  local key = prefix .. 'job:' .. id
+  local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state')
+  if f.err then
+    local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
+    rows[i] = {id, false, false, false, problem, false, false, problem}
+  else
+    local problem = false
+    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6]) and redis.call('EXISTS', key) == 0 then
+      problem = 'job row is missing'
+    end
+    rows[i] = {id, f[1], f[2], f[3], f[4], f[5], f[6], problem}
+  end
+end
+
+local next_cursor = ''
+if #ids == count then
+  if ARGV[2] == 'index' then
+    next_cursor = tostring(tonumber(ARGV[3]) + count)
+  else
+    next_cursor = ids[#ids]
+  end
+end
+return {rows, next_cursor}
