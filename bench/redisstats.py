@@ -16,6 +16,9 @@ HARNESS_COMMANDS = {"ping", "info", "config|resetstat", "config|set", "slowlog|r
 
 
 def reset(client) -> None:
+    # The latency monitor also sees MULTI/EXEC as one event (SLOWLOG does not).
+    client.config_set("latency-monitor-threshold", 1)
+    client.execute_command("LATENCY", "RESET")
     client.config_set("slowlog-log-slower-than", SLOWLOG_THRESHOLD_US)
     client.config_set("slowlog-max-len", SLOWLOG_LEN)
     client.slowlog_reset()
@@ -28,7 +31,7 @@ def commandstats(client) -> dict[str, dict]:
 
 
 def _as_str(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def latency_percentiles(client, command: str) -> dict[str, float]:
@@ -56,6 +59,16 @@ def slowest_us(client, commands: set[str]) -> int:
         name = _as_str(entry["command"]).split(" ", 1)[0].lower()
         if name in commands:
             longest = max(longest, int(entry["duration"]))
+    return longest
+
+
+def longest_event_ms(client) -> int:
+    """The latency monitor's worst ``command`` event (ms resolution): the longest
+    any single command, script or MULTI/EXEC held the server; 0 under 1 ms."""
+    longest = 0
+    for event in client.execute_command("LATENCY", "LATEST"):
+        if _as_str(event[0]) in {"command", "fast-command"}:
+            longest = max(longest, int(event[3]))
     return longest
 
 

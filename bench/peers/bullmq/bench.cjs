@@ -9,7 +9,8 @@
 //                              set, then (the stalledInterval having passed:
 //                              the stalled-check key is deleted instead of
 //                              waiting 30 s) pass 2 moves the marked, unlocked
-//                              jobs back to wait. Prints JSON timings.
+//                              jobs back to wait. Starts when a line arrives
+//                              on stdin (after printing "ready"); prints JSON.
 //   node bench.cjs verify N    every job left active, is in wait, and carries
 //                              stc = 1; prints JSON.
 //
@@ -68,6 +69,11 @@ async function recover() {
   const keys = worker.keys;
   const client = connection();
   const passes = [];
+  await client.ping();
+  // run.py starts its PING client on "ready", then says go.
+  process.stdout.write('ready\n');
+  await new Promise((resolve) => process.stdin.once('data', resolve));
+  process.stdin.pause();
   const started = performance.now();
   for (const pass of ['mark', 'recover']) {
     if (pass === 'recover') await client.del(keys['stalled-check']);

@@ -11,7 +11,9 @@ Runs in RQ's own venv (bench/peers/work/rq-venv), never the project's python.
                                   1 s) and the job marked started. Nobody
                                   heartbeats again: the worker died.
     python bench_rq.py recover    StartedJobRegistry.cleanup(), as a worker's
-                                  clean_registries() calls it; prints JSON.
+                                  clean_registries() calls it, once a line
+                                  arrives on stdin (after it printed "ready");
+                                  prints JSON.
     python bench_rq.py verify N   the registry is empty and every job is back in
                                   the queue, status queued, once; prints JSON.
 
@@ -63,12 +65,33 @@ def seed(n: int) -> dict:
     return {"seeded": n, "expired": expired}
 
 
+def _timed(method, longest: list[float], calls: list[int]):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            longest[0] = max(longest[0], time.perf_counter() - t0)
+            calls[0] += 1
+    return wrapper
+
+
 def recover() -> dict:
+    """cleanup() untouched; every round trip it makes (each command, each
+    pipeline's MULTI/EXEC) is timed from the client side."""
+    import redis.client
+
+    longest, calls = [0.0], [0]
+    redis.client.Redis.execute_command = _timed(redis.client.Redis.execute_command, longest, calls)
+    redis.client.Pipeline.execute = _timed(redis.client.Pipeline.execute, longest, calls)
     connection = connect()
     registry = StartedJobRegistry(QUEUE, connection=connection)
+    connection.ping()
+    print("ready", flush=True)  # run.py starts its PING client, then says go
+    sys.stdin.readline()
     started = time.perf_counter()
     registry.cleanup()
-    return {"seconds": time.perf_counter() - started}
+    return {"seconds": time.perf_counter() - started, "longest_call_s": longest[0], "calls": calls[0]}
 
 
 def verify(n: int) -> dict:

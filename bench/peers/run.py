@@ -1,0 +1,313 @@
+"""Issue 6: our sweep side by side with BullMQ's and RQ's own stalled-job recovery.
+
+    python bench/peers/run.py            # N = 10,000, 100,000, 1,000,000
+    python bench/peers/run.py --quick    # N = 10,000 only (smoke)
+
+Installs the peers into bench/peers/work/ (BullMQ and ioredis from the npm
+registry with `npm ci` from the committed lockfile, RQ from PyPI into a venv;
+nothing global), starts its own redis-server on a free loopback port and, for
+each system and N: flushes, prepares N stalled jobs in that system's own layout,
+starts a second client PINGing in a tight loop (its own process and connection),
+triggers that system's own recovery, stops the PING client, and checks that
+every job really moved (a run that fails its check aborts: no figure without
+it). Then: one drain of 1,000 expired jobs among 0 / 100,000 / 1,000,000
+healthy active ones, and the ceiling (the same work without Lua).
+
+Writes bench/out/peers.json (read by bench/plot.py) and prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent
+sys.path.insert(0, str(BENCH))
+
+import ceiling  # noqa: E402
+import redisstats  # noqa: E402
+import sweep  # noqa: E402
+from pinger import Pinger  # noqa: E402
+
+WORK = HERE / "work"
+BULLMQ_DIR = WORK / "bullmq"
+RQ_VENV = WORK / "rq-venv"
+PEER_LIMIT_S = 600.0
+# Commands whose duration is one blocking call of a peer (Lua script, MULTI/EXEC).
+BLOCKING_COMMANDS = {"evalsha", "eval", "exec"}
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _digest(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def install_bullmq() -> None:
+    if not shutil.which("node") or not shutil.which("npm"):
+        raise SystemExit("node and npm are needed for the BullMQ peer (apt-get install -y nodejs npm)")
+    BULLMQ_DIR.mkdir(parents=True, exist_ok=True)
+    sources = [HERE / "bullmq" / "package.json", HERE / "bullmq" / "package-lock.json"]
+    stamp = BULLMQ_DIR / ".installed"
+    wanted = _digest(*sources)
+    for source in sources + [HERE / "bullmq" / "bench.cjs"]:
+        shutil.copy2(source, BULLMQ_DIR / source.name)
+    if stamp.exists() and stamp.read_text() == wanted and (BULLMQ_DIR / "node_modules").exists():
+        return
+    log("installing BullMQ (npm ci) into bench/peers/work/bullmq ...")
+    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=BULLMQ_DIR, check=True)
+    stamp.write_text(wanted)
+
+
+def install_rq() -> None:
+    requirements = HERE / "rq" / "requirements.txt"
+    stamp = RQ_VENV / ".installed"
+    wanted = _digest(requirements)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    log("installing RQ (pip) into bench/peers/work/rq-venv ...")
+    subprocess.run([sys.executable, "-m", "venv", str(RQ_VENV)], check=True)
+    subprocess.run([str(RQ_VENV / "bin" / "pip"), "install", "-q", "-r", str(requirements)], check=True)
+    stamp.write_text(wanted)
+
+
+def _peer_command(system: str, *args: str) -> tuple[list[str], Path | None]:
+    if system == "bullmq":
+        return ["node", "bench.cjs", *args], BULLMQ_DIR
+    return [str(RQ_VENV / "bin" / "python"), str(HERE / "rq" / "bench_rq.py"), *args], None
+
+
+def _peer_json(system: str, port: int, *args: str) -> dict:
+    command, cwd = _peer_command(system, *args)
+    done = subprocess.run(command, cwd=cwd, env=dict(os.environ, BENCH_REDIS_PORT=str(port)),
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{system} {' '.join(args)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_peer(system: str, client, port: int, n: int) -> dict:
+    client.flushall()
+    started = time.perf_counter()
+    _peer_json(system, port, "seed", str(n))
+    log(f"    {system}: seeded {n:,} stalled jobs in {time.perf_counter() - started:.1f} s")
+    redisstats.reset(client)
+    command, cwd = _peer_command(system, "recover")
+    process = subprocess.Popen(command, cwd=cwd, env=dict(os.environ, BENCH_REDIS_PORT=str(port)),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = process.stdout.readline().strip()
+    if ready != "ready":
+        process.kill()
+        raise RuntimeError(f"{system} recover did not get ready: {ready!r} {process.stderr.read()[-4000:]}")
+    with Pinger(port) as pinger:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        out, err = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{system} recover failed ({process.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
+    timings = json.loads(out.strip().splitlines()[-1])
+    # Scripts are in SLOWLOG (usec); a MULTI/EXEC only in the latency monitor (ms).
+    server_max_us = max(redisstats.slowest_us(client, BLOCKING_COMMANDS),
+                        redisstats.longest_event_ms(client) * 1000)
+    check = _peer_json(system, port, "verify", str(n))
+    if not check.get("ok"):
+        raise AssertionError(f"{system} at N={n}: not every job moved: {check}")
+    seconds = timings["seconds"]
+    if system == "bullmq":
+        longest_client = max(p["seconds"] for p in timings["passes"])
+        recovered = sum(p["recovered"] for p in timings["passes"])
+        if recovered != n:
+            raise AssertionError(f"bullmq reported {recovered} stalled jobs of {n}")
+    else:
+        longest_client = timings["longest_call_s"]
+    stats = pinger.stats
+    return {
+        "system": system, "n": n, "seconds": seconds, "jobs_per_s": n / seconds,
+        "client_max_call_ms": longest_client * 1000, "server_max_call_ms": server_max_us / 1000,
+        "ping_p50_ms": stats.p50_ms, "ping_p99_ms": stats.p99_ms, "ping_max_ms": stats.max_ms,
+        "busy_errors": stats.busy_errors, "longest_without_pong_ms": stats.longest_without_pong_ms,
+        "detail": timings, "verified": check, "load": os.getloadavg()[0],
+    }
+
+
+def run_ours(client, port: int, n: int, batch: int, healthy: int = 0) -> dict:
+    run = sweep.run_one(client, port, n, batch, healthy=healthy)
+    row = asdict(run)
+    row.update(system=f"ours-b{batch}", load=os.getloadavg()[0],
+               longest_without_pong_ms=float("nan"))
+    return row
+
+
+def _projected_seconds(system: str, rows: list[dict], n: int) -> float | None:
+    """From this run's largest measured N: BullMQ's recovering pass is quadratic
+    (one LREM over the active list per job), RQ's cleanup linear."""
+    measured = [r for r in rows if r["system"] == system and not r.get("skipped")]
+    if not measured:
+        return None
+    last = max(measured, key=lambda r: r["n"])
+    power = 2 if system == "bullmq" else 1
+    return last["seconds"] * (n / last["n"]) ** power
+
+
+def fmt_ms(value: float) -> str:
+    if value != value:  # nan
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    header = ("system", "N", "jobs/s", "longest call ms (client / server)", "PING p50 / p99 / max ms", "BUSY",
+              "ours b100 / b1000 vs it")
+    ours = {(r["system"], r["n"]): r for r in rows if r["system"].startswith("ours") and not r.get("skipped")}
+    lines = []
+    for r in rows:
+        if r.get("skipped"):
+            lines.append((r["system"], f"{r['n']:,}", "skipped", r["reason"], "", "", ""))
+            continue
+        ratio = ""
+        if not r["system"].startswith("ours"):
+            parts = []
+            for batch in (100, 1000):
+                mine = ours.get((f"ours-b{batch}", r["n"]))
+                parts.append(f"{mine['jobs_per_s'] / r['jobs_per_s']:,.0f}x" if mine else "-")
+            ratio = " / ".join(parts)
+        lines.append((
+            r["system"], f"{r['n']:,}", f"{r['jobs_per_s']:,.0f}",
+            f"{fmt_ms(r['client_max_call_ms'])} / {fmt_ms(r['server_max_call_ms'])}",
+            f"{r['ping_p50_ms']:.3f} / {fmt_ms(r['ping_p99_ms'])} / {fmt_ms(r['ping_max_ms'])}",
+            f"{r['busy_errors']:,}", ratio,
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    log("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    log("| " + " | ".join("-" * w for w in widths) + " |")
+    for line in lines:
+        log("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                              enumerate(zip(line, widths))) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="N = 10,000 only")
+    parser.add_argument("--n", type=int, action="append", help="sizes (repeatable; default 10k, 100k, 1M)")
+    parser.add_argument("--systems", default="ours,bullmq,rq", help="comma-separated subset")
+    parser.add_argument("--no-extras", action="store_true", help="skip the healthy-active and ceiling runs")
+    parser.add_argument("--json", type=Path, default=BENCH / "out" / "peers.json")
+    args = parser.parse_args(argv)
+    sizes = [10_000] if args.quick else (args.n or [10_000, 100_000, 1_000_000])
+    systems = args.systems.split(",")
+
+    if "bullmq" in systems:
+        install_bullmq()
+    if "rq" in systems:
+        install_rq()
+
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    server = start_redis()
+    rows: list[dict] = []
+    extras: dict = {}
+    try:
+        client = server.client(decode_responses=True)
+        info = client.info("server")
+        machine = {"redis": info["redis_version"], "cores": os.cpu_count(), "node": _version(["node", "--version"]),
+                   "python": sys.version.split()[0], "started_load": os.getloadavg()}
+        log(f"redis-server {info['redis_version']} on 127.0.0.1:{server.port}; {sweep.load_line()}")
+        for n in sorted(sizes):
+            log(f"N = {n:,}")
+            for system in systems:
+                if system == "ours":
+                    for batch in (100, 1000):
+                        row = run_ours(client, server.port, n, batch)
+                        rows.append(row)
+                        _say(row)
+                    continue
+                projected = _projected_seconds(system, rows, n)
+                if projected is not None and projected > PEER_LIMIT_S:
+                    reason = (f"projected {projected:,.0f} s from this run's largest N "
+                              f"({'quadratic' if system == 'bullmq' else 'linear'}) > {PEER_LIMIT_S:.0f} s")
+                    rows.append({"system": system, "n": n, "skipped": True, "reason": reason})
+                    log(f"    {system}: skipped at N={n:,}: {reason}")
+                    continue
+                row = run_peer(system, client, server.port, n)
+                rows.append(row)
+                _say(row)
+            _save(args.json, machine, rows, extras)
+        if "ours" in systems and not args.no_extras:
+            extras["healthy"] = []
+            for healthy in (0, 100_000, 1_000_000):
+                row = run_ours(client, server.port, 1_000, 100, healthy=healthy)
+                extras["healthy"].append(row)
+                log(f"    1,000 expired among {healthy:,} healthy active: one drain {row['seconds'] * 1000:.1f} ms, "
+                    f"{row['calls']} calls, {row['server_usec_per_call']:.0f} us/call server")
+            extras["ceiling"] = []
+            ceiling_n = 10_000 if args.quick else 100_000
+            for mode in ("naive", "script-mix"):
+                result = ceiling.run_ceiling(client, server.port, ceiling_n, mode)
+                extras["ceiling"].append(result)
+                log(f"    ceiling {mode}: {result['jobs_per_s']:,.0f} jobs/s at N={ceiling_n:,}")
+        machine["finished_load"] = os.getloadavg()
+        _save(args.json, machine, rows, extras)
+    finally:
+        server.stop()
+
+    log("")
+    print_table(rows)
+    _print_extras(rows, extras)
+    log(f"\nJSON: {args.json}")
+    return 0
+
+
+def _say(row: dict) -> None:
+    log(f"    {row['system']}: {row['jobs_per_s']:,.0f} jobs/s, longest call {fmt_ms(row['client_max_call_ms'])} ms "
+        f"client / {fmt_ms(row['server_max_call_ms'])} ms server, PING p99 {fmt_ms(row['ping_p99_ms'])} ms "
+        f"max {fmt_ms(row['ping_max_ms'])} ms, BUSY {row['busy_errors']}, verified; load {row['load']:.2f}")
+
+
+def _print_extras(rows: list[dict], extras: dict) -> None:
+    if extras.get("healthy"):
+        log("\nCost of one drain of 1,000 expired jobs (batch 100) against the size of active:")
+        for row in extras["healthy"]:
+            log(f"  {row['healthy']:>9,} healthy active: {row['seconds'] * 1000:7.1f} ms, "
+                f"{row['server_usec_per_call']:6.0f} us per call server-side, {row['calls']} calls")
+    if extras.get("ceiling"):
+        n = extras["ceiling"][0]["n"]
+        log(f"\nCeiling at N={n:,} (same work without Lua, redis-cli --pipe):")
+        for result in extras["ceiling"]:
+            parts = []
+            for batch in (100, 1000):
+                mine = [r for r in rows if r["system"] == f"ours-b{batch}" and r["n"] == n]
+                if mine:
+                    parts.append(f"ours b{batch} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")
+            log(f"  {result['mode']:>10}: {result['jobs_per_s']:,.0f} jobs/s "
+                f"({result['commands_per_job']:.2f} commands/job); " + ", ".join(parts))
+
+
+def _version(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "-"
+
+
+def _save(path: Path, machine: dict, rows: list[dict], extras: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "rows": rows, "extras": extras}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
