@@ -75,7 +75,11 @@ def connect(url: str) -> Any:
         # the loop's own backoff handles real outages.
         retry=Retry(NoBackoff(), 1),
     )
-    if str(client.info("cluster").get("cluster_enabled", 0)) == "1":
+    try:
+        cluster_enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.ResponseError:
+        cluster_enabled = False  # INFO refused (an ACL on a managed server): a plain server
+    if cluster_enabled:
         client.close()
         return redis.RedisCluster.from_url(
             url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
@@ -234,10 +238,11 @@ class Sweeper:
         return text
 
     def backoff_delay(self) -> float:
-        """Capped exponential delay with equal jitter: half fixed, half random."""
+        """0.5s, 1s, 2s, ... doubling per failed attempt, each stretched by up to
+        100% at random (so replicas do not retry in step), never above 30s."""
         exponent = min(max(self._failed_attempts - 1, 0), 16)
-        capped = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2**exponent)
-        return capped / 2 + capped / 2 * self._jitter()
+        base = BACKOFF_MIN_S * 2**exponent
+        return min(BACKOFF_MAX_S, base * (1.0 + self._jitter()))
 
     @property
     def redis_down(self) -> bool:

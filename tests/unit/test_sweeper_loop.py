@@ -1,0 +1,262 @@
+"""The sweep loop's timing and failure policy, on a fake clock (no Redis, no sleeping).
+
+The engine is replaced by fakes here; the real engine and a real Redis are in
+``tests/redis/test_sweeper_process.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from stalledpolicy import engine
+from stalledpolicy.sweeper import loop
+from stalledpolicy.sweeper.config import SweeperConfig
+from stalledpolicy.sweeper.metrics import Health, SweeperMetrics
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeStop:
+    """A stop Event whose waits advance the fake clock instead of sleeping."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+    def wait(self, timeout: float) -> bool:
+        self.clock.now += timeout
+        return self._set
+
+
+SNAPSHOT = SimpleNamespace(dead=4, pending=5, active=6)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def make_sweeper(clock, *, interval="10s", jitter=0.0, **settings):
+    config = SweeperConfig(queue="orders", interval=interval, **settings)
+    metrics = SweeperMetrics("orders", tuple(config.lanes))
+    return loop.Sweeper(config, metrics, stop=FakeStop(clock), connect_fn=lambda url: object(),
+                        clock=clock, jitter=lambda: jitter)
+
+
+def script_engine(monkeypatch, clock, steps):
+    """Each pass takes the next step: seconds the drain lasts, or an exception to raise."""
+    starts: list[float] = []
+    pending = list(steps)
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        starts.append(clock.now)
+        step = pending.pop(0)
+        if not pending and sweeper_ref[0] is not None:
+            sweeper_ref[0].stop.set()  # the last step ends run_forever
+        if isinstance(step, BaseException):
+            raise step
+        clock.now += step
+        result = engine.SweepResult(recovered=1, calls=1)
+        if on_call:
+            on_call(result, step)
+        return result
+
+    sweeper_ref: list = [None]
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    monkeypatch.setattr(loop.engine, "queue_snapshot", lambda client, queue, lanes=(): SNAPSHOT)
+    return starts, sweeper_ref
+
+
+def test_passes_start_on_the_interval_grid_without_drift(monkeypatch, clock):
+    starts, ref = script_engine(monkeypatch, clock, [3.0, 3.0, 3.0, 3.0])
+    ref[0] = sweeper = make_sweeper(clock, interval="10s")
+    sweeper.run_forever()
+    # The 3s a pass takes is not added to the interval: 0, 10, 20, 30.
+    assert starts == [0.0, 10.0, 20.0, 30.0]
+    assert sweeper.passes == 4
+
+
+def test_a_pass_longer_than_the_interval_starts_the_next_at_once(monkeypatch, clock):
+    starts, ref = script_engine(monkeypatch, clock, [25.0, 25.0, 1.0])
+    ref[0] = sweeper = make_sweeper(clock, interval="10s")
+    sweeper.run_forever()
+    # No catch-up burst for the missed slots either.
+    assert starts == [0.0, 25.0, 50.0]
+
+
+def test_an_outage_backs_off_exponentially_and_logs_once(monkeypatch, clock, caplog):
+    down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    starts, ref = script_engine(monkeypatch, clock, [down, down, down, down, 0.0, 0.0])
+    ref[0] = sweeper = make_sweeper(clock, interval="60s")
+    with caplog.at_level(logging.DEBUG, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # 0.5s, 1s, 2s, 4s between retries; the pass after recovery then waits the interval.
+    assert gaps == [0.5, 1.0, 2.0, 4.0, 60.0]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    recoveries = [r for r in caplog.records if r.getMessage() == "redis reachable again"]
+    assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
+    assert len(recoveries) == 1 and recoveries[0].attempts == 4
+    assert sweeper.health.redis_up and sweeper.health.last_pass_ok
+
+
+def test_readiness_follows_redis(monkeypatch, clock):
+    down = redis.TimeoutError("Timeout connecting to server")
+    health_seen = []
+    script_engine(monkeypatch, clock, [down, 0.0])
+    sweeper = make_sweeper(clock)
+    assert sweeper.health.ready()[0] is False  # nothing swept yet
+    assert sweeper.sweep_pass() is False
+    health_seen.append(sweeper.health.ready())
+    assert sweeper.metrics.redis_up.labels("orders")._value.get() == 0
+    assert sweeper.sweep_pass() is True
+    health_seen.append(sweeper.health.ready())
+    assert [ok for ok, _ in health_seen] == [False, True]
+    assert "redis unreachable" in health_seen[0][1]
+    assert sweeper.metrics.redis_up.labels("orders")._value.get() == 1
+    assert sweeper.metrics.morgue_size.labels("orders")._value.get() == 4
+
+
+@pytest.mark.parametrize("attempts, jitter, expected", [
+    (1, 0.0, 0.5), (2, 0.0, 1.0), (3, 0.5, 3.0), (7, 0.0, 30.0), (40, 0.999, 30.0), (6, 0.999, 30.0),
+])
+def test_backoff_is_capped_with_jitter(clock, attempts, jitter, expected):
+    sweeper = make_sweeper(clock, jitter=jitter)
+    sweeper._failed_attempts = attempts
+    assert sweeper.backoff_delay() == pytest.approx(expected)
+
+
+def test_a_script_error_is_logged_once_per_message_until_a_pass_succeeds(monkeypatch, clock, caplog):
+    boom = redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    other = redis.ResponseError("ERR something else")
+    steps = [boom, boom, boom, other, other, 0.0, boom]
+    starts, ref = script_engine(monkeypatch, clock, steps)
+    ref[0] = sweeper = make_sweeper(clock, interval="5s")
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    errors = [r.error for r in caplog.records if r.levelno == logging.ERROR]
+    # Once for each message, and again after a success reopened the window.
+    assert errors == [str(boom), str(other), str(boom)]
+    # A script error is no outage: retried on the interval, not the backoff.
+    assert [b - a for a, b in zip(starts, starts[1:])] == [5.0] * 6
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_bug_in_a_pass_does_not_end_the_loop(monkeypatch, clock, caplog):
+    starts, ref = script_engine(monkeypatch, clock, [KeyError("surprise"), 0.0])
+    ref[0] = sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.ERROR, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    assert sweeper.passes == 1
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.exc_info is not None  # an unexpected error keeps its traceback
+
+
+def test_stop_during_a_pass_skips_the_wait_and_the_snapshot(monkeypatch, clock):
+    snapshots = []
+    ref: list = [None]
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        ref[0].stop.set()  # the signal lands while the drain runs
+        assert should_stop() is True
+        return engine.SweepResult()
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    monkeypatch.setattr(loop.engine, "queue_snapshot", lambda *a, **k: snapshots.append(1) or SNAPSHOT)
+    ref[0] = sweeper = make_sweeper(clock, interval="1h")
+    sweeper.run_forever()
+    assert snapshots == []
+    assert clock.now == 0.0  # not one second of the hour was waited
+
+
+def test_the_client_is_made_once_and_again_only_after_a_failed_connect(monkeypatch, clock):
+    made = []
+
+    def connect(url):
+        made.append(url)
+        if len(made) == 1:
+            raise redis.ConnectionError("refused")
+        return object()
+
+    script_engine(monkeypatch, clock, [0.0, 0.0, 0.0])
+    sweeper = make_sweeper(clock)
+    sweeper._connect = connect
+    assert sweeper.sweep_pass() is False
+    assert sweeper.sweep_pass() is True
+    assert sweeper.sweep_pass() is True
+    assert len(made) == 2
+
+
+def test_errors_are_scrubbed_of_the_password(monkeypatch, clock, caplog):
+    secret = "pa%24%24word"
+    leak = redis.ConnectionError("could not auth with pa$$word or pa%24%24word")
+    script_engine(monkeypatch, clock, [leak])
+    sweeper = make_sweeper(clock, redis_url=f"redis://:{secret}@db.example:6379/0")
+    with caplog.at_level(logging.DEBUG, logger="stalledpolicy.sweeper"):
+        sweeper.sweep_pass()
+    text = " ".join(f"{r.getMessage()} {vars(r)}" for r in caplog.records) + sweeper.health.reason
+    assert "pa$$word" not in text and secret not in text
+    assert "redis://:***@db.example:6379/0" in text
+
+
+def test_health_goes_stale_when_the_loop_stops_beating(clock):
+    health = Health(stale_after_s=30.0, clock=clock)
+    assert health.alive()[0] is True
+    clock.now = 29.0
+    assert health.alive()[0] is True
+    clock.now = 31.0
+    ok, reason = health.alive()
+    assert ok is False and "heartbeat" in reason
+    health.beat()
+    assert health.alive()[0] is True
+
+
+def test_health_limit_is_three_intervals_with_a_floor(clock):
+    assert make_sweeper(clock, interval="1m").health.stale_after_s == 180.0
+    assert make_sweeper(clock, interval="1s").health.stale_after_s == loop.HEALTH_FLOOR_S
+
+
+def test_counters_split_flat_jobs_from_lanes():
+    metrics = SweeperMetrics("orders", ("imports",))
+    result = engine.SweepResult(recovered=5, dead_lettered=2, orphans=1, quarantined=3,
+                                lanes={"imports": engine.LaneCounts(1, 1), "acme": engine.LaneCounts(2, 0)})
+    metrics.count_call(result, 0.002)
+    metrics.count_call(result, 0.003)
+
+    def value(counter, *labels):
+        return counter.labels(*labels)._value.get()
+
+    assert value(metrics.recovered, "orders", "") == 4       # (5 - 1 - 2) per call
+    assert value(metrics.recovered, "orders", "imports") == 2
+    assert value(metrics.recovered, "orders", "acme") == 4
+    assert value(metrics.dead_lettered, "orders", "") == 2
+    assert value(metrics.dead_lettered, "orders", "imports") == 2
+    assert value(metrics.orphans, "orders") == 2
+    assert value(metrics.quarantined, "orders") == 6
+    text = metrics.exposition().decode()
+    assert 'stalledpolicy_script_call_duration_seconds_count 2.0' in text
+    assert 'stalledpolicy_recovered_total{lane="",queue="orders"} 4.0' in text
+
+
+def test_an_engine_that_lists_flat_jobs_under_the_empty_lane_is_not_double_counted():
+    metrics = SweeperMetrics("orders")
+    result = engine.SweepResult(recovered=3, lanes={"": engine.LaneCounts(2, 0), "a": engine.LaneCounts(1, 0)})
+    metrics.count_call(result, 0.001)
+    assert metrics.recovered.labels("orders", "")._value.get() == 2
+    assert metrics.recovered.labels("orders", "a")._value.get() == 1
