@@ -1,1 +1,114 @@
-"""Control-plane fixtures (filled in by the control-plane work, issue 3)."""
+"""Control-plane fixtures: one real etcd + kube-apiserver + kube-controller-manager
+for the whole session (``stalledpolicy.devenv.controlplane``).
+
+- ``control_plane``: the started :class:`ControlPlane` (``.kubeconfig``,
+  ``.server_url``, ``.kubectl()``, ``.kubeconfig_for_service_account()``, ...).
+- ``kubeconfig``: path of the admin kubeconfig.
+- ``kube_api``: a ``kubernetes.client.ApiClient`` acting as admin.
+- ``kube_namespace``: a fresh namespace for one test, deleted after it.
+
+A test using any of them is marked ``kube`` automatically, so ``-m "not kube"``
+leaves the plane unstarted; a test marked ``kube`` gets the plane started even
+when it only shells out to kubectl. Missing binaries are built first
+(``hack/control-plane/build.sh``; CI builds them beforehand). When a test of the
+session failed, the control-plane logs are copied to a directory named in the
+terminal summary. ``STALLEDPOLICY_KUBECONFIG`` points the fixtures at a plane
+that is already up (``hack/control-plane/up.sh up``) instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stalledpolicy.devenv.controlplane import ControlPlane
+
+KUBE_FIXTURES = {"control_plane", "kubeconfig", "kube_api", "kube_namespace"}
+EXTERNAL_KUBECONFIG_ENV = "STALLEDPOLICY_KUBECONFIG"
+
+_kept_logs: list[Path] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if names is None:
+            continue
+        if KUBE_FIXTURES & set(names):
+            item.add_marker(pytest.mark.kube)
+        elif item.get_closest_marker("kube"):
+            # Set up like a requested fixture, so the plane is up before the test runs.
+            names.append("control_plane")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for path in _kept_logs:
+        terminalreporter.write_line(f"control-plane logs kept in {path}", yellow=True)
+
+
+class _ExternalPlane(ControlPlane):
+    """A plane started elsewhere; the fixtures must not stop it."""
+
+    def stop(self, *, keep_logs_in=None):  # noqa: ARG002
+        pass
+
+
+def _external_plane(kubeconfig: Path) -> ControlPlane:
+    state_dir = kubeconfig.parent
+    if (state_dir / "plane.json").is_file():
+        attached = ControlPlane.attach(state_dir)
+        plane = _ExternalPlane(state_dir=state_dir, bin_dir=attached.bin_dir, ports=attached.ports)
+        return plane
+    pytest.fail(f"{EXTERNAL_KUBECONFIG_ENV}={kubeconfig}: not a kubeconfig written by `up.sh up` "
+                "(its directory has no plane.json); unset it to let the tests start their own plane")
+
+
+@pytest.fixture(scope="session")
+def control_plane(request):
+    external = os.environ.get(EXTERNAL_KUBECONFIG_ENV)
+    if external:
+        yield _external_plane(Path(external))
+        return
+    started = time.monotonic()
+    plane = ControlPlane().start()
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"control plane {plane.server_url} ready in {time.monotonic() - started:.1f}s "
+            f"(state {plane.state_dir})")
+    try:
+        yield plane
+    finally:
+        keep = None
+        if request.session.testsfailed:
+            keep = Path(tempfile.gettempdir()) / f"stalledpolicy-control-plane-logs-{int(time.time())}"
+            _kept_logs.append(keep)
+        plane.stop(keep_logs_in=keep)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane) -> Path:
+    return control_plane.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane):
+    client = control_plane.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def kube_namespace(kube_api) -> str:
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)

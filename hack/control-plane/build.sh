@@ -85,16 +85,16 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$k8s_build_date"
 done
 log "kubernetes $k8s_version: kube-apiserver kube-controller-manager kubectl (-p $jobs)"
-(cd "$here/kubernetes" && go build -mod=readonly -p "$jobs" -trimpath -ldflags "$k8s_ldflags" -o "$bin_dir/" \
+(cd "$here/kubernetes" && go build -mod=readonly -buildvcs=false -p "$jobs" -trimpath -ldflags "$k8s_ldflags" -o "$bin_dir/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
 
 log "etcd $etcd_version"
-(cd "$here/etcd" && go build -mod=readonly -p "$jobs" -trimpath -ldflags "-s -w" -o "$bin_dir/etcd" \
+(cd "$here/etcd" && go build -mod=readonly -buildvcs=false -p "$jobs" -trimpath -ldflags "-s -w" -o "$bin_dir/etcd" \
     go.etcd.io/etcd/server/v3)
 
 log "helm $helm_version"
 helm_ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
-(cd "$here/helm" && go build -mod=readonly -p "$jobs" -trimpath -ldflags "$helm_ldflags" -o "$bin_dir/helm" \
+(cd "$here/helm" && go build -mod=readonly -buildvcs=false -p "$jobs" -trimpath -ldflags "$helm_ldflags" -o "$bin_dir/helm" \
     helm.sh/helm/v4/cmd/helm)
 
 all_present || { log "a binary is missing from $bin_dir after the build"; exit 1; }
