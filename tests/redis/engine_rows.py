@@ -118,3 +118,22 @@ class EventTap:
 
     def close(self) -> None:
         self.pubsub.close()
+
+
+def dump(r) -> dict:
+    """Every key with its type and content, to prove a dry run wrote nothing."""
+    state = {}
+    for key in sorted(r.keys("*")):
+        kind = r.type(key)
+        if kind == "hash":
+            value = r.hgetall(key)
+        elif kind == "zset":
+            value = r.zrange(key, 0, -1, withscores=True)
+        elif kind == "list":
+            value = r.lrange(key, 0, -1)
+        elif kind == "set":
+            value = sorted(r.smembers(key))
+        else:
+            value = r.dump(key)
+        state[key] = (kind, value)
+    return state

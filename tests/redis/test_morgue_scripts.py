@@ -1,0 +1,357 @@
+"""The morgue scripts (scan, replay, purge) through the engine, on a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalledpolicy import engine
+from stalledpolicy.engine import Budgets, DeadJob
+from stalledpolicy.keyspace import QueueKeys
+
+from tests.redis.engine_rows import dump, put_active, put_dead, reclaim, server_ms
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def keys(queue_name):
+    return QueueKeys(queue_name)
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    """Force several bounded script calls per engine call."""
+    monkeypatch.setattr(engine, "MORGUE_BATCH", 2)
+
+
+def morgue_ids(r, keys):
+    return r.zrange(keys.dead, 0, -1)
+
+
+# ----------------------------------------------------------------- stats and list
+
+
+def test_stats_of_an_empty_morgue(r, keys):
+    assert engine.morgue_stats(r, keys.queue) == engine.MorgueStats(size=0, lanes={}, oldest_dead_at_ms=None)
+
+
+def test_stats_counts_lanes_and_finds_the_oldest_death(r, keys, small_batches):
+    put_dead(r, keys, "JOB1", dead_at=5000)
+    put_dead(r, keys, "JOB2", group="a", dead_at=3000)
+    put_dead(r, keys, "JOB3", group="a", dead_at=9000)
+    put_dead(r, keys, "JOB4", group="b")  # dead-lettered by EchoMQ itself: no dead_at
+    r.zadd(keys.dead, {"JOB5": 0})  # row gone
+    r.rpush(keys.job("JOB6"), "x")  # wrong type
+    r.zadd(keys.dead, {"JOB6": 0})
+    stats = engine.morgue_stats(r, keys.queue)
+    assert stats == engine.MorgueStats(size=6, lanes={"": 3, "a": 2, "b": 1}, oldest_dead_at_ms=3000)
+
+
+def test_list_pages_in_id_order_with_every_field(r, keys, small_batches):
+    for i in range(5):
+        put_dead(r, keys, f"JOB{i}", group="g" if i % 2 else None, stalled=i + 1, attempts=i + 2,
+                 dead_at=1000 + i)
+    page = engine.morgue_list(r, keys.queue, limit=3, offset=1)
+    assert page == [
+        DeadJob("JOB1", "g", 2, 3, "stalled", 1001, "dead"),
+        DeadJob("JOB2", None, 3, 4, "stalled", 1002, "dead"),
+        DeadJob("JOB3", "g", 4, 5, "stalled", 1003, "dead"),
+    ]
+    assert [j.id for j in engine.morgue_list(r, keys.queue, limit=10, offset=3)] == ["JOB3", "JOB4"]
+    assert engine.morgue_list(r, keys.queue, offset=9) == []
+
+
+def test_list_by_lane_with_offset_and_flat_as_empty_lane(r, keys, small_batches):
+    for i in range(7):
+        put_dead(r, keys, f"JOB{i}", group="g" if i % 2 else None)
+    assert [j.id for j in engine.morgue_list(r, keys.queue, lane="g", limit=2, offset=1)] == ["JOB3", "JOB5"]
+    assert [j.id for j in engine.morgue_list(r, keys.queue, lane="", limit=10)] == ["JOB0", "JOB2", "JOB4", "JOB6"]
+    assert engine.morgue_list(r, keys.queue, lane="nope") == []
+
+
+def test_list_copes_with_missing_wrong_type_and_malformed_rows(r, keys):
+    r.zadd(keys.dead, {"JOBgone": 0})
+    r.set(keys.job("JOBstr"), "x")
+    r.zadd(keys.dead, {"JOBstr": 0})
+    put_dead(r, keys, "JOBodd", stalled="x", attempts="y", dead_at="z")
+    jobs = {j.id: j for j in engine.morgue_list(r, keys.queue)}
+    assert jobs["JOBgone"] == DeadJob("JOBgone", None, None, None, None, None, None, problem="job row is missing")
+    problem = "malformed: job row is a string, not a hash"
+    assert jobs["JOBstr"] == DeadJob("JOBstr", None, None, None, problem, None, None, problem=problem)
+    assert jobs["JOBodd"] == DeadJob("JOBodd", None, None, None, "stalled", None, "dead")
+
+
+def test_list_refuses_bad_paging(r, keys):
+    with pytest.raises(ValueError, match="limit"):
+        engine.morgue_list(r, keys.queue, limit=0)
+    with pytest.raises(ValueError, match="offset"):
+        engine.morgue_list(r, keys.queue, offset=-1)
+
+
+def test_list_shows_what_the_sweep_quarantined(r, keys):
+    put_active(r, keys, "JOBbad", stalled="many")
+    r.set(keys.job("JOBwrong"), "x")
+    r.zadd(keys.active, {"JOBwrong": 1})
+    engine.sweep_batch(r, keys.queue, Budgets(3), 10)
+    jobs = {j.id: j for j in engine.morgue_list(r, keys.queue)}
+    assert jobs["JOBbad"].last_error == "malformed: stalled is not a non-negative integer: many"
+    assert jobs["JOBbad"].dead_at_ms is not None and jobs["JOBbad"].problem is None
+    assert jobs["JOBwrong"].problem == "malformed: job row is a string, not a hash"
+
+
+# ----------------------------------------------------------------- replay
+
+
+def test_replay_returns_each_job_to_its_lane_with_the_stall_count_reset(r, keys):
+    put_dead(r, keys, "JOBflat", stalled=3, dead_at=1)
+    put_dead(r, keys, "JOBgrp", group="g", stalled=3, dead_at=1, last_error="boom")
+    result = engine.morgue_replay(r, keys.queue)
+    assert (result.replayed, sorted(result.ids), result.lanes, result.missing) == (
+        2, ["JOBflat", "JOBgrp"], {"": 1, "g": 1}, [])
+    assert morgue_ids(r, keys) == []
+    assert r.zrange(keys.pending, 0, -1) == ["JOBflat"]
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOBgrp"]
+    assert r.hgetall(keys.job("JOBgrp")) == {
+        "state": "pending", "attempts": "2", "payload": "payload-JOBgrp", "group": "g",
+        "previous_error": "boom",
+    }
+    assert r.lrange(keys.ring, 0, -1) == ["g"] and r.lrange(keys.wake, 0, -1) == ["1"]
+    assert r.hget(keys.sweeper_totals, "replayed") == "2"
+
+
+def test_a_replayed_job_gets_its_whole_budget_again(r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    budgets = Budgets(2)
+    engine.sweep_batch(r, keys.queue, budgets, 10)
+    reclaim(r, keys, "JOB1", source=keys.lane_pending("g"))
+    assert engine.sweep_batch(r, keys.queue, budgets, 10).dead_lettered == 1
+    engine.morgue_replay(r, keys.queue, ids=["JOB1"])
+    reclaim(r, keys, "JOB1", source=keys.lane_pending("g"))
+    assert engine.sweep_batch(r, keys.queue, budgets, 10).recovered == 1
+    assert r.hget(keys.job("JOB1"), "stalled") == "1"
+
+
+@pytest.mark.parametrize("setup, ringed", [
+    (lambda r, k: None, True),
+    (lambda r, k: r.sadd(k.paused, "g"), False),
+    (lambda r, k: (r.hset(k.glimit, "g", 1), r.hset(k.gactive, "g", 1)), False),
+    (lambda r, k: (r.hset(k.glimit, "g", 2), r.hset(k.gactive, "g", 1)), True),
+])
+def test_replay_ring_rule(r, keys, setup, ringed):
+    setup(r, keys)
+    put_dead(r, keys, "JOB1", group="g")
+    put_dead(r, keys, "JOB2", group="g")
+    engine.morgue_replay(r, keys.queue)
+    assert r.lrange(keys.ring, 0, -1) == (["g"] if ringed else [])
+    assert r.llen(keys.wake) == (1 if ringed else 0)
+
+
+def test_replay_does_not_ring_a_lane_twice(r, keys):
+    r.rpush(keys.ring, "g")
+    put_dead(r, keys, "JOB1", group="g")
+    engine.morgue_replay(r, keys.queue)
+    assert r.lrange(keys.ring, 0, -1) == ["g"] and r.llen(keys.wake) == 0
+
+
+def test_replay_one_lane_or_only_flat_jobs(r, keys, small_batches):
+    for i in range(6):
+        put_dead(r, keys, f"JOB{i}", group=["a", "b", None][i % 3])
+    by_lane = engine.morgue_replay(r, keys.queue, lane="a")
+    assert (by_lane.ids, by_lane.lanes) == (["JOB0", "JOB3"], {"a": 2})
+    flat = engine.morgue_replay(r, keys.queue, lane="")
+    assert (flat.ids, flat.lanes) == (["JOB2", "JOB5"], {"": 2})
+    assert morgue_ids(r, keys) == ["JOB1", "JOB4"]
+
+
+def test_replay_by_ids_reports_the_missing_ones(r, keys, small_batches):
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g")
+    put_dead(r, keys, "JOB3")
+    put_active(r, keys, "JOBlive", score=server_ms(r) + 60_000)
+    result = engine.morgue_replay(r, keys.queue, ids=["JOB2", "JOBnone", "JOB1", "JOB2", "JOBlive"])
+    assert result.ids == ["JOB2", "JOB1"] and result.missing == ["JOBnone", "JOBlive"]
+    assert morgue_ids(r, keys) == ["JOB3"]
+    assert r.hget(keys.job("JOBlive"), "state") == "active"
+
+
+def test_replay_by_ids_within_a_lane_refuses_other_lanes(r, keys):
+    put_dead(r, keys, "JOB1", group="a")
+    put_dead(r, keys, "JOB2", group="b")
+    result = engine.morgue_replay(r, keys.queue, ids=["JOB1", "JOB2"], lane="a")
+    assert result.ids == ["JOB1"]
+    assert result.unreplayable == {"JOB2": "in lane b, not selected"}
+    assert morgue_ids(r, keys) == ["JOB2"]
+
+
+def test_replay_limit_spans_bounded_calls_and_resumes_correctly(r, keys, small_batches):
+    for i in range(7):
+        put_dead(r, keys, f"JOB{i}", group="a" if i in (1, 2) else None)
+    first = engine.morgue_replay(r, keys.queue, lane="", limit=3)
+    assert first.ids == ["JOB0", "JOB3", "JOB4"]
+    rest = engine.morgue_replay(r, keys.queue, lane="")
+    assert rest.ids == ["JOB5", "JOB6"]
+    assert engine.morgue_replay(r, keys.queue, ids=["JOB1", "JOB2"], limit=1).ids == ["JOB1"]
+    assert morgue_ids(r, keys) == ["JOB2"]
+
+
+def test_rows_that_cannot_be_replayed_stay_in_the_morgue_and_are_reported(r, keys):
+    r.zadd(keys.dead, {"JOBgone": 0})
+    r.sadd(keys.job("JOBset"), "x")
+    r.zadd(keys.dead, {"JOBset": 0})
+    put_dead(r, keys, "JOBlive", state="pending")
+    put_dead(r, keys, "JOBatt", attempts="x")
+    put_dead(r, keys, "JOBgrp", group="")
+    put_dead(r, keys, "JOBok", stalled="junk")  # a bad stall count is reset by the replay
+    before = {k: v for k, v in dump(r).items() if k != keys.job("JOBok")}
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOBok"]
+    assert result.unreplayable == {
+        "JOBgone": "job row is missing",
+        "JOBset": "malformed: job row is a set, not a hash",
+        "JOBlive": "state is 'pending', not dead",
+        "JOBatt": "malformed: attempts is not a non-negative integer: x",
+        "JOBgrp": "malformed: group is empty",
+    }
+    assert morgue_ids(r, keys) == ["JOBatt", "JOBgone", "JOBgrp", "JOBlive", "JOBset"]
+    after = dump(r)
+    for key, value in before.items():
+        if key not in (keys.dead, keys.pending, keys.sweeper_totals):
+            assert after[key] == value
+
+
+def test_replay_dry_run_reports_and_changes_nothing(r, keys):
+    put_dead(r, keys, "JOB1", group="g")
+    put_dead(r, keys, "JOB2")
+    r.zadd(keys.dead, {"JOBgone": 0})
+    before = dump(r)
+    result = engine.morgue_replay(r, keys.queue, dry_run=True)
+    assert (result.ids, result.lanes, result.unreplayable) == (
+        ["JOB1", "JOB2"], {"g": 1, "": 1}, {"JOBgone": "job row is missing"})
+    by_ids = engine.morgue_replay(r, keys.queue, ids=["JOB2", "JOBx"], dry_run=True)
+    assert (by_ids.ids, by_ids.missing) == (["JOB2"], ["JOBx"])
+    assert dump(r) == before
+
+
+def test_replay_refuses_bad_arguments(r, keys):
+    with pytest.raises(ValueError, match="limit"):
+        engine.morgue_replay(r, keys.queue, limit=0)
+    with pytest.raises(ValueError, match="ids"):
+        engine.morgue_replay(r, keys.queue, ids=[""])
+
+
+# ----------------------------------------------------------------- purge
+
+
+def test_purge_everything_deletes_entries_and_rows_of_any_shape(r, keys, small_batches):
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g")
+    r.zadd(keys.dead, {"JOBgone": 0})
+    r.set(keys.job("JOBstr"), "x")
+    r.zadd(keys.dead, {"JOBstr": 0})
+    put_active(r, keys, "JOBlive", score=server_ms(r) + 60_000)
+    result = engine.morgue_purge(r, keys.queue)
+    assert sorted(result.ids) == ["JOB1", "JOB2", "JOBgone", "JOBstr"] and result.purged == 4
+    assert morgue_ids(r, keys) == []
+    assert r.exists(keys.job("JOB1"), keys.job("JOB2"), keys.job("JOBstr")) == 0
+    assert r.hget(keys.job("JOBlive"), "state") == "active"
+    assert r.hget(keys.sweeper_totals, "purged") == "4"
+
+
+def test_purge_by_age_uses_dead_at_on_the_server_clock(r, keys):
+    now = server_ms(r)
+    put_dead(r, keys, "JOBold", dead_at=now - 120_000)
+    put_dead(r, keys, "JOBedge", dead_at=now - 61_000)
+    put_dead(r, keys, "JOByoung", dead_at=now - 5_000)
+    put_dead(r, keys, "JOBfuture", dead_at=now + 60_000)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert sorted(result.ids) == ["JOBedge", "JOBold"] and result.undated == 0
+    assert morgue_ids(r, keys) == ["JOBfuture", "JOByoung"]
+    assert r.exists(keys.job("JOByoung")) == 1 and r.exists(keys.job("JOBold")) == 0
+
+
+def test_age_purge_keeps_undated_entries_and_starts_their_clock(r, keys):
+    put_dead(r, keys, "JOBechomq")  # EchoMQ's own dead-letter records no time of death
+    put_dead(r, keys, "JOBjunk", dead_at="yesterday")
+    r.zadd(keys.dead, {"JOBgone": 0})
+    r.set(keys.job("JOBstr"), "x")
+    r.zadd(keys.dead, {"JOBstr": 0})
+    dry = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
+    assert (dry.purged, dry.undated) == (0, 4)
+    assert r.hget(keys.job("JOBechomq"), "dead_at") is None
+    before = server_ms(r)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert (result.purged, result.undated) == (0, 4)
+    assert len(morgue_ids(r, keys)) == 4
+    for job_id in ("JOBechomq", "JOBjunk"):
+        assert before <= int(r.hget(keys.job(job_id), "dead_at")) <= server_ms(r)
+    assert r.get(keys.job("JOBstr")) == "x"
+    later = engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert sorted(later.ids) == ["JOBechomq", "JOBjunk"] and later.undated == 2
+
+
+def test_purge_by_lane_and_flat(r, keys, small_batches):
+    for i in range(6):
+        put_dead(r, keys, f"JOB{i}", group=["a", "b", None][i % 3])
+    r.zadd(keys.dead, {"JOBgone": 0})
+    assert engine.morgue_purge(r, keys.queue, lane="a").ids == ["JOB0", "JOB3"]
+    assert engine.morgue_purge(r, keys.queue, lane="").ids == ["JOB2", "JOB5"]
+    assert morgue_ids(r, keys) == ["JOB1", "JOB4", "JOBgone"]
+
+
+def test_purge_by_ids_never_touches_jobs_outside_the_morgue(r, keys):
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g")
+    put_active(r, keys, "JOBlive", score=server_ms(r) + 60_000)
+    r.hset(keys.job("JOBwaiting"), mapping={"state": "pending", "attempts": "0"})
+    r.zadd(keys.pending, {"JOBwaiting": 0})
+    result = engine.morgue_purge(r, keys.queue, ids=["JOB2", "JOBlive", "JOBwaiting", "JOBnone"])
+    assert result.ids == ["JOB2"] and result.missing == ["JOBlive", "JOBwaiting", "JOBnone"]
+    assert r.exists(keys.job("JOBlive"), keys.job("JOBwaiting"), keys.job("JOB1")) == 3
+
+
+def test_purge_by_ids_within_a_lane_keeps_other_lanes(r, keys):
+    put_dead(r, keys, "JOB1", group="a")
+    put_dead(r, keys, "JOB2", group="b")
+    result = engine.morgue_purge(r, keys.queue, ids=["JOB1", "JOB2"], lane="a")
+    assert result.ids == ["JOB1"] and result.kept == {"JOB2": "not in the selected lane"}
+
+
+def test_purge_keeps_an_entry_whose_row_says_it_is_alive(r, keys):
+    put_dead(r, keys, "JOB1", state="active")
+    result = engine.morgue_purge(r, keys.queue)
+    assert result.ids == [] and result.kept == {"JOB1": "state is 'active', not dead"}
+    assert r.exists(keys.job("JOB1")) == 1 and morgue_ids(r, keys) == ["JOB1"]
+
+
+def test_purge_dry_run_reports_and_changes_nothing(r, keys):
+    now = server_ms(r)
+    put_dead(r, keys, "JOB1", dead_at=now - 10_000)
+    put_dead(r, keys, "JOB2", dead_at=now)
+    before = dump(r)
+    assert engine.morgue_purge(r, keys.queue, older_than_s=5, dry_run=True).ids == ["JOB1"]
+    assert engine.morgue_purge(r, keys.queue, ids=["JOB2", "JOBx"], dry_run=True).missing == ["JOBx"]
+    assert engine.morgue_purge(r, keys.queue, dry_run=True).purged == 2
+    assert dump(r) == before
+
+
+def test_purge_refuses_a_negative_age(r, keys):
+    with pytest.raises(ValueError, match="older than"):
+        engine.morgue_purge(r, keys.queue, older_than_s=-1)
+
+
+def test_morgue_operations_with_a_bytes_client(redis_server, keys):
+    client = redis_server.client(decode_responses=False)
+    try:
+        client.flushall()
+        client.hset(keys.job("JOB1"), mapping={"state": "dead", "attempts": "2", "group": "g",
+                                                "last_error": "stalled", "dead_at": "7"})
+        client.zadd(keys.dead, {"JOB1": 0, "JOB2": 0})
+        client.hset(keys.job("JOB2"), mapping={"state": "dead", "attempts": "1"})
+        assert engine.morgue_stats(client, keys.queue) == engine.MorgueStats(2, {"g": 1, "": 1}, 7)
+        assert engine.morgue_list(client, keys.queue, lane="g") == [
+            DeadJob("JOB1", "g", None, 2, "stalled", 7, "dead")]
+        replay = engine.morgue_replay(client, keys.queue, ids=["JOB1", "JOB9"])
+        assert (replay.ids, replay.lanes, replay.missing) == (["JOB1"], {"g": 1}, ["JOB9"])
+        assert engine.morgue_purge(client, keys.queue).ids == ["JOB2"]
+    finally:
+        client.close()
