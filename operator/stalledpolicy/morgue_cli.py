@@ -6,9 +6,11 @@ for confirmation unless ``--yes`` is given; without a terminal to ask on and
 without ``--yes`` they refuse rather than guess.
 
 What is confirmed is what runs: the preview's ids are pinned and the change is
-applied to exactly those ids (in bounded chunks, so Redis is never blocked by
-one huge call), so jobs dead-lettered between the prompt and the answer are
-never swept up by a ``--lane`` or ``--all`` the engineer approved for fewer.
+applied to exactly those ids, so jobs dead-lettered while the prompt is open
+are never swept up by a ``--lane`` or ``--all`` approved for fewer. An age
+purge (``--older-than``) is the exception: it applies its rule when it runs
+(a job can only join it by growing older, and the engine then records a time
+of death on undated entries so that a later age purge can remove them).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from stalledpolicy import tables
-from stalledpolicy.durations import parse_duration
+from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, QueueKeys, validate_queue_name
 
 EXIT_OK = 0
@@ -36,8 +39,6 @@ EXIT_INTERRUPTED = 130
 ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
 ENV_QUEUE = "STALLEDPOLICY_QUEUE"
 
-# ids per script call when applying a confirmed change
-CHUNK_SIZE = 500
 # ids printed in a table-mode preview before "... and N more"
 PREVIEW_IDS = 20
 LIST_DEFAULT_LIMIT = 50
@@ -117,7 +118,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _change_options(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--lane", metavar="GROUP", help=f"{verb} only jobs of this lane (group)")
+    parser.add_argument("--lane", metavar="GROUP",
+                        help=f"{verb} only jobs of this lane (group); --lane '' selects jobs without a lane")
     parser.add_argument(
         "--id", dest="ids", action="append", metavar="JOB_ID",
         help=f"{verb} this job (repeatable)",
@@ -147,7 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     leaf("stats", "size of the morgue, jobs per lane, age of the oldest death")
 
     listing = leaf("list", "dead-lettered jobs in morgue order (job id order)")
-    listing.add_argument("--lane", metavar="GROUP", help="only jobs of this lane (group)")
+    listing.add_argument("--lane", metavar="GROUP",
+                         help="only jobs of this lane (group); --lane '' lists jobs without a lane")
     listing.add_argument(
         "--limit", type=_positive_int, default=LIST_DEFAULT_LIMIT,
         help=f"at most this many rows (default {LIST_DEFAULT_LIMIT})",
@@ -163,8 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     purge = leaf("purge", "permanently delete dead jobs (rows and morgue entries)")
     purge.add_argument(
         "--older-than", type=_duration, metavar="DURATION",
-        help="only jobs dead for longer than this (30m, 12h, 7d); jobs with no recorded "
-        "time of death never match",
+        help="only jobs dead for longer than this (30m, 12h, 7d); an entry with no recorded "
+        "time of death is kept and gets one (now), so a later purge can age it out",
     )
     _change_options(purge, "purge")
 
@@ -347,6 +350,11 @@ def _stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> 
     return EXIT_OK
 
 
+def _error_cell(job: Any) -> str | None:
+    problem = getattr(job, "problem", None)
+    return f"[unreadable row: {problem}]" if problem else job.last_error
+
+
 def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
     jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
     stats = engine.morgue_stats(client, args.queue)
@@ -365,6 +373,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
                     "attempts": job.attempts, "last_error": job.last_error,
                     "dead_at_ms": job.dead_at_ms, "dead_at": _iso(job.dead_at_ms),
                     "age_s": _age_s(now_ms, job.dead_at_ms),
+                    "problem": getattr(job, "problem", None),
                 }
                 for job in jobs
             ],
@@ -378,7 +387,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
     headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
     rows = [
         (job.id, _lane_label(job.lane), job.stalled, job.attempts,
-         tables.format_age(_age_s(now_ms, job.dead_at_ms)), job.last_error)
+         tables.format_age(_age_s(now_ms, job.dead_at_ms)), _error_cell(job))
         for job in jobs
     ]
     fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows]).splitlines()[0]
@@ -417,44 +426,50 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
     return selection
 
 
-def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
-    return [list(items[i:i + size]) for i in range(0, len(items), size)]
-
-
 def _ids_preview(ids: Sequence[str]) -> str:
     shown = ", ".join(tables.printable(i) for i in ids[:PREVIEW_IDS])
     more = len(ids) - PREVIEW_IDS
     return shown + (f", ... and {more} more (-o json lists all)" if more > 0 else "")
 
 
+@dataclass
+class Outcome:
+    """One engine call's answer, the same shape for replay and purge."""
+
+    ids: list[str]  # changed (or, in a dry run, to be changed)
+    lanes: dict[str, int] = field(default_factory=dict)  # replay only; "" = flat
+    missing: list[str] = field(default_factory=list)  # asked for by id, not in the morgue
+    refused: dict[str, str] = field(default_factory=dict)  # left in the morgue, id -> why
+    undated: int = 0  # age purge: entries without a time of death (kept)
+
+
+def _engine_call(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
+                 ids: list[str] | None, dry_run: bool) -> Outcome:
+    """``ids`` replaces the lane filter: pinned ids were selected by it already."""
+    lane = selection["lane"] if ids is None else None
+    if args.morgue_action == "replay":
+        result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run)
+        return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
+                       refused=dict(getattr(result, "unreplayable", {}) or {}))
+    result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
+                                 ids=ids, dry_run=dry_run)
+    return Outcome(ids=list(result.ids), missing=list(getattr(result, "missing", []) or []),
+                   refused=dict(getattr(result, "kept", {}) or {}),
+                   undated=int(getattr(result, "undated", 0) or 0))
+
+
 def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
             out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     replaying = args.morgue_action == "replay"
-    queue = args.queue
-    requested = selection["ids"]
-
-    def call(*, ids: list[str] | None, dry_run: bool) -> tuple[list[str], dict[str, int], list[str]]:
-        """(ids changed or to change, per-lane counts, ids asked for but absent)."""
-        if replaying:
-            result = engine.morgue_replay(client, queue, lane=selection["lane"] if ids is None else None,
-                                          ids=ids, dry_run=dry_run)
-            return list(result.ids), dict(result.lanes), list(result.missing)
-        result = engine.morgue_purge(
-            client, queue, older_than_s=selection["older_than_s"],
-            lane=selection["lane"] if ids is None else None, ids=ids, dry_run=dry_run,
-        )
-        done = list(result.ids)
-        absent = [] if ids is None else sorted(set(ids) - set(done), key=ids.index)
-        return done, {}, absent
-
-    preview_ids, preview_lanes, missing = call(ids=requested, dry_run=True)
     verb, past = ("replay", "replayed") if replaying else ("purge", "purged")
+    queue = args.queue
+    older_than = selection.get("older_than_s")
 
-    if args.dry_run or not preview_ids:
-        return _report(args, out, err, dry_run=args.dry_run, ids=preview_ids, lanes=preview_lanes,
-                       missing=missing, vanished=[], verb=verb, past=past)
+    preview = _engine_call(engine, client, args, selection, ids=selection["ids"], dry_run=True)
+    if args.dry_run or not preview.ids:
+        return _report(args, out, err, preview, dry_run=args.dry_run, verb=verb, past=past)
 
-    count = len(preview_ids)
+    count = len(preview.ids)
     if not args.yes:
         if not is_interactive(stdin):
             err.write(
@@ -466,56 +481,79 @@ def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], en
         if replaying:
             question = f"Replay {_jobs(count)} of queue {queue}?"
         else:
-            question = (f"Purge {_jobs(count)} of queue {queue}? This permanently deletes "
+            age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
+            question = (f"Purge {_jobs(count)} of queue {queue}{age}? This permanently deletes "
                         f"{'it' if count == 1 else 'them'} and cannot be undone.")
-        if missing:
-            err.write(f"note: requested ids not in the morgue: {_ids_preview(missing)}\n")
+        if preview.missing:
+            err.write(f"note: requested ids not in the morgue: {_ids_preview(preview.missing)}\n")
         if not confirm(question, stdin=stdin, stderr=err):
             err.write(f"aborted: nothing {past}\n")
             return EXIT_ABORTED
 
-    done: list[str] = []
-    lanes: dict[str, int] = {}
-    vanished: list[str] = []
-    for chunk in _chunks(preview_ids, CHUNK_SIZE):
-        chunk_done, chunk_lanes, chunk_absent = call(ids=chunk, dry_run=False)
-        done += chunk_done
-        for lane, n in chunk_lanes.items():
-            lanes[lane] = lanes.get(lane, 0) + n
-        vanished += chunk_absent
-    return _report(args, out, err, dry_run=False, ids=done, lanes=lanes, missing=missing,
-                   vanished=vanished, verb=verb, past=past)
+    if older_than is not None:
+        # An age purge applies its rule as it runs: a job can only join the
+        # selection by growing older, which is what was asked; and the engine
+        # records a time of death on undated entries so a later purge can age them.
+        done = _engine_call(engine, client, args, selection, ids=None, dry_run=False)
+        done.missing = preview.missing
+        return _report(args, out, err, done, dry_run=False, verb=verb, past=past, previewed=count)
+    # Otherwise what was confirmed is exactly what runs: jobs dead-lettered into
+    # the lane (or the morgue) while the prompt was open are not swept along.
+    done = _engine_call(engine, client, args, selection, ids=preview.ids, dry_run=False)
+    vanished, done.missing = done.missing, preview.missing
+    done.refused = {**preview.refused, **done.refused}
+    return _report(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished)
 
 
-def _report(args: argparse.Namespace, out: IO[str], err: IO[str], *, dry_run: bool, ids: list[str],
-            lanes: dict[str, int], missing: list[str], vanished: list[str], verb: str, past: str) -> int:
+def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
+            verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None) -> int:
     queue = args.queue
-    code = EXIT_FAILED if (missing or vanished) else EXIT_OK
+    ids = outcome.ids
+    code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished) else EXIT_OK
     if args.output == "json":
         document: dict[str, Any] = {
             "queue": queue, "action": verb, "dry_run": dry_run,
             ("would_" + verb if dry_run else past): len(ids), "ids": ids,
         }
         if verb == "replay":
-            document["lanes"] = lanes
-        document["missing"] = missing
-        document["vanished"] = vanished
+            document["lanes"] = outcome.lanes
+        document["missing"] = outcome.missing
+        document["refused"] = outcome.refused
+        document["vanished"] = list(vanished)
+        if verb == "purge":
+            document["undated"] = outcome.undated
         _emit_json(document, out)
-    elif dry_run:
-        out.write(f"dry run: would {verb} {_jobs(len(ids))} of queue {queue} (nothing changed)\n")
-    elif not ids:
-        out.write(f"nothing to {verb} in queue {queue}\n")
     else:
-        out.write(f"{past} {_jobs(len(ids))} of queue {queue}\n")
-    if args.output == "table" and ids:
-        if lanes:
-            out.write(tables.render_table(("LANE", "JOBS"), _lane_rows(lanes), right=("JOBS",)) + "\n")
-        out.write(f"ids: {_ids_preview(ids)}\n")
-    if missing:
-        err.write(f"requested ids not in the morgue of queue {queue}: {_ids_preview(missing)}\n")
+        if dry_run:
+            out.write(f"dry run: would {verb} {_jobs(len(ids))} of queue {queue} (nothing changed)\n")
+        elif not ids:
+            out.write(f"nothing to {verb} in queue {queue}\n")
+        else:
+            out.write(f"{past} {_jobs(len(ids))} of queue {queue}\n")
+        if ids:
+            if outcome.lanes:
+                out.write(tables.render_table(("LANE", "JOBS"), _lane_rows(outcome.lanes), right=("JOBS",)) + "\n")
+            out.write(f"ids: {_ids_preview(ids)}\n")
+    if previewed is not None and previewed != len(ids):
+        err.write(f"note: the preview counted {_jobs(previewed)}; the morgue changed before the purge ran\n")
+    if outcome.undated:
+        then = "would be kept" if dry_run else "were kept"
+        err.write(f"note: {_jobs(outcome.undated)} without a recorded time of death {then}; "
+                  + ("a real run records now as their time of death, so a later --older-than purge "
+                     "can remove them\n" if dry_run else
+                     "their time of death is now recorded, so a later --older-than purge can remove them\n"))
+    if outcome.missing:
+        err.write(f"requested ids not in the morgue of queue {queue}: {_ids_preview(outcome.missing)}\n")
+    if outcome.refused:
+        action = f"would not {verb}" if dry_run else f"did not {verb}"
+        err.write(f"{action} {_jobs(len(outcome.refused))} (left in the morgue):\n")
+        reasons = [(job_id, why) for job_id, why in list(outcome.refused.items())[:PREVIEW_IDS]]
+        err.write(tables.render_table(("ID", "WHY"), reasons) + "\n")
+        if len(outcome.refused) > PREVIEW_IDS:
+            err.write(f"... and {len(outcome.refused) - PREVIEW_IDS} more (-o json lists all)\n")
     if vanished:
-        err.write(f"{_jobs(len(vanished))} no longer matched when the change ran (replayed, purged "
-                  f"or dead-lettered again by someone else meanwhile): {_ids_preview(vanished)}\n")
+        err.write(f"{_jobs(len(vanished))} left the morgue between the preview and the change "
+                  f"(replayed or purged by someone else meanwhile): {_ids_preview(vanished)}\n")
     return code
 
 
