@@ -417,3 +417,43 @@ def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name,
     assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
     assert re.search(r"error_type=\w*Auth", sweeper.stderr), sweeper.stderr
     assert wrong not in sweeper.stderr + sweeper.stdout
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from stalledpolicy.devenv.redis_server import start_cluster
+
+    # free_port() may hand out a port above 55535, which a cluster node refuses
+    # (its bus port is port + 10000): try again rather than fail on bad luck.
+    for attempt in range(10):
+        try:
+            started = start_cluster(3)
+            break
+        except RuntimeError:
+            if attempt == 9:
+                raise
+    yield started
+    started.stop()
+
+
+@pytest.mark.slow
+def test_once_on_a_three_node_cluster_from_any_node(cluster, queue_name, sweepers):
+    client = cluster.client(decode_responses=True)
+    keys = QueueKeys(queue_name)
+    # Each node's URL works (only one owns the queue's slot): the sweeper finds the cluster.
+    for n, node in enumerate(cluster.nodes):
+        add_active(client, queue_name, f"JOB{n}01")
+        add_active(client, queue_name, f"JOB{n}02", stalled=1)
+        add_active(client, queue_name, f"JOB{n}03", group="acme")
+        sweeper = sweepers("--redis-url", f"redis://127.0.0.1:{node.port}/0", "--queue", queue_name,
+                           "--max-stalled", "2", "--once")
+        assert sweeper.wait(60) == 0, sweeper.stderr
+        summary = json.loads(sweeper.stdout.strip().splitlines()[-1])
+        assert (summary["recovered"], summary["dead_lettered"]) == (2, 1)
+    assert client.zrange(keys.pending, 0, -1) == ["JOB001", "JOB101", "JOB201"]
+    assert client.zrange(keys.dead, 0, -1) == ["JOB002", "JOB102", "JOB202"]
+    assert client.zrange(keys.lane_pending("acme"), 0, -1) == ["JOB003", "JOB103", "JOB203"]
+    assert client.zcard(keys.active) == 0

@@ -82,6 +82,12 @@ def test_flags_beat_the_environment():
     assert config.redis_url.get_secret_value() == "redis://flag-host:6379/1"
 
 
+def test_redis_url_forms():
+    for url in ["redis://h", "redis://h:6380", "redis://:pw@h:6380/15", "rediss://user:pw@h/0",
+                "unix:///run/redis.sock?db=2"]:
+        assert load_config({"queue": "q", "redis_url": url}, {}).redis_url.get_secret_value() == url
+
+
 def test_a_setting_missing_from_the_flags_falls_back_to_its_variable():
     config = load_config(flags_of(["--queue", "orders"]), {"STALLEDPOLICY_BATCH_SIZE": "7"})
     assert (config.queue, config.batch_size) == ("orders", 7)
@@ -141,6 +147,8 @@ BAD_VALUES = [
     (["--redis-url", "redis://h:99999/0"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "host[:port]"),
     (["--redis-url", "redis:///0"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "no host"),
     (["--redis-url", "redis://h:6379/zero"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "database number"),
+    (["--redis-url", "unix://"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "socket path"),
+    ([], {"STALLEDPOLICY_REDIS_URL": "h:6379"}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "redis://"),
     ([], {"STALLEDPOLICY_ONCE": "maybe"}, "--once", "STALLEDPOLICY_ONCE", "true or false"),
     ([], {"STALLEDPOLICY_LOG_FORMAT": "xml"}, "--log-format", "STALLEDPOLICY_LOG_FORMAT", "text or json"),
     ([], {"STALLEDPOLICY_LOG_LEVEL": "loud"}, "--log-level", "STALLEDPOLICY_LOG_LEVEL", "debug, info"),

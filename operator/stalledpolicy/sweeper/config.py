@@ -100,6 +100,10 @@ def _check_redis_url(url: str) -> str:
         port = parts.port  # raises on a non-numeric or out-of-range port
     except ValueError as exc:
         raise _fail(f"is not a valid URL ({exc}); write redis://[:password@]host[:port][/db]")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise _fail("has no socket path; write unix:///path/to/redis.sock?db=0")
+        return url
     if parts.scheme not in ("redis", "rediss"):
         raise _fail(
             "must start with redis:// or rediss:// (TLS); "
