@@ -113,6 +113,15 @@ def test_suspended_policy_is_ready_with_zero_replicas():
     assert (condition_of(status, READY)["status"], condition_of(status, READY)["reason"]) == (TRUE, "Suspended")
 
 
+def test_rollout_with_old_pods_left_is_not_available():
+    # The deployment controller counts the old pod as available and the new one as
+    # updated before the new one is ready: that is not the new sweeper running.
+    rolling = DeploymentState(generation=2, observed_generation=2, replicas=1, updated=1, available=1,
+                              ready=1, total=2)
+    condition = sweeper_condition(applied(generation=2, deployment_generation=2), rolling, "p-sweeper")
+    assert condition.status == FALSE and condition.reason == "RollingOut"
+
+
 def test_progressing_deployment_is_not_available():
     partial = DeploymentState(generation=1, observed_generation=1, replicas=2, updated=2, available=1, ready=1)
     condition = sweeper_condition(applied(), partial, "p-sweeper")

@@ -46,6 +46,7 @@ class DeploymentState:
     updated: int
     available: int
     ready: int
+    total: int = -1  # status.replicas: old and new pods (-1: not reported)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> "DeploymentState":
@@ -59,6 +60,7 @@ class DeploymentState:
             updated=int(status.get("updatedReplicas") or 0),
             available=int(status.get("availableReplicas") or 0),
             ready=int(status.get("readyReplicas") or 0),
+            total=int(status.get("replicas") or 0),
         )
 
 
@@ -93,6 +95,11 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
         return Condition(FALSE, "RollingOut",
                          f"Deployment {deployment_name} has not observed its latest change yet")
     want = deployment.replicas
+    if deployment.total > deployment.updated:
+        # kubectl rollout status' rule: old pods still run, the new ones may not be ready yet.
+        return Condition(FALSE, "RollingOut",
+                         f"{deployment.updated} of {deployment.total} sweeper pods run the current spec; "
+                         "old pods are still being replaced")
     if deployment.updated < want or deployment.available < want:
         return Condition(FALSE, "Progressing",
                          f"{deployment.available} of {want} sweeper replicas available, "

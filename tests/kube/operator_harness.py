@@ -1,0 +1,170 @@
+"""Shared by the operator's kube tests: the CRD, the operator as a real process
+acting as a ServiceAccount bound to the RBAC rules the chart ships, the pod
+runner, and waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stalledpolicy.policy.crd import CRD_NAME, crd_path
+
+OPERATOR_NAMESPACE = "stalledpolicy-system"
+OPERATOR_ACCOUNT = "stalledpolicy-operator"
+
+# The operator's permissions (the chart's ClusterRole). The tests run the
+# operator with exactly these, so a missing rule fails a test.
+OPERATOR_RULES = [
+    # kopf itself: discovering CRDs and namespaces as they come and go.
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+     "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    # The policies: watched, annotated by kopf (progress, last handled spec), status written.
+    {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies/status"],
+     "verbs": ["get", "patch"]},
+    # The sweepers: server-side applied (create + patch), watched for availability.
+    {"apiGroups": ["apps"], "resources": ["deployments"],
+     "verbs": ["get", "list", "watch", "create", "patch"]},
+    # The Redis URL of spec.redis.secretRef (read by name, never listed).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    # Events on the policies (ours through the core API, kopf's as well).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def apply_crd(control_plane) -> None:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_path()))
+    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+
+def operator_kubeconfig(control_plane, kube_api) -> Path:
+    """A kubeconfig for a ServiceAccount holding exactly OPERATOR_RULES, cluster-wide."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+
+    def create(call, *args):
+        try:
+            call(*args)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    create(core.create_namespace, {"metadata": {"name": OPERATOR_NAMESPACE}})
+    create(core.create_namespaced_service_account, OPERATOR_NAMESPACE,
+           {"metadata": {"name": OPERATOR_ACCOUNT}})
+    role = {"metadata": {"name": "stalledpolicy-operator"}, "rules": OPERATOR_RULES}
+    try:
+        rbac.create_cluster_role(role)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        rbac.replace_cluster_role("stalledpolicy-operator", role)
+    create(rbac.create_cluster_role_binding, {
+        "metadata": {"name": "stalledpolicy-operator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "stalledpolicy-operator"},
+        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT,
+                      "namespace": OPERATOR_NAMESPACE}],
+    })
+    return control_plane.kubeconfig_for_service_account(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+
+
+class OperatorProcess:
+    """``python -m stalledpolicy operator`` as a child process, output in a log file."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, *extra: str) -> None:
+        self.log_path = log_path
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_OPERATOR_")}
+        env.pop("KUBECONFIG", None)
+        self.command = [sys.executable, "-m", "stalledpolicy", "operator", "--kubeconfig", str(kubeconfig),
+                        "--status-interval", "1s", "--max-backoff", "4s", "--log-format", "json",
+                        "--sweeper-image", "stalledpolicy:test", *extra]
+        with open(log_path, "ab") as out:
+            self.process = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+                return -9
+        return self.process.returncode
+
+
+class PodRunnerThread:
+    """The pod runner in this process, for one namespace."""
+
+    def __init__(self, kube_api, namespace: str, log_dir: Path) -> None:
+        from stalledpolicy.devenv.podrunner import PodRunner
+
+        self.runner = PodRunner(kube_api, namespace, log_dir=log_dir, poll_interval=0.3)
+        self.thread = threading.Thread(target=self.runner.run, name=f"podrunner-{namespace}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.runner.request_stop()
+        self.thread.join(30)
+
+
+def policy_manifest(name: str, queue: str, *, secret: str = "redis", max_stalled: int = 1,
+                    interval: str = "1s", lanes=(), annotations=None) -> dict:
+    return {
+        "apiVersion": "queues.emq.dev/v1alpha1",
+        "kind": "StalledPolicy",
+        "metadata": {"name": name, **({"annotations": annotations} if annotations else {})},
+        "spec": {"queue": queue, "maxStalled": max_stalled, "sweepInterval": interval,
+                 "lanes": [{"name": lane} for lane in lanes],
+                 "redis": {"secretRef": {"name": secret, "key": "url"}}},
+    }
+
+
+def redis_secret(name: str, url: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
+            "stringData": {"url": url}}
+
+
+def condition(policy: dict, type_: str) -> dict | None:
+    for item in (policy.get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return item
+    return None
+
+
+def events_for(kube_api, namespace: str, name: str) -> list:
+    from kubernetes import client
+
+    listed = client.CoreV1Api(kube_api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=StalledPolicy")
+    return listed.items

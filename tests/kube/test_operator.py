@@ -1,0 +1,221 @@
+"""The operator against the real control plane (real CRD, real garbage collector),
+run as a process under a ServiceAccount holding only the chart's RBAC rules."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.wiring import build_controller
+from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply_crd, condition,
+                                         events_for, operator_kubeconfig, policy_manifest,
+                                         redis_secret, wait_for)
+
+pytestmark = [pytest.mark.kube, pytest.mark.redis]
+
+GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane, kube_api, tmp_path_factory):
+    apply_crd(control_plane)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api)
+    log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = OperatorProcess(kubeconfig, log_path, "--all-namespaces")
+    yield process
+    code = process.stop()
+    assert code == 0, f"the operator did not exit cleanly on SIGTERM ({code}):\n{process.log()[-3000:]}"
+
+
+@pytest.fixture
+def apis(kube_api):
+    return client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+
+
+@pytest.fixture
+def secret(apis, kube_namespace, redis_server):
+    core, _, _ = apis
+    core.create_namespaced_secret(kube_namespace, redis_secret("redis", redis_server.url))
+    return "redis"
+
+
+@pytest.fixture
+def pods(kube_api, kube_namespace, tmp_path):
+    runner = PodRunnerThread(kube_api, kube_namespace, tmp_path / "pods")
+    yield runner
+    runner.stop()
+
+
+def get_policy(custom, namespace, name):
+    return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def read_deployment(apps, namespace, name):
+    try:
+        return apps.read_namespaced_deployment(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def env_of(deployment) -> dict:
+    return {e.name: e.value for e in deployment.spec.template.spec.containers[0].env if e.value is not None}
+
+
+def create_policy(custom, namespace, manifest):
+    return custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+
+
+def test_policy_becomes_a_sweeper_deployment_owned_by_it(operator, apis, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    created = create_policy(custom, kube_namespace, policy_manifest("orders", queue_name, max_stalled=2))
+    deployment = wait_for(lambda: read_deployment(apps, kube_namespace, "orders-sweeper"), "the sweeper")
+    owner = deployment.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.uid, owner.controller) == (
+        "StalledPolicy", "orders", created["metadata"]["uid"], True)
+    assert env_of(deployment)["STALLEDPOLICY_MAX_STALLED"] == "2"
+    url = next(e for e in deployment.spec.template.spec.containers[0].env if e.name == "STALLEDPOLICY_REDIS_URL")
+    assert url.value is None and url.value_from.secret_key_ref.name == "redis"
+    managers = {m.manager for m in deployment.metadata.managed_fields}
+    assert "stalledpolicy-operator" in managers
+    policy = get_policy(custom, kube_namespace, "orders")
+    assert not policy["metadata"].get("finalizers"), "the operator must not add finalizers"
+
+
+def test_second_reconcile_changes_nothing(operator, apis, kube_api, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("idem", queue_name))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "idem-sweeper"), "the sweeper")
+    # Let the operator finish with the new object (its status write and kopf's annotations).
+    wait_for(lambda: (get_policy(custom, kube_namespace, "idem").get("status") or {}).get("observedGeneration"),
+             "a first status")
+    before = read_deployment(apps, kube_namespace, "idem-sweeper").metadata.resource_version
+    ctl = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test"), api_client=kube_api)
+    body = get_policy(custom, kube_namespace, "idem")
+    reconcile(ctl, body)
+    reconcile(ctl, body)
+    after = read_deployment(apps, kube_namespace, "idem-sweeper")
+    assert after.metadata.resource_version == before
+    assert after.metadata.uid == first.metadata.uid
+
+
+def test_budget_change_updates_the_deployment_in_place_with_an_event(operator, apis, kube_api,
+                                                                      kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("gitops", queue_name, max_stalled=1))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "gitops-sweeper"), "the sweeper")
+    old_hash = first.spec.template.metadata.annotations["queues.emq.dev/config-hash"]
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "gitops",
+                                          {"spec": {"maxStalled": 4}})
+    updated = wait_for(lambda: (lambda d: d if env_of(d)["STALLEDPOLICY_MAX_STALLED"] == "4" else None)(
+        read_deployment(apps, kube_namespace, "gitops-sweeper")), "the new budget in the Deployment")
+    assert updated.metadata.uid == first.metadata.uid
+    assert updated.spec.template.metadata.annotations["queues.emq.dev/config-hash"] != old_hash
+    changed = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "gitops")
+                                if e.reason == "BudgetChanged"], "a BudgetChanged event")
+    assert "maxStalled 1 -> 4" in changed[0].message
+
+
+def test_refuses_to_take_over_a_deployment_it_does_not_own(operator, apis, kube_api, kube_namespace,
+                                                         secret, queue_name):
+    _, apps, custom = apis
+    labels = {"app": "theirs"}
+    apps.create_namespaced_deployment(kube_namespace, {
+        "metadata": {"name": "clash-sweeper", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "app", "image": "theirs:1"}]}}}})
+    before = read_deployment(apps, kube_namespace, "clash-sweeper")
+    create_policy(custom, kube_namespace, policy_manifest("clash", queue_name))
+
+    def refused():
+        ready = condition(get_policy(custom, kube_namespace, "clash"), "Ready")
+        return ready if ready and ready["reason"] == "NameConflict" else None
+
+    ready = wait_for(refused, "Ready=False reason NameConflict")
+    assert ready["status"] == "False" and "clash-sweeper" in ready["message"]
+    warning = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "clash")
+                                if e.reason == "NameConflict"], "a NameConflict event")
+    assert warning[0].type == "Warning"
+    time.sleep(2)  # a retry may run meanwhile; it must not write either
+    after = read_deployment(apps, kube_namespace, "clash-sweeper")
+    assert after.metadata.resource_version == before.metadata.resource_version
+    assert not after.metadata.owner_references
+    assert after.spec.template.spec.containers[0].image == "theirs:1"
+
+
+def test_missing_secret_is_ready_false_then_recovers(operator, apis, kube_namespace, redis_server, queue_name):
+    core, _, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("nosecret", queue_name, secret="later"))
+
+    def reason(expected):
+        def check():
+            ready = condition(get_policy(custom, kube_namespace, "nosecret"), "RedisReachable")
+            return ready if ready and ready["reason"] == expected else None
+        return check
+
+    redis_condition = wait_for(reason("SecretNotFound"), "RedisReachable=False reason SecretNotFound")
+    assert redis_condition["status"] == "False" and "later" in redis_condition["message"]
+    ready = condition(get_policy(custom, kube_namespace, "nosecret"), "Ready")
+    assert ready["status"] == "False"
+    core.create_namespaced_secret(kube_namespace, redis_secret("later", redis_server.url))
+    reachable = wait_for(reason("Reachable"), "RedisReachable=True once the Secret exists", timeout=30)
+    assert reachable["status"] == "True"
+    assert "password" not in json.dumps(get_policy(custom, kube_namespace, "nosecret")["status"]).lower()
+
+
+def test_deleting_the_policy_garbage_collects_its_sweeper(operator, apis, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("gone", queue_name))
+    wait_for(lambda: read_deployment(apps, kube_namespace, "gone-sweeper"), "the sweeper")
+    custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "gone")
+
+    def policy_gone():
+        try:
+            get_policy(custom, kube_namespace, "gone")
+            return False
+        except ApiException as exc:
+            return exc.status == 404
+
+    wait_for(policy_gone, "the policy to disappear (no finalizer holds it)", timeout=15)
+    wait_for(lambda: read_deployment(apps, kube_namespace, "gone-sweeper") is None,
+             "the garbage collector to delete the sweeper")
+
+
+def test_kubectl_wait_for_ready_after_a_change(operator, pods, control_plane, apis, kube_namespace, secret,
+                                               queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("waiter", queue_name))
+    control_plane.kubectl("wait", "-n", kube_namespace, "--for=condition=Ready", "stalledpolicy/waiter",
+                          "--timeout=90s")
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "waiter",
+                                          {"spec": {"maxStalled": 5}})
+    control_plane.kubectl("wait", "-n", kube_namespace, "--for=condition=Ready", "stalledpolicy/waiter",
+                          "--timeout=90s")
+    policy = get_policy(custom, kube_namespace, "waiter")
+    generation = policy["metadata"]["generation"]
+    assert policy["status"]["observedGeneration"] == generation
+    assert condition(policy, "Ready")["observedGeneration"] == generation
+    deployment = read_deployment(apps, kube_namespace, "waiter-sweeper")
+    assert env_of(deployment)["STALLEDPOLICY_MAX_STALLED"] == "5"
+    # Ready after the change means the new pod template is rolled out and available.
+    assert deployment.status.observed_generation == deployment.metadata.generation
+    assert deployment.status.updated_replicas == 1 and deployment.status.available_replicas == 1
+    pods_now = [p for p in pods.runner.pods.values() if p.process is not None]
+    assert len(pods_now) == 1
+
+
+def test_operator_logs_are_json_and_never_hold_the_password(operator):
+    lines = [line for line in operator.log().splitlines() if line.strip()]
+    assert lines
+    for line in lines:
+        entry = json.loads(line)
+        assert "settings" not in entry
+    assert "redis://" not in operator.log() or all("@" not in l for l in lines if "redis://" in l)
