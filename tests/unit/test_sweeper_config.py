@@ -141,6 +141,8 @@ BAD_VALUES = [
     (["--lane", "imports=x"], {}, "--lane", "STALLEDPOLICY_LANES", "whole-number budget"),
     (["--lane", "=1"], {}, "--lane", "STALLEDPOLICY_LANES", "empty name"),
     (["--lane", "a:b=1"], {}, "--lane", "STALLEDPOLICY_LANES", "may not contain"),
+    (["--lane", "a\x07b=1"], {}, "--lane", "STALLEDPOLICY_LANES", "control characters"),
+    (["--lane", "a\u00a0b=1"], {}, "--lane", "STALLEDPOLICY_LANES", "may not contain"),
     (["--lane", "a=1", "--lane", "a=2"], {}, "--lane", "STALLEDPOLICY_LANES", "given twice"),
     ([], {"STALLEDPOLICY_LANES": "a=1;b=2"}, "--lane", "STALLEDPOLICY_LANES", "NAME=BUDGET"),
     (["--redis-url", "http://h:6379/0"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "redis://"),

@@ -9,6 +9,7 @@ with a message that names the flag, the variable and the fix.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
@@ -26,9 +27,6 @@ BATCH_MIN, BATCH_MAX = 1, 10_000
 LANE_NAME_MAX = 128
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# Lane names end up inside keys (`emq:{q}:g:<lane>:pending`) and in the
-# `a=3,b=0` list syntax: the queue-name rule plus the two list separators.
-_LANE_FORBIDDEN = re.compile(r"[{}:\s=,]")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -176,11 +174,11 @@ class SweeperConfig(BaseModel):
                 raise _fail("has a lane with an empty name; write NAME=BUDGET, for example imports=1")
             if len(name) > LANE_NAME_MAX:
                 raise _fail(f"lane name {name[:20]!r}... is longer than {LANE_NAME_MAX} characters")
-            bad = _LANE_FORBIDDEN.search(name)
-            if bad:
+            bad = _bad_lane_character(name)
+            if bad is not None:
                 raise _fail(
-                    f"lane name {name!r} contains {bad.group()!r}; lane names may not contain "
-                    "'{', '}', ':', '=', ',' or whitespace"
+                    f"lane name {name!r} contains {bad!r}; lane names may not contain "
+                    "'{', '}', ':', '=', ',', whitespace or control characters"
                 )
             if name in lanes:
                 raise _fail(f"lane {name!r} is given twice; give each lane one budget")
@@ -275,6 +273,17 @@ class SweeperConfig(BaseModel):
             "batch_size": self.batch_size,
             "metrics_port": self.metrics_port,
         }
+
+
+def _bad_lane_character(name: str) -> str | None:
+    """Lane names end up inside keys (``emq:{q}:g:<lane>:pending``) and in the
+    ``a=3,b=0`` list syntax: the queue-name rule plus the two list separators,
+    and (like the CRD) no Unicode separators or control characters."""
+    for ch in name:
+        if ch in "{}:=," or ch.isspace() or unicodedata.category(ch)[0] == "Z" \
+                or unicodedata.category(ch) == "Cc":
+            return ch
+    return None
 
 
 def _split_lane(entry: Any) -> tuple[Any, Any]:
