@@ -50,10 +50,11 @@ SOCKET_TIMEOUT_S = 30.0
 
 EXIT_CODES_EPILOG = """\
 exit codes:
-  0    success (also: nothing matched, nothing to do)
-  1    the operation failed or partly failed (e.g. some --id not in the
-       morgue, or jobs changed by someone else between the preview and the
-       change)
+  0    success (also: nothing matched, nothing to do); a --dry-run exits
+       with the code the real run would have
+  1    the operation failed or partly failed: some --id not in the morgue,
+       jobs left in the morgue because their row is unreadable or not dead
+       (the reasons are printed), or jobs changed by someone else meanwhile
   2    bad usage: unknown option, bad --queue, --redis-url or duration, or a
        change refused because stdin is not a terminal and --yes was not given
   3    Redis unreachable or refused our credentials (or the connection was

@@ -429,6 +429,46 @@ def test_purge_missing_id_exits_1(r, url, queue_name):
     assert r.zcard(QueueKeys(queue_name).dead) == 6
 
 
+def test_age_purge_keeps_undated_entries_and_dates_them(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", age_ms=2 * HOUR_MS)
+    bury(r, queue_name, "JOB002", dead_at=False)  # dead-lettered by EchoMQ itself: no dead_at
+    before = dump(r)
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would purge 1 job " in result.stdout
+    assert "1 job without a recorded time of death would be kept" in result.stderr
+    assert dump(r) == before
+
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert not r.exists(keys.job("JOB001"))
+    assert_still_dead(r, queue_name, "JOB002")
+    assert abs(int(r.hget(keys.job("JOB002"), "dead_at")) - server_ms(r)) < 60_000
+    assert "now recorded" in result.stderr
+
+
+def test_rows_that_cannot_be_replayed_stay_and_are_explained(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001")
+    bury(r, queue_name, "JOB002")
+    r.hset(keys.job("JOB002"), "state", "active")  # listed as dead, but the row says otherwise
+    r.zadd(keys.dead, {"JOB003": 0})  # a dangling id: its row is gone
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    body = {line.split()[0]: line for line in table_rows(result.stdout, "ID")[1:]}
+    assert "job row is missing" in body["JOB003"]
+
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes", "-o", "json")
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["ids"] == ["JOB001"]
+    assert set(doc["refused"]) == {"JOB002", "JOB003"}
+    assert "JOB002" in result.stderr and "not dead" in result.stderr
+    assert_replayed(r, queue_name, "JOB001", None)
+    assert r.zscore(keys.dead, "JOB002") is not None and r.zscore(keys.dead, "JOB003") is not None
+
+
 # ------------------------------------------------------------- bad input, outages
 
 
