@@ -281,6 +281,32 @@ def test_sigterm_exits_0_without_waiting_out_the_interval(redis_server, queue_na
     assert "signal=SIGTERM" in sweeper.lines_with("sweeper stopped")[0]
 
 
+def test_sigterm_in_the_middle_of_a_drain_stops_between_calls_and_loses_nothing(redis_server, r, queue_name,
+                                                                                  sweepers):
+    keys = QueueKeys(queue_name)
+    total = 30_000
+    pipe = r.pipeline(transaction=False)
+    for n in range(total):
+        job_id = f"JOB{n:06d}"
+        pipe.hset(keys.job(job_id), mapping={"state": "active", "attempts": 1, "payload": "p"})
+        pipe.zadd(keys.active, {job_id: 1000 + n})
+        if n % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    # One job per script call: the drain takes many calls, so the signal lands inside it.
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h",
+                       "--batch-size", "1", "--max-stalled", "0")
+    eventually(lambda: r.zcard(keys.pending) >= 100, what="the drain under way")
+    sweeper.process.send_signal(signal.SIGTERM)
+    assert sweeper.wait(15) == 0
+    pending, active = r.zcard(keys.pending), r.zcard(keys.active)
+    assert active > 0, "the drain finished before the signal; nothing was proven"
+    assert pending + active == total
+    # Every job moved is whole: recovered, counted and pending.
+    assert int(r.hget(keys.sweeper_totals, "recovered")) == pending
+    assert "stopped_early=True" in sweeper.lines_with("sweep pass")[0]
+
+
 def test_sigint_exits_0_too(redis_server, queue_name, sweepers):
     sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h")
     eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
