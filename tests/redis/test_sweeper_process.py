@@ -238,8 +238,10 @@ def test_sweeps_every_interval_and_serves_metrics_and_health(redis_server, r, qu
     keys = QueueKeys(queue_name)
     add_active(r, queue_name, "JOB0001")
     sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1s",
-                       "--max-stalled", "2")
+                       "--max-stalled", "2", "--lane", "acme=3",
+                       env={"STALLEDPOLICY_POLICY": "shop/orders-policy"})
     eventually(lambda: r.zrange(keys.pending, 0, -1) == ["JOB0001"], what="the first pass")
+    assert "policy=shop/orders-policy" in sweeper.lines_with("sweeper started")[0]
     eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
     assert sweeper.status("/healthz") == 200
 
@@ -261,6 +263,7 @@ def test_sweeps_every_interval_and_serves_metrics_and_health(redis_server, r, qu
     assert sweeper.metric("stalledpolicy_redis_up", queue=queue_name) == 1
     assert sweeper.metric("stalledpolicy_pending", queue=queue_name) == 1
     assert sweeper.metric("stalledpolicy_active", queue=queue_name) == 0
+    assert sweeper.metric("stalledpolicy_lane_pending", queue=queue_name, lane="acme") == 1
     assert sweeper.metric("stalledpolicy_orphans_total", queue=queue_name) == 0
     assert sweeper.metric("stalledpolicy_pass_duration_seconds_count") >= 2
     assert sweeper.metric("stalledpolicy_script_call_duration_seconds_count") >= 2

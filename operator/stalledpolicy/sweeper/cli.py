@@ -89,7 +89,7 @@ def _serve(config) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if config.once:
-            log.info("sweeping once", extra=config.describe())
+            log.info("sweeping once", extra=_start_fields(config))
             ok = sweeper.sweep_pass()
             sweeper.close()
             if not ok:
@@ -106,7 +106,7 @@ def _serve(config) -> int:
                       f"cannot listen on {config.metrics_address}:{config.metrics_port}: {exc.strerror}; "
                       "choose a free port or 0 to disable", file=sys.stderr)
                 return EXIT_USAGE
-        log.info("sweeper started", extra=config.describe())
+        log.info("sweeper started", extra=_start_fields(config))
         try:
             sweeper.run_forever()
         finally:
@@ -120,3 +120,11 @@ def _serve(config) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
+
+def _start_fields(config) -> dict:
+    fields = config.describe()
+    # Set by the operator on the Deployment it makes: which policy this sweeper serves.
+    policy = os.environ.get("STALLEDPOLICY_POLICY")
+    if policy:
+        fields["policy"] = policy
+    return fields

@@ -5,7 +5,7 @@ is recent) and ``/readyz`` (Redis answered and the last pass succeeded) are
 served by one ``ThreadingHTTPServer`` on a daemon thread.
 
 Counters count what *this* process did; the totals every replica shares live
-in Redis (``emq:{q}:sweeper:totals``) and are exported by the operator.
+in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class SweeperMetrics:
             "stalledpolicy_morgue_size", "Jobs in the queue's morgue (emq:{q}:dead)", ["queue"], registry=r)
         self.pending = Gauge(
             "stalledpolicy_pending", "Jobs in the queue's flat pending set", ["queue"], registry=r)
+        self.lane_pending = Gauge(
+            "stalledpolicy_lane_pending", "Jobs in a configured lane's pending set", ["queue", "lane"],
+            registry=r)
         self.active = Gauge(
             "stalledpolicy_active", "Jobs claimed by workers (emq:{q}:active)", ["queue"], registry=r)
         self.redis_up = Gauge(
@@ -85,6 +88,8 @@ class SweeperMetrics:
         self.morgue_size.labels(self.queue).set(snapshot.dead)
         self.pending.labels(self.queue).set(snapshot.pending)
         self.active.labels(self.queue).set(snapshot.active)
+        for lane in getattr(snapshot, "lanes", None) or ():
+            self.lane_pending.labels(self.queue, lane.name).set(lane.pending)
 
     def set_redis_up(self, up: bool) -> None:
         self.redis_up.labels(self.queue).set(1 if up else 0)
