@@ -224,6 +224,27 @@ def test_once_logs_json_when_asked(redis_server, r, queue_name, sweepers):
     assert (pass_line["recovered"], pass_line["dead_lettered"]) == (0, 1)
 
 
+def test_once_exits_1_on_a_script_error(redis_server, r, queue_name, sweepers):
+    r.set(QueueKeys(queue_name).active, "not a sorted set")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--once")
+    assert sweeper.wait(60) == 1
+    assert len(sweeper.lines_with("sweep pass failed")) == 1
+    assert sweeper.stdout == ""
+
+
+def test_a_metrics_port_in_use_is_refused_with_exit_2(redis_server, queue_name, sweepers):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name,
+                           "--metrics-port", str(port))
+        assert sweeper.wait(30) == 2
+    assert f"--metrics-port (STALLEDPOLICY_METRICS_PORT): cannot listen on 127.0.0.1:{port}" in sweeper.stderr
+
+
 def test_bad_settings_exit_2_before_touching_redis(queue_name, sweepers):
     sweeper = sweepers("--queue", queue_name, "--once", env={"STALLEDPOLICY_MAX_STALLED": "-1"})
     assert sweeper.wait(30) == 2
