@@ -358,8 +358,11 @@ def _error_cell(job: Any) -> str | None:
 
 def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
     jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
-    stats = engine.morgue_stats(client, args.queue)
-    total = stats.lanes.get(args.lane, 0) if args.lane is not None else stats.size
+    if args.lane is None:
+        total = int(client.zcard(QueueKeys(args.queue).dead))
+    else:
+        # per-lane counts need a (bounded, batched) walk of the morgue
+        total = engine.morgue_stats(client, args.queue).lanes.get(args.lane, 0)
     now_ms = server_now_ms(client, args.queue)
     if args.output == "json":
         _emit_json({

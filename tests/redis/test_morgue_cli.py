@@ -14,7 +14,6 @@ import pty
 import select
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -98,11 +97,12 @@ def morgue_in_pty(url: str, *args: str, answer: str) -> tuple[int, str, str]:
     )
     os.close(slave)
     try:
-        # wait for the prompt's effect is unobservable on stdin; typing ahead is
-        # what a terminal allows, the line discipline holds the line until read
+        # typing ahead is what a terminal allows: the line discipline holds the
+        # line until the prompt reads it
         os.write(master, answer.encode())
         out, err = proc.communicate(timeout=60)
     finally:
+        # drain the terminal's echo of the answer before closing
         while select.select([master], [], [], 0)[0]:
             try:
                 if not os.read(master, 4096):
@@ -215,6 +215,12 @@ def test_list_lane_limit_offset(r, url, queue_name):
     doc = json.loads(result.stdout)
     assert [job["id"] for job in doc["jobs"]] == ["JOB005"]
     assert doc["total"] == 3
+
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [job["id"] for job in doc["jobs"]] == ["JOB001", "JOB002"]  # jobs without a lane
+    assert doc["total"] == 2
 
 
 def test_list_json_has_full_rows(r, url, queue_name):
@@ -505,6 +511,31 @@ def test_redis_down_exits_3_without_the_password():
         assert "cannot reach Redis" in result.stderr
         assert "s3cr3t-pw" not in result.stderr + result.stdout
         assert "***" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def password_server():
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    server = start_redis(["--requirepass", "c0rrect-h0rse"])
+    yield server
+    server.stop()
+
+
+def test_password_protected_server(password_server, queue_name):
+    client = password_server.client(password="c0rrect-h0rse", decode_responses=True)
+    bury(client, queue_name, "JOB001")
+    good = f"redis://:c0rrect-h0rse@127.0.0.1:{password_server.port}/0"
+    bad = f"redis://:wr0ng-pw@127.0.0.1:{password_server.port}/0"
+    result = morgue(good, "replay", "--queue", queue_name, "--all", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "c0rrect-h0rse" not in result.stdout + result.stderr
+    assert_replayed(client, queue_name, "JOB001", None)
+    result = morgue(bad, "stats", "--queue", queue_name)
+    assert result.returncode == 3
+    assert "wr0ng-pw" not in result.stdout + result.stderr
+    assert f"redis://:***@127.0.0.1:{password_server.port}/0" in result.stderr
+    client.close()
 
 
 def test_help_documents_exit_codes():
