@@ -113,17 +113,19 @@ local function quarantine(id, row, g, problem, fence)
     '{"event":"failed","job":' .. json_string(id) .. ',"reason":' .. json_string(reason) .. '}')
 end
 
+local row_prefix = prefix .. 'job:'
 for _, id in ipairs(expired) do
-  local row = prefix .. 'job:' .. id
-  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
+  local row = row_prefix .. id
+  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts')
   if f.err then
     -- Not a hash: nothing on it can be written. The id goes to the morgue
     -- as-is; morgue_list names the key type as the problem.
     local kind = redis.call('TYPE', row).ok
     quarantine(id, nil, nil, 'job row is a ' .. kind .. ', not a hash', false)
   else
-    local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
-    if g == false and stalled_raw == false and attempts_raw == false and state == false
+    local g, stalled_raw, attempts_raw = f[1], f[2], f[3]
+    -- every claimed row has attempts, so EXISTS runs only for rare rows
+    if g == false and stalled_raw == false and attempts_raw == false
         and redis.call('EXISTS', row) == 0 then
       -- completed (row deleted) while still listed in active: never recreate it
       orphans = orphans + 1
