@@ -2,9 +2,18 @@ from __future__ import annotations
 
 import socket
 
+# A Redis Cluster node also listens on its port + 10000 (the cluster bus), so
+# ports above this would be refused by cluster nodes. Every caller gets one
+# below it; the kernel's ephemeral range mostly is.
+_MAX_PORT = 65535 - 10000
+
 
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback TCP port that was free a moment ago (below 55536)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port <= _MAX_PORT:
+            return port
+    raise RuntimeError("no free loopback port below 55536 after 100 tries")
