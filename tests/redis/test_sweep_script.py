@@ -189,6 +189,7 @@ def test_row_with_only_a_payload_is_still_a_job(r, keys):
     ("stalled", "01", "stalled is not a non-negative integer: 01"),
     ("stalled", "9" * 16, "stalled is not a non-negative integer: " + "9" * 16),
     ("attempts", "x", "attempts is not a non-negative integer: x"),
+    ("attempts", "7" * 100, "attempts is not a non-negative integer: " + "7" * 64 + "..."),
     ("group", "", "group is empty"),
 ])
 def test_malformed_hash_row_is_quarantined_without_aborting_the_batch(r, keys, field, value, problem):

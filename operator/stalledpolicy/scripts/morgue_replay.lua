@@ -76,7 +76,7 @@ for _, id in ipairs(candidates) do
       elseif f[3] and f[3] ~= 'dead' then
         reason = "state is '" .. f[3] .. "', not dead"
       elseif count_of(f[2]) == nil then
-        reason = 'malformed: attempts is not a non-negative integer: ' .. f[2]
+        reason = 'malformed: attempts is not a non-negative integer: ' .. string.sub(f[2], 1, 64)
       end
     end
     if reason == false then

@@ -68,6 +68,12 @@ local function count_of(value)
   return tonumber(value)
 end
 
+-- a bad value quoted in last_error, cut so a huge one cannot bloat the row
+local function excerpt(value)
+  if #value > 64 then return string.sub(value, 1, 64) .. '...' end
+  return value
+end
+
 local function json_string(s)
   if string.find(s, '[%c"\\]') then
     s = string.gsub(s, '[%c"\\]', function(c)
@@ -135,11 +141,11 @@ for _, id in ipairs(expired) do
       if g == '' then
         quarantine(id, row, nil, 'group is empty', attempts ~= nil)
       elseif stalled == nil then
-        quarantine(id, row, g or nil, 'stalled is not a non-negative integer: ' .. stalled_raw,
+        quarantine(id, row, g or nil, 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw),
           attempts ~= nil)
       elseif attempts == nil then
         -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
-        quarantine(id, row, g or nil, 'attempts is not a non-negative integer: ' .. attempts_raw,
+        quarantine(id, row, g or nil, 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw),
           false)
       else
         stalled = stalled + 1
