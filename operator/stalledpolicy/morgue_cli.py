@@ -618,6 +618,18 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         subject = f"--redis-url {where}: " if client is None else ""
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
+    except BrokenPipeError:
+        # the reader went away (`morgue list | head`): not an error worth a traceback;
+        # point stdout at /dev/null so the interpreter's final flush stays quiet.
+        # (Before the OSError of an outage: BrokenPipeError is one too.)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass
+        finally:
+            os.close(devnull)
+        return EXIT_OK
     except unreachable_errors() as exc:
         reason = scrub(str(exc), url) or type(exc).__name__
         if client is None:

@@ -538,6 +538,24 @@ def test_password_protected_server(password_server, queue_name):
     client.close()
 
 
+def test_a_reader_that_went_away_is_not_an_error(r, url, queue_name):
+    """`morgue list | head`: no traceback when the pipe is closed."""
+    standard_morgue(r, queue_name)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: a certain EPIPE
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stalledpolicy", "morgue", "list", "--queue", queue_name,
+             "--redis-url", url],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+
+
 def test_help_documents_exit_codes():
     result = subprocess.run([sys.executable, "-m", "stalledpolicy", "morgue", "replay", "--help"],
                             capture_output=True, text=True, timeout=60)
