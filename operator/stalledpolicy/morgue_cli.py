@@ -316,8 +316,9 @@ def _lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
     ]
 
 
-def _last_error_width(other_columns: int) -> int:
-    if not sys.stdout.isatty():
+def _last_error_width(out: IO[str], other_columns: int) -> int:
+    """LAST ERROR fills the terminal's width; piped output gets a fixed cut."""
+    if not is_interactive(out):
         return LAST_ERROR_DEFAULT_WIDTH
     columns = shutil.get_terminal_size((120, 24)).columns
     return max(LAST_ERROR_MIN_WIDTH, columns - other_columns)
@@ -395,7 +396,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
         for job in jobs
     ]
     fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows]).splitlines()[0]
-    width = _last_error_width(tables.display_width(fixed) + len(tables.GAP))
+    width = _last_error_width(out, tables.display_width(fixed) + len(tables.GAP))
     out.write(tables.render_table(
         headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width},
     ) + "\n")
