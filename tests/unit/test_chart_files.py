@@ -1,0 +1,122 @@
+"""The Helm chart's files, without Helm: the CRD copy, versions, values vs schema.
+
+Rendering, linting and installing are proven against the real control plane
+in tests/kube/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+import stalledpolicy
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "stalledpolicy-operator"
+CRD_SOURCE = REPO / "crds" / "stalledpolicies.yaml"
+CRD_COPY = CHART / "files" / "crds" / "stalledpolicies.yaml"
+
+
+def load_schema() -> dict:
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+def load_values() -> dict:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def test_crd_copy_is_byte_identical_to_the_source():
+    assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), (
+        f"{CRD_COPY.relative_to(REPO)} differs from {CRD_SOURCE.relative_to(REPO)}; "
+        f"copy it again: cp {CRD_SOURCE.relative_to(REPO)} {CRD_COPY.relative_to(REPO)}")
+
+
+def test_chart_has_no_crds_directory_that_would_install_the_crd_twice():
+    # The CRD is a template (templates/crd.yaml) so that upgrades and crds.keep apply;
+    # a chart-level crds/ directory would make Helm install it a second time.
+    assert not (CHART / "crds").exists()
+
+
+def test_chart_versions_follow_the_package():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"] == stalledpolicy.__version__
+    assert chart["version"] == project["version"]
+
+
+def test_default_image_is_the_one_the_dockerfile_builds():
+    values = load_values()
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    expected = f"{values['image']['repository']}:{chart['appVersion']}"
+    assert expected in (REPO / "Dockerfile").read_text()
+
+
+def test_schema_is_valid_draft7_and_accepts_the_defaults():
+    schema = load_schema()
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(load_values())
+
+
+def _objects_without_closed_properties(node, path="$"):
+    """Paths of schema objects that declare properties but allow unknown ones."""
+    found = []
+    if isinstance(node, dict):
+        if "properties" in node and node.get("additionalProperties") is not False:
+            found.append(path)
+        for key, value in node.items():
+            found += _objects_without_closed_properties(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _objects_without_closed_properties(value, f"{path}[{i}]")
+    return found
+
+
+def test_every_schema_object_refuses_unknown_keys():
+    assert _objects_without_closed_properties(load_schema()) == []
+
+
+def _keys(values: dict, schema: dict, prefix="") -> list[str]:
+    """values.yaml keys the schema does not describe (a default nobody validates)."""
+    missing = []
+    props = schema.get("properties") or {}
+    for key, value in values.items():
+        if key not in props:
+            missing.append(prefix + key)
+        elif isinstance(value, dict) and "properties" in props[key]:
+            missing += _keys(value, props[key], f"{prefix}{key}.")
+    return missing
+
+
+def test_schema_and_values_describe_the_same_keys():
+    schema, values = load_schema(), load_values()
+    assert _keys(values, schema) == []
+    undocumented = set(schema["properties"]) - set(values) - {"global"}
+    assert undocumented == set(), f"keys in the schema without a default in values.yaml: {undocumented}"
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"imagee": {"tag": "x"}}, "imagee"),
+    ({"image": {"tga": "x"}}, "tga"),
+    ({"crds": {"keep": "yes"}}, "keep"),
+    ({"operator": {"statusWorkers": "8"}}, "statusWorkers"),
+    ({"operator": {"statusInterval": "10 seconds"}}, "statusInterval"),
+    ({"watchNamespaces": "team-a"}, "watchNamespaces"),
+    ({"watchNamespaces": ["team-*"]}, "team-*"),
+    ({"resources": {"limits": {"memory": "lots"}}}, "lots"),
+    ({"podMonitor": {"enabled": True, "intervall": "30s"}}, "intervall"),
+])
+def test_schema_refuses_unknown_or_mistyped_values(override, field):
+    values = load_values()
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+    errors = list(jsonschema.Draft7Validator(load_schema()).iter_errors(values))
+    assert errors, f"{override} was accepted"
+    assert any(field in (e.message + " ".join(map(str, e.path))) for e in errors), [e.message for e in errors]
