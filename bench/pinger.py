@@ -33,9 +33,13 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def _loop(port: int, started, stop, results) -> None:
+def _loop(port: int, started, stop, results, nice: int) -> None:
+    import os
+
     import redis
 
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=None)
     client.ping()
     latencies: list[float] = []
@@ -77,12 +81,12 @@ def _loop(port: int, started, stop, results) -> None:
 class Pinger:
     """``with Pinger(port) as p: ...`` then ``p.stats``."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, nice: int = 0) -> None:
         ctx = mp.get_context("fork")
         self._started = ctx.Event()
         self._stop = ctx.Event()
         self._results = ctx.Queue()
-        self._process = ctx.Process(target=_loop, args=(port, self._started, self._stop, self._results),
+        self._process = ctx.Process(target=_loop, args=(port, self._started, self._stop, self._results, nice),
                                     daemon=True)
         self.stats: PingStats | None = None
 

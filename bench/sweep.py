@@ -53,7 +53,8 @@ class SweepRun:
     verified: bool
 
 
-def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True) -> SweepRun:
+def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
+            nice: int = 0) -> SweepRun:
     from stalledpolicy.engine import Budgets, drain
 
     client.flushall()
@@ -67,7 +68,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     redisstats.reset(client)
     before = redisstats.commandstats(client)
     if ping:
-        pinger = Pinger(port)
+        pinger = Pinger(port, nice=nice)
         pinger.__enter__()
     started = time.perf_counter()
     try:
@@ -117,6 +118,11 @@ def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
         print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |", file=out)
 
 
+def prioritize(server, nice: int) -> None:
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, server.process.pid, nice)
+
+
 def load_line() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
@@ -127,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, action="append", help="expired jobs (repeatable)")
     parser.add_argument("--batch", type=int, action="append", help="jobs per script call (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the runs as JSON here")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run redis-server and the PING client at this niceness (e.g. -10 on a shared "
+                             "machine, so the server and the instrument are not starved; root only)")
     parser.add_argument("--no-ping", action="store_true",
                         help="no second client (the drain's rate alone, for comparison)")
     args = parser.parse_args(argv)
@@ -138,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     server = start_redis()
     runs: list[SweepRun] = []
     try:
+        prioritize(server, args.nice)
         client = server.client(decode_responses=True)
         print(f"redis-server {client.info('server')['redis_version']} on port {server.port}; {load_line()}",
               flush=True)
         for n in sizes:
             for batch in batches:
-                run = run_one(client, server.port, n, batch, ping=not args.no_ping)
+                run = run_one(client, server.port, n, batch, ping=not args.no_ping, nice=args.nice)
                 runs.append(run)
                 print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
                       f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "

@@ -101,7 +101,7 @@ def _peer_json(system: str, port: int, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_peer(system: str, client, port: int, n: int) -> dict:
+def run_peer(system: str, client, port: int, n: int, nice: int = 0) -> dict:
     client.flushall()
     started = time.perf_counter()
     _peer_json(system, port, "seed", str(n))
@@ -114,7 +114,7 @@ def run_peer(system: str, client, port: int, n: int) -> dict:
     if ready != "ready":
         process.kill()
         raise RuntimeError(f"{system} recover did not get ready: {ready!r} {process.stderr.read()[-4000:]}")
-    with Pinger(port) as pinger:
+    with Pinger(port, nice=nice) as pinger:
         process.stdin.write("go\n")
         process.stdin.flush()
         out, err = process.communicate()
@@ -145,8 +145,8 @@ def run_peer(system: str, client, port: int, n: int) -> dict:
     }
 
 
-def run_ours(client, port: int, n: int, batch: int, healthy: int = 0) -> dict:
-    run = sweep.run_one(client, port, n, batch, healthy=healthy)
+def run_ours(client, port: int, n: int, batch: int, healthy: int = 0, nice: int = 0) -> dict:
+    run = sweep.run_one(client, port, n, batch, healthy=healthy, nice=nice)
     row = asdict(run)
     row.update(system=f"ours-b{batch}", load=os.getloadavg()[0],
                longest_without_pong_ms=float("nan"))
@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, action="append", help="sizes (repeatable; default 10k, 100k, 1M)")
     parser.add_argument("--systems", default="ours,bullmq,rq", help="comma-separated subset")
     parser.add_argument("--no-extras", action="store_true", help="skip the healthy-active and ceiling runs")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run redis-server and the PING client at this niceness (e.g. -10 on a shared "
+                             "machine; the recoveries' own clients keep the default)")
     parser.add_argument("--json", type=Path, default=BENCH / "out" / "peers.json")
     args = parser.parse_args(argv)
     sizes = [10_000] if args.quick else (args.n or [10_000, 100_000, 1_000_000])
@@ -222,17 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     extras: dict = {}
     try:
+        sweep.prioritize(server, args.nice)
         client = server.client(decode_responses=True)
         info = client.info("server")
         machine = {"redis": info["redis_version"], "cores": os.cpu_count(), "node": _version(["node", "--version"]),
-                   "python": sys.version.split()[0], "started_load": os.getloadavg()}
-        log(f"redis-server {info['redis_version']} on 127.0.0.1:{server.port}; {sweep.load_line()}")
+                   "python": sys.version.split()[0], "started_load": os.getloadavg(), "nice": args.nice}
+        log(f"redis-server {info['redis_version']} on 127.0.0.1:{server.port} (nice {args.nice}); {sweep.load_line()}")
         for n in sorted(sizes):
             log(f"N = {n:,}")
             for system in systems:
                 if system == "ours":
                     for batch in (100, 1000):
-                        row = run_ours(client, server.port, n, batch)
+                        row = run_ours(client, server.port, n, batch, nice=args.nice)
                         rows.append(row)
                         _say(row)
                     continue
@@ -243,14 +247,14 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"system": system, "n": n, "skipped": True, "reason": reason})
                     log(f"    {system}: skipped at N={n:,}: {reason}")
                     continue
-                row = run_peer(system, client, server.port, n)
+                row = run_peer(system, client, server.port, n, nice=args.nice)
                 rows.append(row)
                 _say(row)
             _save(args.json, machine, rows, extras)
         if "ours" in systems and not args.no_extras:
             extras["healthy"] = []
             for healthy in (0, 100_000, 1_000_000):
-                row = run_ours(client, server.port, 1_000, 100, healthy=healthy)
+                row = run_ours(client, server.port, 1_000, 100, healthy=healthy, nice=args.nice)
                 extras["healthy"].append(row)
                 log(f"    1,000 expired among {healthy:,} healthy active: one drain {row['seconds'] * 1000:.1f} ms, "
                     f"{row['calls']} calls, {row['server_usec_per_call']:.0f} us/call server")

@@ -1,0 +1,134 @@
+"""Profile the sweep script: commands per job, and what each part of it costs.
+
+    python bench/profile_script.py [--n 100000] [--batch 100] [--rounds 2]
+
+The shipped script (never edited here) is compared with variants made in
+memory by textual ablation, each run by EVAL on the same seeded queue:
+
+- ``no-publish``: the PUBLISH commands become a no-op (the JSON is still built);
+- ``no-json-scan``: ids are quoted without the escaping scan;
+- ``hmget-call``: HMGET by redis.call instead of redis.pcall;
+- ``no-lane-checks``: the per-lane ring/wake checks (SISMEMBER, ZCARD, HGET,
+  LPOS) skipped; the lane is not put on the ring (NOT correct, cost only);
+- ``no-lane-totals``: the per-lane HINCRBYs of sweeper:totals skipped.
+
+Each variant's figure is the server's time (INFO commandstats eval usec) per
+job, minimum over ``--rounds`` interleaved rounds (the machine is shared).
+Variants that drop effects still must move every job: counts are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import echomq_seed  # noqa: E402
+import redisstats  # noqa: E402
+from stalledpolicy.keyspace import QueueKeys  # noqa: E402
+from stalledpolicy.lua import script  # noqa: E402
+
+QUEUE = "bench"
+BUDGET = 3
+
+NOOP = "local function __noop(...) return 0 end\n"
+
+
+def _replace(body: str, old: str, new: str) -> str:
+    if old not in body:
+        raise SystemExit(f"profile: the script changed, cannot find {old!r}; update bench/profile_script.py")
+    return body.replace(old, new)
+
+
+def variants(body: str) -> dict[str, str]:
+    lane_check = "if act ~= nil and redis.call('SISMEMBER', KEYS[7], g) == 0 and redis.call('ZCARD', lane) > 0 then"
+    return {
+        "as shipped": body,
+        "no-publish": NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
+        "no-json-scan": _replace(body, "local function json_string(s)\n",
+                                 "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
+        "hmget-call": _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
+        "no-lane-checks": _replace(body, lane_check, "if false then"),
+        "no-lane-totals": _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
+    }
+
+
+def _keys() -> list[str]:
+    keys = QueueKeys(QUEUE)
+    return [keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit,
+            keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals]
+
+
+def run_variant(client, body: str, n: int, batch: int) -> dict:
+    client.flushall()
+    expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
+    keys = _keys()
+    args = [QueueKeys(QUEUE).prefix, batch, BUDGET, QueueKeys(QUEUE).events]
+    sha = client.script_load(body)
+    redisstats.reset(client)
+    before = redisstats.commandstats(client)
+    calls = 0
+    while True:
+        reply = client.evalsha(sha, len(keys), *keys, *args)
+        calls += 1
+        if not int(reply[4]):
+            break
+    after = redisstats.commandstats(client)
+    seen = echomq_seed.observe(client, QUEUE)
+    moved = seen.pending + sum(seen.lanes.values()) + seen.dead
+    if seen.active != 0 or moved != n:
+        raise AssertionError(f"variant left active={seen.active}, moved {moved} of {n}")
+    usec = int(after["evalsha"]["usec"]) - int(before.get("evalsha", {}).get("usec", 0))
+    mix = redisstats.work_commands(before, after)
+    return {"usec_per_job": usec / n, "calls": calls, "commands_per_job": sum(mix.values()) / n,
+            "mix": {k: round(v / n, 3) for k, v in sorted(mix.items())},
+            "dead": seen.dead, "expected_dead": expected.dead}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, action="append")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--nice", type=int, default=0, help="redis-server niceness (root only)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    batches = args.batch or [100, 1000]
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    body = script("sweep").body
+    server = start_redis()
+    results: dict = {}
+    try:
+        if args.nice:
+            import os
+
+            os.setpriority(os.PRIO_PROCESS, server.process.pid, args.nice)
+        client = server.client(decode_responses=True)
+        for batch in batches:
+            for _ in range(args.rounds):
+                for name, variant in variants(body).items():
+                    run = run_variant(client, variant, args.n, batch)
+                    best = results.setdefault(batch, {}).get(name)
+                    if best is None or run["usec_per_job"] < best["usec_per_job"]:
+                        results[batch][name] = run
+    finally:
+        server.stop()
+    for batch, by_name in results.items():
+        base = by_name["as shipped"]["usec_per_job"]
+        print(f"\nbatch {batch}, N={args.n:,} (server usec per job, min of {args.rounds} rounds):")
+        for name, run in by_name.items():
+            print(f"  {name:>15}: {run['usec_per_job']:6.2f} us/job ({run['usec_per_job'] / base:5.0%}), "
+                  f"{run['commands_per_job']:.2f} commands/job")
+        print("  commands per job as shipped:", json.dumps(by_name["as shipped"]["mix"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
