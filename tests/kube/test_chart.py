@@ -1,0 +1,379 @@
+"""The Helm chart, proven on the real control plane, not only linted.
+
+- ``helm lint`` in both RBAC shapes with every optional resource on;
+- values the schema must refuse (unknown key, wrong type) make ``helm template`` fail;
+- the rendered CRD is the repository's ``crds/stalledpolicies.yaml``; the RBAC
+  rules are the ones the operator's own tests run with; the PodMonitor selects
+  the pods the operator's Deployment builder makes;
+- ``helm template`` output passes a server-side dry run, in a namespace that
+  enforces the ``restricted`` Pod Security Standard;
+- ``helm install`` for real, cluster-wide and namespaced; then the operator,
+  run here with a token of the chart's ServiceAccount (and nothing else),
+  reconciles a policy end to end: sweeper Deployment applied, the sweeper run
+  by the pod runner dead-letters a poison job, ``Ready`` and ``deadLetters``
+  written to the status. Missing RBAC would fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stalledpolicy.devenv.echomq import EchoMQ
+from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.policy.builder import (METRICS_PORT_NAME, build_sweeper_deployment,
+                                          sweeper_name)
+from stalledpolicy.policy.models import StalledPolicySpec
+from stalledpolicy.devenv.ports import free_port
+from tests.kube.operator_harness import (OPERATOR_RULES, PodRunnerThread, condition, redis_secret,
+                                         wait_for)
+
+pytestmark = [pytest.mark.kube, pytest.mark.redis]
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "stalledpolicy-operator"
+CRD_SOURCE = REPO / "crds" / "stalledpolicies.yaml"
+TEST_SWEEPER_IMAGE = "stalledpolicy:chart-test"
+EVERY_OPTION = ["--set", "podMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+                "--set", "podDisruptionBudget.enabled=true"]
+
+
+class Helm:
+    def __init__(self, control_plane, home: Path) -> None:
+        self.binary = str(control_plane.binary("helm"))
+        self.env = control_plane.env()
+        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            self.env[name] = str(home / name.lower())
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True,
+                              timeout=300)
+        if check and done.returncode != 0:
+            pytest.fail(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
+        return done
+
+    def template(self, *args: str, namespace: str = "stalledpolicy-system") -> list[dict]:
+        out = self("template", "rel", str(CHART), "--namespace", namespace, *args).stdout
+        return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane, tmp_path_factory) -> Helm:
+    return Helm(control_plane, tmp_path_factory.mktemp("helm-home"))
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def rule_set(rules: list[dict]) -> set[tuple]:
+    """Rules as (group, resource, verb) triples, so grouping and order do not matter."""
+    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("shape", [[], ["--set", "watchNamespaces={team-a,team-b}"]],
+                         ids=["cluster-wide", "namespaced"])
+def test_lint_passes_strict_with_every_option(helm, shape):
+    done = helm("lint", "--strict", str(CHART), *EVERY_OPTION, *shape)
+    assert "0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("values, complaint", [
+    ({"imagee": {"tag": "x"}}, "imagee"),
+    ({"operator": {"statusWorkers": "eight"}}, "statusWorkers"),
+    ({"crds": {"keep": "yes"}}, "keep"),
+    ({"watchNamespaces": ["team-*"]}, "watchNamespaces"),
+], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern"])
+def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
+    bad = tmp_path / "values.yaml"
+    bad.write_text(yaml.safe_dump(values))
+    done = helm("template", "rel", str(CHART), "-f", str(bad), check=False)
+    assert done.returncode != 0, f"helm accepted {values}:\n{done.stdout[:500]}"
+    assert "schema" in done.stderr.lower() and complaint in done.stderr, done.stderr
+
+
+def test_rendered_crd_is_the_repository_crd_and_kept_on_uninstall(helm):
+    source = yaml.safe_load(CRD_SOURCE.read_text())
+    kept = by_kind(helm.template(), "CustomResourceDefinition")
+    assert len(kept) == 1
+    annotations = kept[0]["metadata"].pop("annotations")
+    assert annotations == {"helm.sh/resource-policy": "keep"}
+    assert kept[0] == source
+
+    plain = by_kind(helm.template("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert plain == [source]
+    assert by_kind(helm.template("--set", "crds.install=false"), "CustomResourceDefinition") == []
+
+
+def test_cluster_wide_rbac_is_exactly_the_operator_rules(helm):
+    docs = helm.template()
+    [role] = by_kind(docs, "ClusterRole")
+    assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES)
+    assert by_kind(docs, "Role") == []
+    [binding] = by_kind(docs, "ClusterRoleBinding")
+    [account] = by_kind(docs, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "stalledpolicy-system"}]
+    [deployment] = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
+
+
+def test_namespaced_rbac_grants_only_the_watched_namespaces(helm):
+    docs = helm.template("--set", "watchNamespaces={team-a,team-b}")
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    cluster_scoped = rule_set([{"apiGroups": ["apiextensions.k8s.io"],
+                                "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}])
+    for role in roles:
+        assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - cluster_scoped - {
+            ("", "namespaces", "list"), ("", "namespaces", "watch")}
+    [cluster_role] = by_kind(docs, "ClusterRole")
+    assert rule_set(cluster_role["rules"]) == cluster_scoped
+    assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
+    [deployment] = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in args
+
+
+def test_operator_deployment_shape(helm):
+    [deployment] = by_kind(helm.template("--set", "image.tag=9.9.9"), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9"
+    assert "--sweeper-image=ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9" in container["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["resources"]["limits"]["memory"]
+
+    # The args are the operator's real command line: its own parser accepts them.
+    from stalledpolicy.cli import build_parser
+
+    parsed = build_parser().parse_args(container["args"])
+    assert parsed.all_namespaces and parsed.status_interval == 10.0 and parsed.max_backoff == 300.0
+
+
+def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
+    [monitor] = by_kind(helm.template("--set", "podMonitor.enabled=true"), "PodMonitor")
+    spec = StalledPolicySpec.from_k8s({"queue": "q", "redis": {"url": "redis://r:6379/0"}})
+    sweeper = build_sweeper_deployment("p", "ns", "uid", spec, image="i", scripts_digest="d")
+    pod = sweeper["spec"]["template"]
+    for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+        assert pod["metadata"]["labels"].get(key) == value, key
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == METRICS_PORT_NAME
+    assert endpoint["port"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+# --------------------------------------------------------------------------- against the API server
+
+STUB_MONITORING_CRD = {
+    # Only to let the API server accept a PodMonitor in a dry run: the real
+    # prometheus-operator CRD is not part of this control plane.
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor",
+                       "listKind": "PodMonitorList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def restricted_namespace(control_plane, name: str) -> None:
+    control_plane.kubectl("create", "namespace", name)
+    control_plane.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted",
+                          "pod-security.kubernetes.io/warn=restricted")
+
+
+def delete_namespaces(control_plane, *names: str) -> None:
+    control_plane.kubectl("delete", "namespace", "--wait=false", "--ignore-not-found", *names, check=False)
+
+
+def test_template_passes_a_server_side_dry_run(helm, control_plane):
+    control_plane.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(STUB_MONITORING_CRD))
+    control_plane.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com",
+                          "--timeout=60s")
+    release_ns, team_a, team_b = unique("chart-dry"), unique("team-a"), unique("team-b")
+    for name in (release_ns, team_a, team_b):
+        restricted_namespace(control_plane, name)
+    try:
+        for shape in ([], ["--set", f"watchNamespaces={{{team_a},{team_b}}}"]):
+            rendered = helm("template", "rel", str(CHART), "--namespace", release_ns,
+                            *EVERY_OPTION, *shape).stdout
+            done = control_plane.kubectl("apply", "--server-side", "--dry-run=server",
+                                         "--field-manager=chart-dry-run", "-f", "-", input=rendered,
+                                         check=False)
+            assert done.returncode == 0, done.stderr
+            # PodSecurity warns about a Deployment whose pods a restricted namespace would refuse.
+            assert "PodSecurity" not in done.stderr, done.stderr
+            applied = [line for line in done.stdout.splitlines() if "(server dry run)" in line]
+            assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]), done.stdout
+    finally:
+        delete_namespaces(control_plane, release_ns, team_a, team_b)
+
+
+# --------------------------------------------------------------------------- installed for real
+
+
+def can_i(control_plane, kubeconfig: Path, *args: str) -> bool:
+    done = control_plane.kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False)
+    return done.stdout.strip() == "yes"
+
+
+def install(helm, control_plane, release: str, namespace: str, *values: str) -> None:
+    restricted_namespace(control_plane, namespace)
+    # Other kube tests apply the CRD with kubectl; Helm takes it over rather than refusing it.
+    helm("install", release, str(CHART), "--namespace", namespace, "--take-ownership",
+         "--set", f"sweeperImage={TEST_SWEEPER_IMAGE}", *values)
+
+
+class ChartOperator:
+    """The operator as the chart's Deployment runs it (its args, its ServiceAccount), here.
+
+    Only the liveness port moves to a free one; the identity is a TokenRequest
+    token of the chart's ServiceAccount, so the API server applies the chart's RBAC.
+    """
+
+    def __init__(self, control_plane, release_ns: str, release: str, kubeconfig: Path,
+                 log_path: Path) -> None:
+        deployment = json.loads(control_plane.kubectl(
+            "get", "deployment", f"{release}-stalledpolicy-operator", "-n", release_ns,
+            "-o", "json").stdout)
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.args = [f"--liveness=http://127.0.0.1:{free_port()}/healthz" if a.startswith("--liveness=")
+                     else a for a in args]
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("STALLEDPOLICY_") and k != "KUBECONFIG"}
+        self.log_path = log_path
+        with open(log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "stalledpolicy", *self.args, "--kubeconfig", str(kubeconfig)],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+                return -9
+        return self.process.returncode
+
+
+def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, tmp_path: Path,
+                         start_operator) -> None:
+    """A policy in ``namespace`` reconciled by the operator acting as the chart's ServiceAccount."""
+    queue = unique("chartq")
+    client = redis_server.client(decode_responses=True)
+    mq = EchoMQ(client, queue)
+    poison = mq.enqueue('{"poison":true}')
+    claim = mq.claim(lease_ms=60_000, group_mode="flat")
+    assert claim is not None and claim.id == poison
+    mq.expire(claim)  # its worker died: the lease lapsed
+
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-",
+                          input=json.dumps(redis_secret("redis", redis_server.url)))
+    policy = {"apiVersion": "queues.emq.dev/v1alpha1", "kind": "StalledPolicy",
+              "metadata": {"name": "chart"},
+              "spec": {"queue": queue, "maxStalled": 1, "sweepInterval": "1s",
+                       "redis": {"secretRef": {"name": "redis"}}}}
+    operator = start_operator()
+    pods = PodRunnerThread(kube_api, namespace, tmp_path / "pods")
+    try:
+        control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
+        done = control_plane.kubectl("wait", "-n", namespace, "--for=condition=Ready",
+                                     "stalledpolicy/chart", "--timeout=90s", check=False)
+        assert done.returncode == 0, done.stderr + operator.log()[-3000:]
+        deployment = json.loads(control_plane.kubectl(
+            "get", "deployment", sweeper_name("chart"), "-n", namespace, "-o", "json").stdout)
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == TEST_SWEEPER_IMAGE
+
+        def dead_letters():
+            current = json.loads(control_plane.kubectl(
+                "get", "stalledpolicy", "chart", "-n", namespace, "-o", "json").stdout)
+            return current.get("status", {}).get("deadLetters") == 1 and current
+
+        current = wait_for(dead_letters, "the poison job in the policy's status", timeout=60)
+        assert condition(current, "RedisReachable")["status"] == "True"
+        assert client.zscore(QueueKeys(queue).dead, poison) is not None
+        log = operator.log()
+        assert "403" not in log and "forbidden" not in log.lower(), log[-3000:]
+    finally:
+        pods.stop()
+        code = operator.stop()
+        client.close()
+    assert code == 0, operator.log()[-3000:]
+
+
+def test_installed_cluster_wide_the_chart_identity_reconciles_a_policy(
+        helm, control_plane, kube_api, redis_server, tmp_path):
+    release, release_ns, work_ns = "spo", unique("chart-cw"), unique("chart-work")
+    install(helm, control_plane, release, release_ns)
+    restricted_namespace(control_plane, work_ns)
+    try:
+        account = f"{release}-stalledpolicy-operator"
+        # The operator's pod was admitted under the restricted Pod Security Standard.
+        wait_for(lambda: control_plane.kubectl(
+            "get", "pods", "-n", release_ns, "-l", "app.kubernetes.io/component=operator",
+            "-o", "name").stdout.strip(), "the operator pod (restricted namespace)")
+        kubeconfig = control_plane.kubeconfig_for_service_account(release_ns, account)
+        assert can_i(control_plane, kubeconfig, "list", "deployments.apps", "--all-namespaces")
+        assert not can_i(control_plane, kubeconfig, "list", "secrets", "-n", work_ns)
+        assert not can_i(control_plane, kubeconfig, "delete", "deployments.apps", "-n", work_ns)
+        operator = lambda: ChartOperator(control_plane, release_ns, release, kubeconfig,  # noqa: E731
+                                         tmp_path / "operator.log")
+        reconcile_end_to_end(control_plane, kube_api, work_ns, redis_server, tmp_path, operator)
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        # crds.keep (default): the CRD, and the policies with it, outlive the release.
+        assert control_plane.kubectl("get", "crd", "stalledpolicies.queues.emq.dev",
+                                     check=False).returncode == 0
+        delete_namespaces(control_plane, release_ns, work_ns)
+
+
+def test_installed_namespaced_the_chart_identity_reconciles_only_there(
+        helm, control_plane, kube_api, redis_server, tmp_path):
+    release, release_ns = "spn", unique("chart-ns")
+    watched, other = unique("chart-watched"), unique("chart-other")
+    restricted_namespace(control_plane, watched)
+    restricted_namespace(control_plane, other)
+    install(helm, control_plane, release, release_ns, "--set", f"watchNamespaces={{{watched}}}")
+    try:
+        kubeconfig = control_plane.kubeconfig_for_service_account(release_ns, f"{release}-stalledpolicy-operator")
+        assert can_i(control_plane, kubeconfig, "patch", "deployments.apps", "-n", watched)
+        assert not can_i(control_plane, kubeconfig, "list", "deployments.apps", "-n", other)
+        assert not can_i(control_plane, kubeconfig, "get", "secrets", "-n", other)
+        assert not can_i(control_plane, kubeconfig, "list", "namespaces")
+        operator = lambda: ChartOperator(control_plane, release_ns, release, kubeconfig,  # noqa: E731
+                                         tmp_path / "operator.log")
+        reconcile_end_to_end(control_plane, kube_api, watched, redis_server, tmp_path, operator)
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        delete_namespaces(control_plane, release_ns, watched, other)
