@@ -35,9 +35,10 @@ def plot(data: dict, output: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = data["rows"]
-    fig, (rate_ax, ping_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (rate_ax, ping_ax, call_ax) = plt.subplots(1, 3, figsize=(15, 5))
     for ax, key, title, unit in ((rate_ax, "jobs_per_s", "recovery rate", "jobs/s"),
-                                 (ping_ax, "ping_p99_ms", "PING p99 of a second client during recovery", "ms")):
+                                 (ping_ax, "ping_p99_ms", "PING p99, second client, during recovery", "ms"),
+                                 (call_ax, "server_max_call_ms", "longest single call (server side)", "ms")):
         for system, (xs, ys) in series(rows, key).items():
             ax.plot(xs, ys, STYLES.get(system, "x-"), label=LABELS.get(system, system))
         ax.set_xscale("log")
@@ -49,11 +50,12 @@ def plot(data: dict, output: Path) -> None:
     skipped = [f"{LABELS.get(r['system'], r['system'])} at N={r['n']:,}" for r in rows if r.get("skipped")]
     rate_ax.legend(fontsize=8)
     machine = data.get("machine", {})
-    note = (f"redis {machine.get('redis', '?')}, {machine.get('cores', '?')} cores, "
-            f"load at start {machine.get('started_load', ['?'])[0]}")
+    load = machine.get("started_load") or [float("nan")]
+    note = (f"redis {machine.get('redis', '?')}, {machine.get('cores', '?')} cores shared with other work "
+            f"(load {load[0]:.1f} at start), server and PING client at nice {machine.get('nice', 0)}")
     if skipped:
-        note += "; skipped (> 10 min projected): " + ", ".join(skipped)
-    fig.suptitle("Stalled-job recovery on one Redis: " + note, fontsize=9)
+        note += "\nnot run (projected > 10 min): " + ", ".join(skipped)
+    fig.suptitle("Stalled-job recovery on one Redis server: " + note, fontsize=9)
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110)

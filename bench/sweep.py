@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -118,24 +119,21 @@ def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
         print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |", file=out)
 
 
-def prioritize(server, nice: int) -> None:
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, server.process.pid, nice)
-
-
 def load_line() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl-C, so the redis-server we started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, action="append", help="expired jobs (repeatable)")
     parser.add_argument("--batch", type=int, action="append", help="jobs per script call (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the runs as JSON here")
     parser.add_argument("--nice", type=int, default=0,
-                        help="run redis-server and the PING client at this niceness (e.g. -10 on a shared "
-                             "machine, so the server and the instrument are not starved; root only)")
+                        help="run the whole benchmark (redis-server, PING client, the drain) at this niceness, "
+                             "e.g. -10 on a machine shared with other work (root only)")
     parser.add_argument("--no-ping", action="store_true",
                         help="no second client (the drain's rate alone, for comparison)")
     args = parser.parse_args(argv)
@@ -144,16 +142,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from stalledpolicy.devenv.redis_server import start_redis
 
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by redis-server and the PING client
     server = start_redis()
     runs: list[SweepRun] = []
     try:
-        prioritize(server, args.nice)
         client = server.client(decode_responses=True)
         print(f"redis-server {client.info('server')['redis_version']} on port {server.port}; {load_line()}",
               flush=True)
         for n in sizes:
             for batch in batches:
-                run = run_one(client, server.port, n, batch, ping=not args.no_ping, nice=args.nice)
+                run = run_one(client, server.port, n, batch, ping=not args.no_ping)
                 runs.append(run)
                 print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
                       f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
