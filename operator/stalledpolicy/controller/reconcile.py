@@ -81,7 +81,7 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
     if changed:
         log.info("sweeper Deployment applied", extra={
             "namespace": namespace, "policy": name, "deployment": deployment_name,
-            "generation": generation, "created": existing is None})
+            "generation": generation, "first_apply": existing is None})
     if old_spec is not None:
         message = events.budget_change_message(old_spec, body.get("spec") or {})
         if message:
