@@ -7,13 +7,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-down test test-fast setup system-packages control-plane bench bench-peers lint clean
+.PHONY: demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers lint clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
 
 demo-down:
 	$(PY) -m stalledpolicy.devenv.demo down
+
+demo-status:
+	$(PY) -m stalledpolicy.devenv.demo status
 
 test: setup control-plane
 	$(PY) -m pytest
