@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from stalledpolicy import engine
-from stalledpolicy.devenv.echomq import EchoMQ, Seeded, read_state
+from stalledpolicy.devenv.echomq import EchoMQ, Seeded, audit, read_state
 from stalledpolicy.keyspace import QueueKeys
 
 pytestmark = pytest.mark.redis
@@ -67,7 +67,7 @@ def assert_each_job_moved_exactly_once(r, mq: EchoMQ, seeded: Seeded) -> None:
     k = mq.keys
     state = read_state(r, mq.queue)
     assert state.active == {}, f"{len(state.active)} jobs still in active"
-    assert mq.audit() == []
+    assert audit(r, mq.queue, ledger=mq.ledger, state=state) == []
     assert set(state.dead) == seeded.at_budget
     for job_id in seeded.ids:
         row = state.rows[job_id]
@@ -159,7 +159,7 @@ def test_two_sweeper_processes_racing_never_move_a_job_twice(redis_server, r, qu
 
 
 def test_a_sweeper_killed_mid_drain_loses_nothing(redis_server, r, queue_name):
-    n = 150_000
+    n = 60_000
     mq = EchoMQ(r, queue_name)
     seeded = _seed(mq, n)
     k = mq.keys
