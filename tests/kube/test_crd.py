@@ -1,0 +1,464 @@
+"""The StalledPolicy CRD on the real API server: applied by server-side apply,
+defaults filled, bad input refused at apply time with a clear message,
+`kubectl explain` teaching every field, printer columns, the status
+subresource, and the builder's Deployment accepted (and garbage-collected
+with its policy)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from stalledpolicy.policy.builder import CONFIG_HASH_ANNOTATION, FIELD_MANAGER, build_sweeper_deployment
+from stalledpolicy.policy.conditions import (
+    READY,
+    REDIS_REACHABLE,
+    SWEEPER_AVAILABLE,
+    Condition,
+    ready_from,
+    set_conditions,
+)
+from stalledpolicy.policy.crd import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION, crd_path, load_crd
+from stalledpolicy.policy.models import StalledPolicySpec
+
+pytestmark = pytest.mark.kube
+
+REPO = Path(__file__).resolve().parents[2]
+APPLY = "application/apply-patch+yaml"
+TEST_MANAGER = "stalledpolicy-tests"
+BASE_SPEC = {"queue": "emails", "redis": {"url": "redis://redis.queues.svc:6379/0"}}
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last failure
+            last, value = exc, None
+        if value:
+            return value
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last})" if last else ""))
+
+
+@pytest.fixture(scope="module")
+def crd_installed(control_plane, kube_api):
+    """The CRD from crds/stalledpolicies.yaml, server-side applied and Established.
+    Left installed: other modules of the session may use it too."""
+    extensions = client.ApiextensionsV1Api(kube_api)
+    extensions.patch_custom_resource_definition(
+        CRD_NAME, load_crd(), field_manager=TEST_MANAGER, force=True, _content_type=APPLY
+    )
+
+    def established():
+        crd = extensions.read_custom_resource_definition(CRD_NAME)
+        status = {c.type: c.status for c in (crd.status.conditions or [])}
+        return status.get("Established") == "True" and status.get("NamesAccepted") == "True"
+
+    wait_for(established, "the CRD to be Established")
+    # Discovery (what kubectl resolves `stp` with) follows shortly after.
+    wait_for(lambda: control_plane.kubectl("get", "stp", "-A", check=False).returncode == 0, "stp in discovery")
+    return CRD_NAME
+
+
+@pytest.fixture
+def objects(kube_api):
+    return client.CustomObjectsApi(kube_api)
+
+
+def policy(name: str, spec: dict, **metadata) -> dict:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, **metadata}, "spec": spec}
+
+
+def create(objects, namespace: str, spec: dict, name: str | None = None) -> dict:
+    body = policy(name or f"p-{uuid.uuid4().hex[:6]}", spec)
+    return objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def refusal(objects, namespace: str, spec: dict) -> str:
+    """The API server's message for a refused create (fails the test if accepted)."""
+    with pytest.raises(ApiException) as info:
+        create(objects, namespace, spec)
+    assert info.value.status == 422, info.value.body
+    return json.loads(info.value.body)["message"]
+
+
+def with_(**changes) -> dict:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec.update(changes)
+    return spec
+
+
+def without(key: str) -> dict:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec.pop(key)
+    return spec
+
+
+# --- the CRD itself ----------------------------------------------------------
+
+
+def test_the_crd_is_established_with_its_names(crd_installed, kube_api):
+    crd = client.ApiextensionsV1Api(kube_api).read_custom_resource_definition(crd_installed)
+    names = crd.status.accepted_names
+    assert (names.kind, names.plural, names.singular) == ("StalledPolicy", "stalledpolicies", "stalledpolicy")
+    assert names.short_names == ["stp"] and names.categories == ["emq"]
+    assert crd.spec.scope == "Namespaced"
+    (version,) = crd.spec.versions
+    assert (version.name, version.served, version.storage) == ("v1alpha1", True, True)
+    assert version.subresources.status is not None
+
+
+def test_applying_the_crd_again_changes_nothing(crd_installed, kube_api):
+    extensions = client.ApiextensionsV1Api(kube_api)
+    before = extensions.read_custom_resource_definition(crd_installed).metadata.resource_version
+    extensions.patch_custom_resource_definition(
+        CRD_NAME, load_crd(), field_manager=TEST_MANAGER, force=True, _content_type=APPLY
+    )
+    assert extensions.read_custom_resource_definition(crd_installed).metadata.resource_version == before
+
+
+def test_the_crd_file_applies_with_kubectl_server_side(crd_installed, control_plane):
+    done = control_plane.kubectl(
+        "apply", "--server-side", "--force-conflicts", f"--field-manager={TEST_MANAGER}", "-f", str(crd_path())
+    )
+    assert "stalledpolicies.queues.emq.dev" in done.stdout
+
+
+# --- accepted, with defaults ---------------------------------------------------
+
+
+def test_a_minimal_policy_gets_the_documented_defaults(crd_installed, objects, kube_namespace):
+    created = create(objects, kube_namespace, dict(BASE_SPEC, redis={"secretRef": {"name": "emails-redis"}}))
+    spec = created["spec"]
+    assert spec["maxStalled"] == 1
+    assert spec["sweepInterval"] == "30s"
+    assert spec["batchSize"] == 100
+    assert spec["suspend"] is False
+    assert spec["redis"]["secretRef"] == {"name": "emails-redis", "key": "url"}
+    assert "sweeper" not in spec
+    # what the API server stores is what the operator's model accepts
+    assert StalledPolicySpec.from_k8s(spec).max_stalled == 1
+
+
+def test_sweeper_overrides_get_their_defaults(crd_installed, objects, kube_namespace):
+    created = create(objects, kube_namespace, with_(sweeper={"image": "registry.example/sweeper:2"}))
+    assert created["spec"]["sweeper"] == {"image": "registry.example/sweeper:2", "replicas": 1}
+
+
+def test_every_example_applies_and_its_values_survive(crd_installed, control_plane, objects, kube_namespace):
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        control_plane.kubectl("apply", "--server-side", f"--field-manager={TEST_MANAGER}", "-n", kube_namespace, "-f", str(path))
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc["kind"] != KIND:
+                continue
+            stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, doc["metadata"]["name"])
+            for key, value in doc["spec"].items():
+                assert stored["spec"][key] == value, (path.name, key)
+            StalledPolicySpec.from_k8s(stored["spec"])
+
+
+def test_a_full_policy_is_accepted_as_written(crd_installed, objects, kube_namespace):
+    spec = {
+        "queue": "tenants.eu-1_x",
+        "maxStalled": 0,
+        "sweepInterval": "1h",
+        "batchSize": 10000,
+        "lanes": [{"name": "imports", "maxStalled": 1}, {"name": "billing", "maxStalled": 0}, {"name": "reports"}],
+        "redis": {"url": "rediss://redis.queues.svc:6380/2"},
+        "suspend": True,
+        "sweeper": {
+            "image": "registry.example/sweeper:2",
+            "replicas": 0,
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": 1, "memory": "128Mi"}},
+            "nodeSelector": {"pool": "queues"},
+            "tolerations": [{"key": "queues", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}],
+            "priorityClassName": "queue-critical",
+        },
+    }
+    assert create(objects, kube_namespace, spec)["spec"] == spec
+
+
+@pytest.mark.parametrize("interval", ["1s", "1000ms", "90s", "1m30s", "0.5h", "1h"])
+def test_intervals_within_bounds_are_accepted(crd_installed, objects, kube_namespace, interval):
+    assert create(objects, kube_namespace, with_(sweepInterval=interval))["spec"]["sweepInterval"] == interval
+
+
+# --- refused at apply time --------------------------------------------------------
+
+
+REFUSED = [
+        (with_(queue="a:b"), ["spec.queue", "queue must not contain"]),
+        (with_(queue="{x}"), ["spec.queue", "queue must not contain"]),
+        (with_(queue="has space"), ["spec.queue", "queue must not contain"]),
+        (with_(queue=""), ["spec.queue", "at least 1 chars long"]),
+        (with_(queue="q" * 129), ["spec.queue", "128"]),
+        (without("queue"), ["spec.queue", "Required value"]),
+        (with_(maxStalled=-1), ["spec.maxStalled", "greater than or equal to 0"]),
+        (with_(lanes=[{"name": "a", "maxStalled": -1}]), ["spec.lanes[0].maxStalled", "greater than or equal to 0"]),
+        (with_(sweepInterval="30"), ["spec.sweepInterval", "must be a number with a unit"]),
+        (with_(sweepInterval="2x"), ["spec.sweepInterval", "must be a number with a unit"]),
+        (with_(sweepInterval="1d"), ["spec.sweepInterval", "must be a number with a unit"]),
+        (with_(sweepInterval="0s"), ["spec.sweepInterval", "must be from 1s to 1h"]),
+        (with_(sweepInterval="999ms"), ["spec.sweepInterval", "must be from 1s to 1h"]),
+        (with_(sweepInterval="2h"), ["spec.sweepInterval", "must be from 1s to 1h"]),
+        (with_(batchSize=0), ["spec.batchSize", "greater than or equal to 1"]),
+        (with_(batchSize=10001), ["spec.batchSize", "less than or equal to 10000"]),
+        (with_(lanes=[{"name": "a"}, {"name": "b"}, {"name": "a", "maxStalled": 2}]), ["spec.lanes[2]", "Duplicate value"]),
+        (with_(lanes=[{"name": "x=y"}]), ["spec.lanes[0].name", "lane name must not contain"]),
+        (with_(redis={}), ["spec.redis", "set exactly one of redis.url"]),
+        (
+            with_(redis={"url": "redis://r:6379/0", "secretRef": {"name": "r", "key": "url"}}),
+            ["spec.redis", "set exactly one of redis.url"],
+        ),
+        (without("redis"), ["spec.redis", "Required value"]),
+        (with_(redis={"url": "http://r:6379"}), ["spec.redis.url", "must start with redis:// or rediss://"]),
+        (with_(redis={"url": "redis://:s3cret@r:6379/0"}), ["spec.redis.url", "must not carry credentials", "secretRef"]),
+        (with_(redis={"url": "redis://r:6379/0?password=s3cret"}), ["spec.redis.url", "must not carry credentials"]),
+        (with_(redis={"secretRef": {"name": "Bad_Name"}}), ["spec.redis.secretRef.name"]),
+        (with_(sweeper={"replicas": -1}), ["spec.sweeper.replicas", "greater than or equal to 0"]),
+        (with_(sweeper={"tolerations": [{"operator": "Maybe"}]}), ["spec.sweeper.tolerations[0].operator", "Exists"]),
+]
+
+
+@pytest.mark.parametrize("spec, words", REFUSED, ids=[f"{i}:{words[0]}" for i, (_, words) in enumerate(REFUSED)])
+def test_bad_input_is_refused_with_a_clear_message(crd_installed, objects, kube_namespace, spec, words):
+    message = refusal(objects, kube_namespace, spec)
+    for word in words:
+        assert word in message, message
+
+
+def test_the_model_refuses_what_the_api_server_refuses(crd_installed, objects, kube_namespace):
+    """The operator's second line agrees with the first on every refused case above."""
+    from stalledpolicy.policy.models import PolicyError
+
+    for spec in (with_(queue="a:b"), with_(maxStalled=-1), with_(sweepInterval="2h"), with_(redis={}),
+                 with_(redis={"url": "redis://:s3cret@r:6379/0"}), with_(lanes=[{"name": "a"}, {"name": "a"}])):
+        refusal(objects, kube_namespace, spec)
+        with pytest.raises(PolicyError):
+            StalledPolicySpec.from_k8s(spec)
+
+
+def test_refused_credentials_are_not_echoed_back(crd_installed, objects, kube_namespace):
+    message = refusal(objects, kube_namespace, with_(redis={"url": "redis://:s3cret@r:6379/0"}))
+    # The CEL message names the field and the fix; the value itself is not part of it.
+    assert "must not carry credentials" in message
+    assert message.count("s3cret") == 0
+
+
+def test_the_queue_is_immutable_but_the_budget_is_not(crd_installed, objects, kube_namespace):
+    created = create(objects, kube_namespace, with_(maxStalled=2), name="orders")
+    with pytest.raises(ApiException) as info:
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, kube_namespace, PLURAL, "orders", {"spec": {"queue": "orders-v2"}}
+        )
+    assert info.value.status == 422
+    assert "queue is immutable; create a new StalledPolicy for another queue" in json.loads(info.value.body)["message"]
+
+    patched = objects.patch_namespaced_custom_object(
+        GROUP, VERSION, kube_namespace, PLURAL, "orders", {"spec": {"maxStalled": 5, "sweepInterval": "10s"}}
+    )
+    assert (patched["spec"]["queue"], patched["spec"]["maxStalled"], patched["spec"]["sweepInterval"]) == ("emails", 5, "10s")
+    assert patched["metadata"]["generation"] == created["metadata"]["generation"] + 1
+
+
+def test_the_immutable_message_reaches_kubectl_apply(crd_installed, control_plane, kube_namespace, tmp_path):
+    manifest = tmp_path / "p.yaml"
+    manifest.write_text(yaml.safe_dump(policy("gitops", with_())))
+    control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(manifest))
+    manifest.write_text(yaml.safe_dump(policy("gitops", with_(queue="other"))))
+    done = control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(manifest), check=False)
+    assert done.returncode != 0
+    assert "queue is immutable; create a new StalledPolicy for another queue" in done.stderr
+
+
+def test_unknown_fields_are_reported_by_kubectl(crd_installed, control_plane, kube_namespace, tmp_path):
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(yaml.safe_dump(policy("typo", with_(maxStaled=3))))
+    done = control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(manifest), check=False)
+    assert done.returncode != 0 and "maxStaled" in done.stderr
+
+
+# --- kubectl explain ------------------------------------------------------------
+
+
+def explain(control_plane, what: str) -> str:
+    done = wait_for(
+        lambda: (lambda d: d if d.returncode == 0 else None)(control_plane.kubectl("explain", what, check=False)),
+        f"kubectl explain {what} (OpenAPI publication)",
+    )
+    return " ".join(done.stdout.split())
+
+
+def test_kubectl_explain_teaches_the_spec(crd_installed, control_plane):
+    text = explain(control_plane, "stalledpolicy.spec")
+    for field in ("queue", "maxStalled", "sweepInterval", "batchSize", "lanes", "redis", "suspend", "sweeper"):
+        assert f"{field} <" in text, field
+    assert "The EchoMQ queue name" in text
+    assert "Immutable: to sweep another queue, create a new StalledPolicy" in text
+    assert "The stall budget" in text
+    assert "Time between two sweeps, from 1s to 1h" in text
+
+
+def test_kubectl_explain_gives_the_budget_table(crd_installed, control_plane):
+    text = explain(control_plane, "stp.spec.maxStalled")
+    assert "maxStalled 0: never dead-letter" in text
+    assert "maxStalled 1: no recovery" in text
+    assert "maxStalled 2: one recovery" in text
+    assert "n allows n-1 recoveries" in text
+
+
+def test_kubectl_explain_reaches_nested_fields(crd_installed, control_plane):
+    assert "overriding spec.maxStalled" in explain(control_plane, "stalledpolicy.spec.lanes.maxStalled")
+    assert "never copied into the Deployment" in explain(control_plane, "stalledpolicy.spec.redis")
+    assert "morgue" in explain(control_plane, "stalledpolicy.status.deadLetters")
+
+
+# --- status subresource and printer columns -----------------------------------------
+
+
+def _status(generation: int) -> dict:
+    conditions = set_conditions(
+        [],
+        [
+            Condition(SWEEPER_AVAILABLE, "True", "Available", "1 of 1 sweeper replicas available"),
+            Condition(REDIS_REACHABLE, "True", "Reachable", "the queue was read"),
+        ],
+        generation,
+        "2026-12-02T16:00:00Z",
+    )
+    ready = ready_from(conditions)
+    conditions = set_conditions(conditions, [ready], generation, "2026-12-02T16:00:00Z")
+    return {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "deadLetters": 3,
+        "pending": 41,
+        "active": 7,
+        "recoveredTotal": 12,
+        "deadLetteredTotal": 3,
+        "orphansTotal": 1,
+        "quarantinedTotal": 0,
+        "oldestDeadLetterTime": "2026-12-02T15:00:00Z",
+        "lanes": [{"name": "imports", "pending": 5, "deadLettered": 2, "recovered": 4}],
+        "lastReplay": {"token": "r1", "replayed": 2, "time": "2026-12-02T15:30:00Z", "lane": "imports"},
+        "lastUpdateTime": "2026-12-02T16:00:00Z",
+        "sweeperDeployment": "tenants-sweeper",
+    }
+
+
+@pytest.fixture
+def tenants(crd_installed, objects, kube_namespace):
+    created = create(objects, kube_namespace, with_(queue="tenants", maxStalled=2, sweepInterval="15s",
+                                                   lanes=[{"name": "imports", "maxStalled": 1}]), name="tenants")
+    status = _status(created["metadata"]["generation"])
+    objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": status})
+    return status
+
+
+def test_the_status_the_operator_writes_is_stored_whole(tenants, objects, kube_namespace):
+    stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants")
+    assert stored["status"] == tenants
+
+
+def test_status_is_only_written_through_the_subresource(tenants, objects, kube_namespace):
+    objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": {"deadLetters": 999}})
+    stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants")
+    assert stored["status"]["deadLetters"] == 3
+
+
+def test_a_status_condition_with_a_bad_reason_is_refused(tenants, objects, kube_namespace):
+    bad = copy.deepcopy(tenants["conditions"])
+    bad[0]["reason"] = "not a reason"
+    with pytest.raises(ApiException) as info:
+        objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": {"conditions": bad}})
+    assert info.value.status == 422 and "reason" in json.loads(info.value.body)["message"]
+
+
+def table(control_plane, *args: str) -> list[list[str]]:
+    out = control_plane.kubectl("get", *args).stdout
+    return [line.split() for line in out.strip().splitlines()]
+
+
+def test_printer_columns(tenants, control_plane, kube_namespace):
+    header, row = table(control_plane, "stp", "-n", kube_namespace)
+    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "AGE"]
+    assert row[:6] == ["tenants", "tenants", "2", "15s", "3", "True"]
+
+
+def test_wide_printer_columns_add_pending_and_active(tenants, control_plane, kube_namespace):
+    header, row = table(control_plane, "stalledpolicies", "-n", kube_namespace, "-o", "wide")
+    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "PENDING", "ACTIVE", "AGE"]
+    assert row[:8] == ["tenants", "tenants", "2", "15s", "3", "True", "41", "7"]
+
+
+def test_the_emq_category_lists_policies(tenants, control_plane, kube_namespace):
+    out = control_plane.kubectl("get", "emq", "-n", kube_namespace, "-o", "name").stdout
+    assert "stalledpolicy.queues.emq.dev/tenants" in out
+
+
+def test_kubectl_wait_for_ready_works_on_the_condition(tenants, control_plane, kube_namespace):
+    control_plane.kubectl("wait", "-n", kube_namespace, "--for=condition=Ready", "stp/tenants", "--timeout=20s")
+
+
+# --- the builder's Deployment on the real API ---------------------------------------
+
+
+def apply_deployment(apps, deployment: dict):
+    return apps.patch_namespaced_deployment(
+        deployment["metadata"]["name"], deployment["metadata"]["namespace"], deployment,
+        field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+    )
+
+
+def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_policy(
+    crd_installed, objects, kube_api, kube_namespace
+):
+    apps = client.AppsV1Api(kube_api)
+    created = create(objects, kube_namespace, with_(redis={"secretRef": {"name": "emails-redis", "key": "url"}},
+                                                   lanes=[{"name": "imports", "maxStalled": 1}]), name="emails")
+    uid = created["metadata"]["uid"]
+
+    def built(raw_spec, generation):
+        return build_sweeper_deployment("emails", kube_namespace, uid, StalledPolicySpec.from_k8s(raw_spec),
+                                        image="stalledpolicy:test", generation=generation)
+
+    first = apply_deployment(apps, built(created["spec"], 1))
+    assert first.metadata.name == "emails-sweeper"
+    again = apply_deployment(apps, built(created["spec"], 1))
+    assert again.metadata.resource_version == first.metadata.resource_version  # nothing changed
+
+    env = {e.name: e for e in again.spec.template.spec.containers[0].env}
+    assert env["STALLEDPOLICY_REDIS_URL"].value is None
+    assert env["STALLEDPOLICY_REDIS_URL"].value_from.secret_key_ref.name == "emails-redis"
+
+    patched = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails", {"spec": {"maxStalled": 4}})
+    changed = apply_deployment(apps, built(patched["spec"], patched["metadata"]["generation"]))
+    assert changed.metadata.generation == first.metadata.generation + 1
+    old_hash = first.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    assert changed.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION] != old_hash
+    assert {e.name: e.value for e in changed.spec.template.spec.containers[0].env}["STALLEDPOLICY_MAX_STALLED"] == "4"
+
+    suspended = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails", {"spec": {"suspend": True}})
+    assert apply_deployment(apps, built(suspended["spec"], suspended["metadata"]["generation"])).spec.replicas == 0
+
+    objects.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails")
+
+    def collected():
+        try:
+            apps.read_namespaced_deployment("emails-sweeper", kube_namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(collected, "the garbage collector to delete the sweeper with its policy", timeout=90)
