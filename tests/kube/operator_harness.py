@@ -31,6 +31,11 @@ OPERATOR_RULES = [
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies/status"],
      "verbs": ["get", "patch"]},
+    # The sweeper's owner reference blocks the policy's deletion until it is gone
+    # (blockOwnerDeletion): clusters enforcing OwnerReferencesPermissionEnforcement
+    # require this.
+    {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies/finalizers"],
+     "verbs": ["update"]},
     # The sweepers: server-side applied (create + patch), watched for availability.
     {"apiGroups": ["apps"], "resources": ["deployments"],
      "verbs": ["get", "list", "watch", "create", "patch"]},

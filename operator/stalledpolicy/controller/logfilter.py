@@ -14,6 +14,8 @@ import logging
 import threading
 
 _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
+# Watch-event handlers succeed on every event of every object: not news.
+_QUIET = ("Handler 'on_policy_event' succeeded.", "Handler 'on_sweeper_event' succeeded.")
 _REPEATABLE = ("failed temporarily", "failed with an exception. Will retry")
 _MEMORY = 10_000
 
@@ -36,6 +38,8 @@ class KopfRecordFilter(logging.Filter):
         if ref.get("name") and not hasattr(record, "object"):
             record.object = f"{ref.get('kind', '')}/{ref.get('name')}".lstrip("/")
         message = record.getMessage()
+        if message in _QUIET:
+            return False
         key = (ref.get("uid") or (ref.get("namespace"), ref.get("name")), record.name)
         with self._lock:
             if any(marker in message for marker in _REPEATABLE):
