@@ -118,7 +118,8 @@ class Claim:
 @dataclass
 class Ledger:
     """What the producers and workers know: every id ever minted, and the ids
-    whose completion the server confirmed. Shared by every client of a test."""
+    whose completion the server confirmed (or that were purged on purpose).
+    Shared by every client of a test."""
 
     minted: set[str] = field(default_factory=set)
     completed: set[str] = field(default_factory=set)
@@ -131,6 +132,11 @@ class Ledger:
     def add_completed(self, job_id: str) -> None:
         with self.lock:
             self.completed.add(job_id)
+
+    def retire(self, ids: Iterable[str]) -> None:
+        """Jobs that left the queue on purpose without completing (a morgue purge)."""
+        with self.lock:
+            self.completed.update(ids)
 
 
 class EchoMQ:
@@ -150,33 +156,30 @@ class EchoMQ:
     # producer ---------------------------------------------------------------
 
     def enqueue(self, payload: str = "{}", group: str | None = None) -> str:
-        k = self.keys
-        target = k.lane_pending(group) if group else k.pending
         while True:
-            job_id = mint_id()
-            added = _call(
-                "enqueue", self.client,
-                [k.job(job_id), target, k.ring, k.paused, k.glimit, k.gactive, k.wake],
-                [job_id, payload, group or ""],
-            )
-            if int(added) == 1:
-                self.ledger.add_minted([job_id])
-                return job_id
+            admitted = self._admit([mint_id()], payload, group)
+            if admitted:
+                return admitted[0]
 
-    def enqueue_many(self, count: int, group: str | None = None, payload: str = "{}") -> list[str]:
-        pipe = self.client.pipeline(transaction=False)
+    def enqueue_many(self, count: int, group: str | None = None, payload: str = "{}",
+                     chunk: int = 1_000) -> list[str]:
+        """``count`` jobs, one script call per ``chunk`` (works on a cluster,
+        where pipelined EVALSHA is not allowed)."""
+        admitted: list[str] = []
+        while len(admitted) < count:
+            wanted = min(chunk, count - len(admitted))
+            admitted += self._admit(mint_ids(wanted), payload, group)
+        return admitted
+
+    def _admit(self, ids: list[str], payload: str, group: str | None) -> list[str]:
         k = self.keys
         target = k.lane_pending(group) if group else k.pending
-        ids = mint_ids(count)
-        script = _script("enqueue")
-        for job_id in ids:
-            pipe.evalsha(script.sha, 7, k.job(job_id), target, k.ring, k.paused, k.glimit,
-                         k.gactive, k.wake, job_id, payload, group or "")
-        _load(self.client, "enqueue")
-        results = _text(pipe.execute())
-        accepted = [i for i, ok in zip(ids, results) if int(ok) == 1]
-        self.ledger.add_minted(accepted)
-        return accepted
+        admitted = _call(
+            "enqueue", self.client, [target, k.ring, k.paused, k.glimit, k.gactive, k.wake],
+            [self.stems.row, payload, group or "", *ids],
+        ) or []
+        self.ledger.add_minted(admitted)
+        return list(admitted)
 
     # worker -----------------------------------------------------------------
 
@@ -301,12 +304,6 @@ class EchoMQ:
         seeded = seed_stalled(self.client, self.queue, n, **kwargs)
         self.ledger.add_minted(seeded.ids)
         return seeded
-
-
-def _load(client: Any, name: str) -> None:
-    """Pipelines send EVALSHA only: load the body first (a cluster client loads
-    it on every primary)."""
-    client.script_load(_script(name).body)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""A three-node Redis Cluster on loopback: every queue lives in one slot (its
+hash tag), queues spread over the nodes, and the sweep, the snapshot and every
+morgue operation work there as on a single server."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import pytest
+import redis
+
+from stalledpolicy import engine
+from stalledpolicy.devenv.echomq import EchoMQ, read_state
+from stalledpolicy.devenv.redis_server import start_cluster
+from stalledpolicy.keyspace import QueueKeys
+
+pytestmark = pytest.mark.redis
+
+BUDGETS = engine.Budgets(default=2, lanes={"vip": 0, "bulk": 1})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        pytest.fail("redis-server and redis-cli are missing: .ci/run installs them (apt-get install -y redis-server)")
+    nodes = start_cluster(3)
+    yield nodes
+    nodes.stop()
+    for node in nodes.nodes:
+        shutil.rmtree(node.workdir, ignore_errors=True)
+
+
+@pytest.fixture(params=[True, False], ids=["decoded", "raw"])
+def cc(cluster, request):
+    client = cluster.client(decode_responses=request.param)
+    client.flushall()  # every primary
+    yield client
+    client.close()
+
+
+def queues_on_every_node(client, per_node: int = 1) -> dict[int, list[str]]:
+    """Queue names whose slot lands on each primary (port -> names)."""
+    ports = {node.port for node in client.get_primaries()}
+    found: dict[int, list[str]] = {port: [] for port in ports}
+    for i in itertools.count():
+        name = f"orders-{i}"
+        port = client.get_node_from_key(QueueKeys(name).active).port
+        if len(found[port]) < per_node:
+            found[port].append(name)
+        if all(len(names) >= per_node for names in found.values()):
+            return found
+        assert i < 10_000
+
+
+def _node_client(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+
+
+def test_the_cluster_has_three_primaries_sharing_every_slot(cluster):
+    client = cluster.client(decode_responses=True)
+    primaries = client.get_primaries()
+    assert len(primaries) == 3
+    info = _node_client(primaries[0].port).cluster("info")
+    assert info["cluster_state"] == "ok" and int(info["cluster_slots_assigned"]) == 16384
+    client.close()
+
+
+def test_sweep_snapshot_and_morgue_on_queues_spread_over_the_nodes(cc, cluster):
+    placement = queues_on_every_node(cc)
+    assert len(placement) == 3
+    for port, (queue,) in placement.items():
+        mq = EchoMQ(cc, queue)
+        k = mq.keys
+        # live traffic: flat and grouped work, a lane at its limit, a paused lane
+        mq.set_lane_limit("bulk", 1)
+        mq.enqueue_many(3)
+        mq.enqueue_many(2, group="bulk")
+        mq.enqueue_many(2, group="vip")
+        mq.enqueue_many(1, group="held")
+        held = [mq.claim(60_000, "any") for _ in range(5)]
+        assert all(held)
+        mq.pause("held")
+        # what a dead worker fleet leaves behind, on top
+        seeded = mq.seed_stalled(300, groups=["bulk", "vip", "plain"], budget=BUDGETS.default,
+                                 lane_budgets=BUDGETS.lanes, at_budget_fraction=0.3)
+        for claim in held[:3]:
+            mq.expire(claim)
+        expired = 300 + 3
+        assert mq.audit() == []
+
+        # the data of this queue lives on its own node, all of it
+        node = _node_client(port)
+        assert node.zcard(k.active) == expired + 2
+        node.close()
+
+        swept = engine.drain(cc, queue, BUDGETS, 50)
+        assert swept.recovered + swept.dead_lettered == expired
+        assert swept.calls >= expired // 50
+        assert swept.dead_lettered >= len(seeded.at_budget)
+        assert mq.audit() == []
+        state = read_state(cc, queue)
+        assert len(state.active) == 2 and len(state.dead) == swept.dead_lettered
+
+        snap = engine.queue_snapshot(cc, queue, lanes=["bulk", "vip"])
+        assert (snap.active, snap.dead) == (2, swept.dead_lettered)
+        assert (snap.recovered_total, snap.dead_lettered_total) == (swept.recovered, swept.dead_lettered)
+        assert {lane.name: lane.dead_lettered_total for lane in snap.lanes} == {
+            name: swept.lanes[name].dead_lettered for name in ("bulk", "vip")}
+        assert snap.lanes[1].dead_lettered_total == 0  # vip: budget 0, never dead-lettered
+
+        stats = engine.morgue_stats(cc, queue)
+        assert stats.size == swept.dead_lettered
+        assert sum(stats.lanes.values()) == stats.size and "vip" not in stats.lanes
+        assert stats.oldest_dead_at_ms is not None
+        listed = engine.morgue_list(cc, queue, lane="bulk", limit=1_000)
+        assert {job.id for job in listed} == {j for j in state.dead if state.rows[j].group == "bulk"}
+        assert all(job.last_error == "stalled" and job.lane == "bulk" for job in listed)
+
+        # replay one lane: back to the lane (with the ring rule), stall count reset
+        replayed = engine.morgue_replay(cc, queue, lane="bulk")
+        assert replayed.replayed == len(listed) and replayed.lanes == {"bulk": len(listed)}
+        after = read_state(cc, queue)
+        assert set(replayed.ids) <= set(after.lanes["bulk"])
+        assert all(after.rows[j].state == "pending" and after.rows[j].stalled in (None, "0")
+                   for j in replayed.ids)
+        assert mq.audit() == []
+
+        # purge the rest (dry run first: nothing moves)
+        rest = engine.morgue_stats(cc, queue).size
+        assert engine.morgue_purge(cc, queue, dry_run=True).purged == rest
+        assert engine.morgue_stats(cc, queue).size == rest
+        purged = engine.morgue_purge(cc, queue, older_than_s=0)
+        assert purged.purged == rest
+        mq.ledger.retire(purged.ids)
+        assert engine.morgue_stats(cc, queue).size == 0
+        assert all(not cc.exists(k.job(j)) for j in purged.ids)
+        assert mq.audit() == []
+
+        # workers carry on: the ring serves the replayed lane
+        claim = mq.claim(60_000, "grouped")
+        assert claim is not None
+        assert mq.complete(claim) is True
+        assert mq.audit() == []
+
+
+def test_one_script_call_per_queue_never_crosses_slots(cc):
+    """Each queue's sweep touches only its own slot: draining one queue leaves
+    a queue on another node untouched."""
+    placement = queues_on_every_node(cc)
+    first, second = [names[0] for names in list(placement.values())[:2]]
+    mq_first, mq_second = EchoMQ(cc, first), EchoMQ(cc, second)
+    mq_first.seed_stalled(50)
+    mq_second.seed_stalled(50)
+    before = read_state(cc, second)
+    engine.drain(cc, first, BUDGETS, 10)
+    assert read_state(cc, first).active == {}
+    assert read_state(cc, second) == before
+    engine.drain(cc, second, BUDGETS, 10)
+    assert mq_first.audit() == [] and mq_second.audit() == []
