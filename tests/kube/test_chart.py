@@ -139,11 +139,13 @@ def test_namespaced_rbac_grants_only_the_watched_namespaces(helm):
     docs = helm.template("--set", "watchNamespaces={team-a,team-b}")
     roles = by_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    cluster_scoped = rule_set([{"apiGroups": ["apiextensions.k8s.io"],
-                                "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}])
+    # kopf lists and watches CRDs and namespaces even when given namespace names.
+    cluster_scoped = rule_set([
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
     for role in roles:
-        assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - cluster_scoped - {
-            ("", "namespaces", "list"), ("", "namespaces", "watch")}
+        assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - cluster_scoped
     [cluster_role] = by_kind(docs, "ClusterRole")
     assert rule_set(cluster_role["rules"]) == cluster_scoped
     assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
@@ -324,7 +326,10 @@ def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, 
         assert condition(current, "RedisReachable")["status"] == "True"
         assert client.zscore(QueueKeys(queue).dead, poison) is not None
         log = operator.log()
-        assert "403" not in log and "forbidden" not in log.lower(), log[-3000:]
+        # kopf reports missing permissions as warnings and carries on half-blind: none allowed.
+        lowered = log.lower()
+        assert "forbidden" not in lowered and "http 403" not in lowered, log[-3000:]
+        assert "not enough permissions" not in lowered, log[-3000:]
     finally:
         pods.stop()
         code = operator.stop()
@@ -370,7 +375,7 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
         assert can_i(control_plane, kubeconfig, "patch", "deployments.apps", "-n", watched)
         assert not can_i(control_plane, kubeconfig, "list", "deployments.apps", "-n", other)
         assert not can_i(control_plane, kubeconfig, "get", "secrets", "-n", other)
-        assert not can_i(control_plane, kubeconfig, "list", "namespaces")
+        assert not can_i(control_plane, kubeconfig, "patch", "stalledpolicies.queues.emq.dev", "-n", other)
         operator = lambda: ChartOperator(control_plane, release_ns, release, kubeconfig,  # noqa: E731
                                          tmp_path / "operator.log")
         reconcile_end_to_end(control_plane, kube_api, watched, redis_server, tmp_path, operator)

@@ -99,7 +99,7 @@ tests run with.
   verbs: [list, watch]
 {{- end -}}
 
-{{/* Cluster-wide only: kopf follows namespaces as they come and go. */}}
+{{/* kopf follows namespaces as they come and go (it lists them even when given names). */}}
 {{- define "stalledpolicy.namespaceRules" -}}
 - apiGroups: [""]
   resources: [namespaces]
