@@ -46,6 +46,7 @@ DEFAULT_STATE_DIR = Path.home() / ".cache" / "stalledpolicy" / "plane"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 CLUSTER_NAME = "stalledpolicy-local"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 # Enough for the operator's world: ownership, namespaces, service accounts and
 # their tokens, aggregated ClusterRoles (admin/edit/view), Deployments that get
@@ -117,6 +118,10 @@ class Pki:
     admin_key = property(lambda self: self.dir / "admin.key")
     controller_manager_cert = property(lambda self: self.dir / "controller-manager.crt")
     controller_manager_key = property(lambda self: self.dir / "controller-manager.key")
+    front_proxy_ca_cert = property(lambda self: self.dir / "front-proxy-ca.crt")
+    front_proxy_ca_key = property(lambda self: self.dir / "front-proxy-ca.key")
+    front_proxy_client_cert = property(lambda self: self.dir / "front-proxy-client.crt")
+    front_proxy_client_key = property(lambda self: self.dir / "front-proxy-client.key")
     service_account_key = property(lambda self: self.dir / "sa.key")
     service_account_pub = property(lambda self: self.dir / "sa.pub")
 
@@ -124,11 +129,12 @@ class Pki:
 def generate_pki(directory: Path) -> Pki:
     """A CA, the API server's serving certificate (127.0.0.1, localhost and the
     in-cluster names), client certificates for the admin (``system:masters``)
-    and the controller manager, and the service-account signing key pair."""
+    and the controller manager, a front-proxy CA and client certificate, and the
+    service-account signing key pair."""
     try:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec, rsa
+        from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ControlPlaneError(
@@ -153,28 +159,31 @@ def generate_pki(directory: Path) -> Pki:
             attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
         return x509.Name(attributes)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = name("stalledpolicy-local-ca")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(not_before).not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
-        ), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    write_key(pki.ca_key, ca_key)
-    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    def authority(cert_path: Path, key_path: Path, common_name: str):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = name(common_name)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(not_before).not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+            ), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        write_key(key_path, key)
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return subject, key
 
-    def leaf(cert_path: Path, key_path: Path, subject: x509.Name, usage, sans=None) -> None:
+    def leaf(issuer, cert_path: Path, key_path: Path, subject: x509.Name, usage, sans=None) -> None:
+        issuer_name, issuer_key = issuer
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (
             x509.CertificateBuilder()
-            .subject_name(subject).issuer_name(ca_name).public_key(key.public_key())
+            .subject_name(subject).issuer_name(issuer_name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(not_before).not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(
@@ -182,14 +191,21 @@ def generate_pki(directory: Path) -> Pki:
                 key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False,
             ), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         write_key(key_path, key)
-        cert_path.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+        cert_path.write_bytes(builder.sign(issuer_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
 
-    leaf(pki.serving_cert, pki.serving_key, name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, [
+    ca = authority(pki.ca_cert, pki.ca_key, "stalledpolicy-local-ca")
+    # The aggregation layer's own CA: the API server proxies to extension API servers
+    # as front-proxy-client, and delegating servers (the controller manager) read it.
+    front_proxy_ca = authority(pki.front_proxy_ca_cert, pki.front_proxy_ca_key, "stalledpolicy-local-front-proxy-ca")
+    leaf(front_proxy_ca, pki.front_proxy_client_cert, pki.front_proxy_client_key, name(FRONT_PROXY_CLIENT),
+         ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    leaf(ca, pki.serving_cert, pki.serving_key, name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         # The "kubernetes" Service's cluster IP: the first address of the range.
         x509.IPAddress(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts())),
@@ -199,12 +215,14 @@ def generate_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
     ])
-    leaf(pki.admin_cert, pki.admin_key, name("stalledpolicy-admin", "system:masters"),
+    leaf(ca, pki.admin_cert, pki.admin_key, name("stalledpolicy-admin", "system:masters"),
          ExtendedKeyUsageOID.CLIENT_AUTH)
-    leaf(pki.controller_manager_cert, pki.controller_manager_key, name("system:kube-controller-manager"),
+    leaf(ca, pki.controller_manager_cert, pki.controller_manager_key, name("system:kube-controller-manager"),
          ExtendedKeyUsageOID.CLIENT_AUTH)
 
-    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    # ES256 service-account tokens: as valid as RS256 to every client, and the key is
+    # made in microseconds where an RSA key costs up to a second on a busy machine.
+    sa_key = ec.generate_private_key(ec.SECP256R1())
     write_key(pki.service_account_key, sa_key)
     pki.service_account_pub.write_bytes(sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
@@ -440,6 +458,13 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
             # The "kubernetes" Service cannot point at a loopback address.
             "--endpoint-reconciler-type=none",
         ])
