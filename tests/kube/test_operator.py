@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.wiring import build_controller
+from stalledpolicy.devenv.ports import free_port
 from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply_crd, condition,
                                          events_for, operator_kubeconfig, policy_manifest,
                                          redis_secret, wait_for)
@@ -20,6 +21,7 @@ from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
+LIVENESS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def operator(control_plane, kube_api, tmp_path_factory):
     apply_crd(control_plane)
     kubeconfig = operator_kubeconfig(control_plane, kube_api)
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(kubeconfig, log_path, "--all-namespaces")
+    process = OperatorProcess(kubeconfig, log_path, "--all-namespaces",
+                              "--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz")
     yield process
     code = process.stop()
     assert code == 0, f"the operator did not exit cleanly on SIGTERM ({code}):\n{process.log()[-3000:]}"
@@ -224,3 +227,27 @@ def test_operator_logs_are_json_and_never_hold_the_password(operator):
         entry = json.loads(line)
         assert "settings" not in entry
     assert "redis://" not in operator.log() or all("@" not in l for l in lines if "redis://" in l)
+
+
+def test_liveness_endpoint_answers(operator):
+    import urllib.request
+
+    def healthy():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    wait_for(healthy, "the liveness endpoint", timeout=20)
+
+
+def test_a_deleted_sweeper_is_put_back(operator, apis, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("phoenix", queue_name))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "phoenix-sweeper"), "the sweeper")
+    apps.delete_namespaced_deployment("phoenix-sweeper", kube_namespace)
+    again = wait_for(lambda: (lambda d: d if d is not None and d.metadata.uid != first.metadata.uid else None)(
+        read_deployment(apps, kube_namespace, "phoenix-sweeper")), "the sweeper re-created")
+    assert again.metadata.owner_references[0].uid == first.metadata.owner_references[0].uid
+

@@ -275,3 +275,31 @@ def test_probe_port_resolves_a_named_port_and_remaps_it():
     probe = {"httpGet": {"path": "/readyz", "port": "metrics"}}
     assert probe_port(probe, container, {9090: 40001}) == (40001, "/readyz")
     assert probe_port(None, container, {}) is None
+
+
+# -- reconcile and CLI without a cluster ------------------------------------------------
+
+def test_a_spec_the_models_reject_is_recorded_and_permanent():
+    from stalledpolicy.controller.events import NullRecorder
+    from stalledpolicy.controller.reconcile import InvalidPolicy, reconcile
+    from stalledpolicy.controller.runtime import Controller
+
+    recorder = NullRecorder()
+    ctl = Controller(OperatorConfig(), apps=None, core=None, custom=None, recorder=recorder,
+                     secrets=SecretReader(lambda ns, name: None, ttl=1), clients=RedisClients(),
+                     snapshot_fn=lambda *a, **k: None)
+    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "generation": 3, "resourceVersion": "1"},
+            "spec": {"queue": "orders", "redis": {"url": "redis://:pw@db:6379"}}}
+    with pytest.raises(InvalidPolicy, match="spec.redis.url"):
+        reconcile(ctl, body)
+    outcome = ctl.policies[("ns", "p")].outcome
+    assert (outcome.ok, outcome.reason, outcome.generation) == (False, "InvalidSpec", 3)
+    assert "pw" not in outcome.message
+    assert [e[2] for e in recorder.events] == ["InvalidSpec"]
+
+
+def test_operator_command_needs_a_scope(capsys):
+    from stalledpolicy.cli import main
+
+    assert main(["operator"]) == 2
+    assert "--all-namespaces" in capsys.readouterr().err
