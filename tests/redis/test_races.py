@@ -184,3 +184,38 @@ def test_a_sweeper_killed_mid_drain_loses_nothing(redis_server, r, queue_name):
     finished = engine.drain(r, queue_name, BUDGETS, 1_000)
     assert finished.recovered + finished.dead_lettered == left
     assert_each_job_moved_exactly_once(r, mq, seeded)
+
+
+@pytest.mark.parametrize("group", [None, "a"])
+def test_a_zombie_heartbeat_after_a_recovery_is_not_swept_as_a_second_stall(r, queue_name, group):
+    """EchoMQ's lease extension re-adds an id to ``active`` whenever the token
+    matches: the stalled worker's heartbeat, arriving after the sweep returned
+    its job, leaves the id both waiting and in ``active``. When that stray lease
+    lapses, the sweep must drop the stray entry, not count a second stall (which
+    would dead-letter a waiting job into two places, or free a lane slot twice)."""
+    mq = EchoMQ(r, queue_name)
+    k = mq.keys
+    if group:
+        mq.set_lane_limit(group, 2)
+    zombie_job, busy_job = mq.enqueue_many(2, group=group)
+    zombie = mq.claim(60_000, "any")
+    busy = mq.claim(60_000, "any")  # a healthy worker keeps the other job in flight
+    assert (zombie.id, busy.id) == (zombie_job, busy_job)
+    mq.expire(zombie)
+    assert engine.sweep_batch(r, queue_name, engine.Budgets(2), 10).recovered == 1
+    if group:
+        mq.pause(group)  # nobody re-claims it before the stray lease lapses
+
+    assert mq.extend(zombie, 60_000) is True  # EchoMQ's own extension, token still valid
+    mq.expire(zombie)
+    result = engine.sweep_batch(r, queue_name, engine.Budgets(2), 10)
+
+    assert (result.recovered, result.dead_lettered, result.quarantined) == (0, 0, 0)
+    assert result.orphans == 1  # an active entry with no job in flight behind it
+    assert mq.where_is(zombie_job).places == ([f"lane:{group}"] if group else ["pending"])
+    assert r.hget(k.job(zombie_job), "stalled") == "1"  # one real stall, counted once
+    assert mq.audit() == []
+    if group:
+        assert r.hget(k.gactive, group) == "1"  # the busy job's slot is still held
+    assert mq.complete(busy) is True
+    assert mq.audit() == []

@@ -119,22 +119,41 @@ local function quarantine(id, row, g, problem, fence)
     '{"event":"failed","job":' .. json_string(id) .. ',"reason":' .. json_string(reason) .. '}')
 end
 
+-- A stray lease: the row says the job waits in pending (or its lane),
+-- schedule or dead, and it does sit there. EchoMQ's lease extension re-adds an
+-- id to active whenever the token matches (a stalled worker's late heartbeat
+-- after a recovery does exactly that), so such an entry has no job in flight
+-- behind it: counting a stall would move a waiting job a second time.
+local function waits_elsewhere(id, g, state)
+  if state == 'pending' then
+    if g then return redis.call('ZSCORE', prefix .. 'g:' .. g .. ':pending', id) ~= false end
+    return redis.call('ZSCORE', KEYS[2], id) ~= false
+  elseif state == 'dead' then
+    return redis.call('ZSCORE', KEYS[3], id) ~= false
+  elseif state == 'scheduled' then
+    return redis.call('ZSCORE', prefix .. 'schedule', id) ~= false
+  end
+  return false
+end
+
 local row_prefix = prefix .. 'job:'
 for _, id in ipairs(expired) do
   local row = row_prefix .. id
-  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts')
+  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
   if f.err then
     -- Not a hash: nothing on it can be written. The id goes to the morgue
     -- as-is; morgue_list names the key type as the problem.
     local kind = redis.call('TYPE', row).ok
     quarantine(id, nil, nil, 'job row is a ' .. kind .. ', not a hash', false)
   else
-    local g, stalled_raw, attempts_raw = f[1], f[2], f[3]
+    local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
     -- every claimed row has attempts, so EXISTS runs only for rare rows
     if g == false and stalled_raw == false and attempts_raw == false
         and redis.call('EXISTS', row) == 0 then
       -- completed (row deleted) while still listed in active: never recreate it
       orphans = orphans + 1
+    elseif state and state ~= 'active' and waits_elsewhere(id, g, state) then
+      orphans = orphans + 1 -- a stray lease: drop the entry, touch nothing else
     else
       local stalled = count_of(stalled_raw)
       local attempts = count_of(attempts_raw)
