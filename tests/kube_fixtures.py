@@ -9,8 +9,9 @@ for the whole session (``stalledpolicy.devenv.controlplane``).
 
 A test using any of them is marked ``kube`` automatically, so ``-m "not kube"``
 leaves the plane unstarted; a test marked ``kube`` gets the plane started even
-when it only shells out to kubectl. Missing binaries are built first
-(``hack/control-plane/build.sh``; CI builds them beforehand). When a test of the
+when it only shells out to kubectl. Missing binaries are built once collection
+is done, before the first test (``hack/control-plane/build.sh``; CI builds them
+beforehand). When a test of the
 session failed, the control-plane logs are copied to a directory named in the
 terminal summary. ``STALLEDPOLICY_KUBECONFIG`` points the fixtures at a plane
 that is already up (``hack/control-plane/up.sh up``) instead of starting one.
@@ -26,12 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from stalledpolicy.devenv.controlplane import ControlPlane
+from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries
 
 KUBE_FIXTURES = {"control_plane", "kubeconfig", "kube_api", "kube_namespace"}
 EXTERNAL_KUBECONFIG_ENV = "STALLEDPOLICY_KUBECONFIG"
 
 _kept_logs: list[Path] = []
+_binaries_error: str | None = None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,6 +46,20 @@ def pytest_collection_modifyitems(config, items):
         elif item.get_closest_marker("kube"):
             # Set up like a requested fixture, so the plane is up before the test runs.
             names.append("control_plane")
+
+
+def pytest_collection_finish(session):
+    """Build missing binaries before any test runs: a cold build takes far longer
+    than the per-test timeout, which would count it if the fixture did it."""
+    global _binaries_error
+    if os.environ.get(EXTERNAL_KUBECONFIG_ENV) or not any(i.get_closest_marker("kube") for i in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        try:
+            ensure_binaries()  # returns at once when the cache is complete
+        except ControlPlaneError as exc:
+            _binaries_error = str(exc)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -74,6 +90,8 @@ def control_plane(request):
     if external:
         yield _external_plane(Path(external))
         return
+    if _binaries_error:
+        pytest.fail(f"control-plane binaries: {_binaries_error}")
     started = time.monotonic()
     plane = ControlPlane().start()
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

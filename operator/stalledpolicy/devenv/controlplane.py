@@ -602,8 +602,9 @@ def _up(args: argparse.Namespace) -> int:
         existing.stop()  # leftovers of a plane that died: clear them before starting over
     started = time.monotonic()
     plane = ControlPlane(state_dir=state_dir, detached=True).start()
+    where = "" if state_dir == DEFAULT_STATE_DIR else f" --state-dir {state_dir}"
     print(f"control plane up in {time.monotonic() - started:.1f}s: {plane.server_url}, "
-          f"logs in {plane.logs_dir}; stop it with: hack/control-plane/up.sh down", file=sys.stderr)
+          f"logs in {plane.logs_dir}; stop it with: hack/control-plane/up.sh down{where}", file=sys.stderr)
     _print_env(plane)
     return 0
 
