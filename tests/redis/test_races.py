@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from stalledpolicy import engine
-from stalledpolicy.devenv.echomq import EchoMQ, Seeded, audit, read_state
+from stalledpolicy.devenv.echomq import EchoMQ, Seeded, StaleToken, audit, read_state
 from stalledpolicy.keyspace import QueueKeys
 
 pytestmark = pytest.mark.redis
@@ -219,3 +219,104 @@ def test_a_zombie_heartbeat_after_a_recovery_is_not_swept_as_a_second_stall(r, q
         assert r.hget(k.gactive, group) == "1"  # the busy job's slot is still held
     assert mq.complete(busy) is True
     assert mq.audit() == []
+
+
+def test_workers_sweepers_and_replays_all_at_once_keep_every_job(redis_server, r, queue_name):
+    """Two sweepers, a morgue replayer and three EchoMQ workers (that complete,
+    fail, die holding jobs and come back late) hammer one queue at once."""
+    import random
+
+    mq = EchoMQ(r, queue_name)
+    for group in (None, "a", "b", "c", "d"):
+        mq.enqueue_many(400, group=group)
+    mq.set_lane_limit("a", 2)
+    budgets = engine.Budgets(default=2, lanes={"c": 0, "d": 1})
+    stop = threading.Event()
+    swept: list[engine.SweepResult] = []
+    replayed: list[int] = []
+    errors: list[BaseException] = []
+
+    def guarded(body):
+        def run(*args):
+            try:
+                body(*args)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+                errors.append(exc)
+                stop.set()
+        return run
+
+    @guarded
+    def sweeper() -> None:
+        client = redis_server.client(decode_responses=True)
+        total = engine.SweepResult()
+        while not stop.is_set():
+            total = total.merge(engine.sweep_batch(client, queue_name, budgets, 5))
+        swept.append(total)
+        client.close()
+
+    @guarded
+    def replayer() -> None:
+        client = redis_server.client()
+        count = 0
+        while not stop.is_set():
+            count += engine.morgue_replay(client, queue_name, limit=3).replayed
+            time.sleep(0.002)
+        replayed.append(count)
+        client.close()
+
+    @guarded
+    def worker(seed: int, turns: int) -> None:
+        rng = random.Random(seed)
+        me = mq.sibling(redis_server.client(decode_responses=True))
+        zombies = []
+        for _ in range(turns):
+            if stop.is_set():
+                break
+            claim = me.claim(60_000, rng.choice(["flat", "grouped", "any"]))
+            if claim is None:
+                continue
+            roll = rng.random()
+            if roll < 0.55:
+                me.complete(claim)
+            elif roll < 0.65:
+                try:
+                    me.fail(claim, error="boom", delay_ms=0, max_attempts=3)
+                except StaleToken:
+                    pass
+            else:
+                me.expire(claim)
+                zombies.append(claim)
+            if zombies and rng.random() < 0.3:  # a dead worker's late report
+                late = zombies.pop(rng.randrange(len(zombies)))
+                try:
+                    me.complete(late)
+                except StaleToken:
+                    pass
+            if rng.random() < 0.05:
+                me.promote()
+        me.client.close()
+
+    threads = [threading.Thread(target=sweeper) for _ in range(2)]
+    threads.append(threading.Thread(target=replayer))
+    workers = [threading.Thread(target=worker, args=(seed, 1500)) for seed in range(3)]
+    for thread in threads + workers:
+        thread.start()
+    for thread in workers:
+        thread.join(timeout=300)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+
+    # settle: the last stalls swept, and the books balance
+    rest = engine.drain(r, queue_name, budgets, 100)
+    snap = engine.queue_snapshot(r, queue_name)
+    total = rest
+    for result in swept:
+        total = total.merge(result)
+    assert (snap.recovered_total, snap.dead_lettered_total, snap.orphans_total) == (
+        total.recovered, total.dead_lettered, total.orphans)
+    assert total.recovered > 0 and total.dead_lettered > 0 and sum(replayed) > 0
+    assert total.quarantined == 0
+    assert mq.audit() == []
+    assert len(mq.ledger.completed) > 0
