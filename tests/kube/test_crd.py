@@ -462,3 +462,47 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
         return False
 
     wait_for(collected, "the garbage collector to delete the sweeper with its policy", timeout=90)
+
+
+def _pods_of(core, namespace: str, deployment: dict) -> list:
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def _admission_refusal(core, namespace: str, deployment: dict) -> str | None:
+    """Why a pod of this template is refused (a dry-run create: full admission, nothing stored)."""
+    template = deployment["spec"]["template"]
+    pod_body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"generateName": "dry-", "labels": template["metadata"]["labels"]},
+                "spec": template["spec"]}
+    try:
+        core.create_namespaced_pod(namespace, pod_body, dry_run="All")
+    except ApiException as exc:
+        return json.loads(exc.body)["message"]
+    return None
+
+
+def test_the_sweeper_pod_is_admitted_under_the_restricted_pod_security_standard(
+    crd_installed, objects, kube_api, kube_namespace
+):
+    """The ReplicaSet controller creates the pod (no kubelet runs it): admission
+    with `enforce=restricted` is the real Pod Security check. A control
+    Deployment without the security context is refused in the same namespace."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    core.patch_namespace(kube_namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    created = create(objects, kube_namespace, with_(redis={"secretRef": {"name": "emails-redis"}}), name="strict")
+    spec = StalledPolicySpec.from_k8s(created["spec"])
+    deployment = build_sweeper_deployment("strict", kube_namespace, created["metadata"]["uid"], spec, image="stalledpolicy:test")
+    apply_deployment(apps, deployment)
+    wait_for(lambda: _pods_of(core, kube_namespace, deployment), "the sweeper pod to be admitted", timeout=90)
+
+    control = build_sweeper_deployment("lax", kube_namespace, created["metadata"]["uid"], spec, image="stalledpolicy:test")
+    del control["spec"]["template"]["spec"]["securityContext"]
+    del control["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    # The first pods of a fresh namespace may wait for its default ServiceAccount.
+    message = wait_for(
+        lambda: (lambda m: m if m and "PodSecurity" in m else None)(_admission_refusal(core, kube_namespace, control)),
+        "the lax pod to be refused by Pod Security",
+    )
+    assert 'violates PodSecurity "restricted' in message
+    assert _admission_refusal(core, kube_namespace, deployment) is None
