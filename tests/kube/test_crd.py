@@ -312,9 +312,9 @@ def test_kubectl_explain_teaches_the_spec(crd_installed, control_plane):
 
 def test_kubectl_explain_gives_the_budget_table(crd_installed, control_plane):
     text = explain(control_plane, "stp.spec.maxStalled")
-    assert "maxStalled 0: never dead-letter" in text
-    assert "maxStalled 1: no recovery" in text
-    assert "maxStalled 2: one recovery" in text
+    assert "0: never dead-letter" in text
+    assert "1: no recovery: the first stall dead-letters the job" in text
+    assert "2: one recovery: the second stall dead-letters it" in text
     assert "n allows n-1 recoveries" in text
 
 
