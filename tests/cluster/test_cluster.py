@@ -5,7 +5,11 @@ morgue operation work there as on a single server."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -158,3 +162,39 @@ def test_one_script_call_per_queue_never_crosses_slots(cc):
     assert read_state(cc, second) == before
     engine.drain(cc, second, BUDGETS, 10)
     assert mq_first.audit() == [] and mq_second.audit() == []
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    return subprocess.run([sys.executable, "-m", "stalledpolicy", *args], env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_the_cli_sweeps_and_replays_through_any_node(cluster):
+    """The commands are pointed at one node; the queues live on the others."""
+    client = cluster.client(decode_responses=True)
+    client.flushall()
+    entry = cluster.nodes[0]
+    elsewhere = [names[0] for port, names in queues_on_every_node(client).items() if port != entry.port]
+    assert len(elsewhere) == 2
+    for queue in elsewhere:
+        mq = EchoMQ(client, queue)
+        seeded = mq.seed_stalled(120, groups=["bulk", "plain"], budget=2, lane_budgets={"bulk": 1},
+                                 at_budget_fraction=0.25)
+        swept = _cli("sweep", "--once", "--redis-url", entry.url, "--queue", queue,
+                     "--max-stalled", "2", "--lane", "bulk=1", "--batch-size", "25")
+        assert swept.returncode == 0, swept.stderr
+        state = read_state(client, queue)
+        assert state.active == {} and set(state.dead) == seeded.at_budget
+        assert mq.audit() == []
+
+        stats = _cli("morgue", "stats", "--redis-url", entry.url, "--queue", queue, "-o", "json")
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["size"] == len(seeded.at_budget)
+        replay = _cli("morgue", "replay", "--redis-url", entry.url, "--queue", queue, "--all", "--yes")
+        assert replay.returncode == 0, replay.stderr
+        after = read_state(client, queue)
+        assert after.dead == {}
+        assert all(after.rows[j].state == "pending" for j in seeded.at_budget)
+        assert mq.audit() == []
+    client.close()
