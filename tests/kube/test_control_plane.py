@@ -162,3 +162,33 @@ def test_a_detached_plane_is_stopped_from_its_state_dir_without_leftovers(contro
     assert not state_dir.exists()
     assert sorted(os.listdir(tmp_path / "logs")) == ["etcd.log", "kube-apiserver.log", "kube-controller-manager.log"]
     assert control_plane.running()
+
+
+def test_a_port_taken_between_choice_and_bind_is_replaced(control_plane, tmp_path, monkeypatch):
+    import socket
+
+    from stalledpolicy.devenv import controlplane
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    handed_out = []
+    really_free = controlplane.free_port
+
+    def first_port_taken() -> int:
+        port = taken if not handed_out else really_free()
+        handed_out.append(port)
+        return port
+
+    monkeypatch.setattr(controlplane, "free_port", first_port_taken)
+    plane = ControlPlane(state_dir=tmp_path / "plane", bin_dir=control_plane.bin_dir)
+    try:
+        plane.start()
+        assert handed_out[0] == taken
+        assert plane.ports["etcd"] != taken
+        assert plane.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+        assert (plane.logs_dir / "etcd.attempt1.log").is_file()
+    finally:
+        plane.stop()
+        squatter.close()

@@ -46,6 +46,7 @@ DEFAULT_STATE_DIR = Path.home() / ".cache" / "stalledpolicy" / "plane"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 CLUSTER_NAME = "stalledpolicy-local"
+PORT_ATTEMPTS = 3
 FRONT_PROXY_CLIENT = "front-proxy-client"
 
 # Enough for the operator's world: ownership, namespaces, service accounts and
@@ -64,6 +65,10 @@ CONTROLLERS = (
 
 
 class ControlPlaneError(RuntimeError):
+    pass
+
+
+class _PortTaken(ControlPlaneError):
     pass
 
 
@@ -328,7 +333,6 @@ class ControlPlane:
     detached: bool = False
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
-    _owns_state_dir: bool = False
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -374,24 +378,38 @@ class ControlPlane:
             self.bin_dir = ensure_binaries()
         if self.state_dir is None:
             self.state_dir = Path(tempfile.mkdtemp(prefix="stalledpolicy-plane-"))
-            self._owns_state_dir = True
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
-        try:
-            pki = generate_pki(self._state / "pki")
-            self._start_etcd(deadline)
-            self._start_apiserver(pki, deadline)
-            write_kubeconfig(self.kubeconfig, self.server_url, pki.ca_cert, user_name="admin", user={
-                "client-certificate-data": _b64_file(pki.admin_cert),
-                "client-key-data": _b64_file(pki.admin_key),
-            })
-            self._start_controller_manager(pki, deadline)
-        except BaseException:
-            self._stop_components()
-            raise
+        pki = generate_pki(self._state / "pki")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_components(pki, deadline)
+                break
+            except _PortTaken:
+                # Ports are picked free, then bound by another program: another
+                # plane or server starting at the same moment took one. Try new ones.
+                self._stop_components()
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                shutil.rmtree(self._state / "etcd", ignore_errors=True)
+                for log in self.logs_dir.glob("*.log"):
+                    if ".attempt" not in log.name:
+                        log.rename(log.with_name(f"{log.stem}.attempt{attempt}.log"))
+            except BaseException:
+                self._stop_components()
+                raise
         self._save_state()
         return self
+
+    def _start_components(self, pki: Pki, deadline: float) -> None:
+        self._start_etcd(deadline)
+        self._start_apiserver(pki, deadline)
+        write_kubeconfig(self.kubeconfig, self.server_url, pki.ca_cert, user_name="admin", user={
+            "client-certificate-data": _b64_file(pki.admin_cert),
+            "client-key-data": _b64_file(pki.admin_key),
+        })
+        self._start_controller_manager(pki, deadline)
 
     def stop(self, *, keep_logs_in: Path | None = None) -> None:
         """Stop every process (SIGTERM, then SIGKILL after 15 s) and remove the state
@@ -507,6 +525,8 @@ class ControlPlane:
         last = "no answer yet"
         while time.monotonic() < deadline:
             if not component.alive():
+                if "address already in use" in component.log_tail():
+                    raise _PortTaken(f"{component.name}: a port was taken; log {component.log}")
                 raise ControlPlaneError(
                     f"{component.name} exited during start-up; log {component.log}:\n{component.log_tail()}")
             try:
