@@ -56,7 +56,9 @@ all_present() {
     for name in "${binaries[@]}"; do [[ -x "$bin_dir/$name" ]] || return 1; done
 }
 
-if [[ -f "$marker" ]] && [[ "$(head -n1 "$marker")" == "$fingerprint" ]] && all_present; then
+complete() { [[ -f "$marker" ]] && [[ "$(head -n1 "$marker")" == "$fingerprint" ]] && all_present; }
+
+if complete; then
     log "up to date in $bin_dir"
     echo "$bin_dir"
     exit 0
@@ -64,6 +66,20 @@ fi
 if [[ "${1:-}" == "--check" ]]; then
     log "not built (or built from other go.mod/go.sum): run $here/build.sh"
     exit 3
+fi
+
+# One build at a time (the tests, make and people may all ask at once); whoever
+# waited finds the cache complete.
+mkdir -p "$out_dir"
+exec 9>"$out_dir/.build.lock"
+if ! flock -n 9; then
+    log "another build of $out_dir is running: waiting for it"
+    flock 9
+fi
+if complete; then
+    log "built meanwhile in $bin_dir"
+    echo "$bin_dir"
+    exit 0
 fi
 
 module_time() {  # <module dir> <module path>: the release's commit time, for a reproducible buildDate

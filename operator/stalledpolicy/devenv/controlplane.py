@@ -78,7 +78,8 @@ class _PortTaken(ControlPlaneError):
 def ensure_binaries(*, build: bool = True) -> Path:
     """The directory holding etcd, kube-apiserver, kube-controller-manager, kubectl
     and helm. Runs ``hack/control-plane/build.sh`` (which returns at once when its
-    cache is complete, and builds otherwise: tens of minutes on 2 cores)."""
+    cache is complete, and builds otherwise: tens of minutes on 2 cores); with
+    ``build=False`` it raises instead of building."""
     override = os.environ.get(BIN_DIR_ENV)
     if override:
         bin_dir = Path(override)
@@ -95,6 +96,8 @@ def ensure_binaries(*, build: bool = True) -> Path:
         args.append("--check")
     # stderr is inherited so that a cold build shows its progress.
     done = subprocess.run(args, stdout=subprocess.PIPE, text=True)
+    if done.returncode == 3 and not build:
+        raise ControlPlaneError(f"the control-plane binaries are not built: run {script} (tens of minutes)")
     if done.returncode != 0:
         raise ControlPlaneError(f"{script} failed with exit code {done.returncode} (its output is above)")
     bin_dir = Path(done.stdout.strip().splitlines()[-1])
