@@ -36,6 +36,7 @@ _kept_logs: list[Path] = []
 _binaries_error: str | None = None
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = getattr(item, "fixturenames", None)
@@ -52,7 +53,9 @@ def pytest_collection_finish(session):
     """Build missing binaries before any test runs: a cold build takes far longer
     than the per-test timeout, which would count it if the fixture did it."""
     global _binaries_error
-    if os.environ.get(EXTERNAL_KUBECONFIG_ENV) or not any(i.get_closest_marker("kube") for i in session.items):
+    if session.config.option.collectonly or os.environ.get(EXTERNAL_KUBECONFIG_ENV):
+        return
+    if not any(item.get_closest_marker("kube") for item in session.items):
         return
     capture = session.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
