@@ -251,3 +251,40 @@ def test_a_deleted_sweeper_is_put_back(operator, apis, kube_namespace, secret, q
         read_deployment(apps, kube_namespace, "phoenix-sweeper")), "the sweeper re-created")
     assert again.metadata.owner_references[0].uid == first.metadata.owner_references[0].uid
 
+
+
+def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, queue_name):
+    _, _, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("quiet", queue_name))
+
+    def settled():
+        policy = get_policy(custom, kube_namespace, "quiet")
+        return policy if (policy.get("status") or {}).get("observedGeneration") == 1 else None
+
+    wait_for(settled, "a first status")
+    time.sleep(3)  # the Deployment settles (the deployment controller) and the status with it
+    before = get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"]
+    time.sleep(5)  # five status intervals
+    assert get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"] == before
+
+
+def test_redis_unreachable_then_back_is_a_condition_and_two_events(operator, apis, kube_api, kube_namespace,
+                                                                  redis_server, queue_name):
+    core, _, custom = apis
+    core.create_namespaced_secret(kube_namespace, redis_secret("flaky", "redis://:pw-not-shown@127.0.0.1:1/0"))
+    create_policy(custom, kube_namespace, policy_manifest("flaky", queue_name, secret="flaky"))
+
+    def redis_reason(expected):
+        def check():
+            found = condition(get_policy(custom, kube_namespace, "flaky"), "RedisReachable")
+            return found if found and found["reason"] == expected else None
+        return check
+
+    down = wait_for(redis_reason("RedisUnreachable"), "RedisReachable=False reason RedisUnreachable")
+    assert down["status"] == "False" and "127.0.0.1:1" in down["message"]
+    assert "pw-not-shown" not in down["message"]
+    core.patch_namespaced_secret("flaky", kube_namespace, {"stringData": {"url": redis_server.url}})
+    wait_for(redis_reason("Reachable"), "RedisReachable=True after the Secret is fixed", timeout=30)
+    reasons = [e.reason for e in events_for(kube_api, kube_namespace, "flaky")]
+    assert reasons.count("RedisUnreachable") == 1 and reasons.count("RedisReachable") == 1
+    assert all("pw-not-shown" not in e.message for e in events_for(kube_api, kube_namespace, "flaky"))

@@ -231,6 +231,10 @@ class Controller:
             return None, None, Problem("InvalidSpec", f"spec.{exc}")
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
+            ref = (spec.get("redis") or {}).get("secretRef") or {}
+            if ref.get("name"):
+                # A wrong URL is fixed by editing the Secret: read it again next time.
+                self.secrets.forget(state.key[0], ref["name"])
             where = redact(url) if url else "Redis"
             return None, None, Problem("RedisUnreachable",
                                        f"cannot read queue {spec.get('queue')} at {where}: "
