@@ -153,6 +153,12 @@ def test_echomq_extend_after_a_recovery_double_places_the_job_strict_does_not(mq
     assert mq.extend(claim, 5_000) is True
     assert sorted(mq.where_is(job).places) == ["active", "pending"]
     assert any("several places" in p for p in mq.audit())
+    # once that stray lease lapses, our sweep drops it without counting a stall
+    mq.expire(claim)
+    assert engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10).orphans == 1
+    assert mq.where_is(job).places == ["pending"]
+    assert r.hget(mq.keys.job(job), "stalled") == "1"
+    assert mq.audit() == []
 
 
 def test_seed_stalled_leaves_what_a_dead_worker_leaves(r, queue_name):
