@@ -52,14 +52,19 @@ def latency_percentiles(client, command: str) -> dict[str, float]:
     return {}
 
 
-def slowest_us(client, commands: set[str]) -> int:
-    """The longest logged call (usec) among ``commands`` (lower case), 0 when none logged."""
-    longest = 0
+def logged_durations_us(client, commands: set[str]) -> list[int]:
+    """Durations (usec) of the logged calls among ``commands`` (lower case)."""
+    durations = []
     for entry in client.slowlog_get(SLOWLOG_LEN):
         name = _as_str(entry["command"]).split(" ", 1)[0].lower()
         if name in commands:
-            longest = max(longest, int(entry["duration"]))
-    return longest
+            durations.append(int(entry["duration"]))
+    return durations
+
+
+def slowest_us(client, commands: set[str]) -> int:
+    """The longest logged call (usec) among ``commands``, 0 when none logged."""
+    return max(logged_durations_us(client, commands), default=0)
 
 
 def longest_event_ms(client) -> int:
@@ -79,17 +84,20 @@ class ServerSide:
     p99_us: float
     p999_us: float
     max_us: int
+    over_5ms: int
 
 
 def server_side(client, command: str) -> ServerSide:
     stats = commandstats(client).get(command, {})
     percentiles = latency_percentiles(client, command)
+    durations = logged_durations_us(client, {command})
     return ServerSide(
         calls=int(stats.get("calls", 0)),
         usec_per_call=float(stats.get("usec_per_call", 0.0)),
         p99_us=percentiles.get("p99", float("nan")),
         p999_us=percentiles.get("p99.9", float("nan")),
-        max_us=slowest_us(client, {command}),
+        max_us=max(durations, default=0),
+        over_5ms=sum(1 for d in durations if d > 5_000),
     )
 
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -43,6 +44,7 @@ class SweepRun:
     server_max_call_ms: float
     server_p99_call_ms: float
     server_usec_per_call: float
+    server_calls_over_5ms: int
     ping_p50_ms: float
     ping_p99_ms: float
     ping_max_ms: float
@@ -94,6 +96,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
         server_max_call_ms=server.max_us / 1000,
         server_p99_call_ms=server.p99_us / 1000,
         server_usec_per_call=server.usec_per_call,
+        server_calls_over_5ms=server.over_5ms,
         ping_p50_ms=stats.p50_ms if stats else float("nan"),
         ping_p99_ms=stats.p99_ms if stats else float("nan"),
         ping_max_ms=stats.max_ms if stats else float("nan"),
@@ -104,12 +107,78 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     )
 
 
+def _add_expired(client, count: int, offset: int) -> None:
+    """``count`` flat expired jobs (no mark yet, so all are recovered) with fresh ids."""
+    from stalledpolicy.keyspace import QueueKeys
+
+    keys = QueueKeys(QUEUE)
+    lapsed = echomq_seed.server_now_ms(client) - 60_000
+    pipe = client.pipeline(transaction=False)
+    scores = {}
+    for index in range(offset, offset + count):
+        jid = f"EXP{index:012d}"
+        pipe.hset(keys.job(jid), mapping={"state": "active", "attempts": 1, "payload": echomq_seed.PAYLOAD})
+        scores[jid] = lapsed - index
+    pipe.zadd(keys.active, scores)
+    pipe.execute()
+
+
+HEALTHY_CASES = ((0, 1_000), (100_000, 1_000), (1_000_000, 1_000), (1_000_000, 10_000))
+
+
+def healthy_scaling(client, cases=HEALTHY_CASES, batch: int = 100, reps: int = 5) -> list[dict]:
+    """One drain of ``expired`` jobs among ``healthy`` leased ones, ``reps`` times each:
+    the server's time for the whole drain (INFO commandstats evalsha usec), min and median."""
+    from stalledpolicy.engine import Budgets, drain
+    from stalledpolicy.keyspace import QueueKeys
+
+    keys = QueueKeys(QUEUE)
+    out = []
+    seeded = None
+    for healthy, expired in cases:
+        if seeded != healthy:
+            client.flushall()
+            echomq_seed.seed(client, QUEUE, 0, healthy=healthy, budget=BUDGET)
+            seeded, added = healthy, 0
+        server_ms, wall_ms, calls = [], [], []
+        for rep in range(reps):
+            _add_expired(client, expired, added)
+            added += expired
+            before = redisstats.commandstats(client).get("evalsha", {})
+            started = time.perf_counter()
+            result = drain(client, QUEUE, Budgets(default=BUDGET), batch)
+            wall_ms.append((time.perf_counter() - started) * 1000)
+            after = redisstats.commandstats(client)["evalsha"]
+            server_ms.append((int(after["usec"]) - int(before.get("usec", 0))) / 1000)
+            calls.append(result.calls)
+            if result.recovered != expired or client.zcard(keys.active) != healthy \
+                    or client.zcard(keys.pending) != added:
+                raise AssertionError(f"healthy={healthy} rep={rep}: drain moved {result.recovered} of {expired}")
+        out.append({"healthy": healthy, "expired": expired, "batch": batch, "reps": reps, "calls": calls[0],
+                    "server_ms_min": min(server_ms), "server_ms_median": statistics.median(server_ms),
+                    "wall_ms_min": min(wall_ms), "wall_ms_median": statistics.median(wall_ms),
+                    "verified": True})
+    return out
+
+
+def print_healthy(rows: list[dict], out=sys.stdout) -> None:
+    print(f"One drain (batch {rows[0]['batch']}) of the expired jobs among healthy active ones, "
+          f"{rows[0]['reps']} repetitions each:", file=out)
+    print("| healthy active | expired | calls | server time per drain ms (min / median) | wall ms (min / median) |",
+          file=out)
+    print("| -------------- | ------- | ----- | --------------------------------------- | ---------------------- |",
+          file=out)
+    for r in rows:
+        print(f"| {r['healthy']:>14,} | {r['expired']:>7,} | {r['calls']:>5} | {r['server_ms_min']:>18.2f} / "
+              f"{r['server_ms_median']:<18.2f} | {r['wall_ms_min']:>9.1f} / {r['wall_ms_median']:<10.1f} |", file=out)
+
+
 def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
     header = ("N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
-              "p99 call server ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
+              "p99 call server ms", "calls > 5 ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
     rows = [(f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
              f"{r.jobs_per_s:,.0f}", f"{r.calls:,}", f"{r.client_max_call_ms:.2f}",
-             f"{r.server_max_call_ms:.2f}", f"{r.server_p99_call_ms:.2f}",
+             f"{r.server_max_call_ms:.2f}", f"{r.server_p99_call_ms:.2f}", str(r.server_calls_over_5ms),
              f"{r.ping_p50_ms:.3f} / {r.ping_p99_ms:.3f} / {r.ping_max_ms:.2f}", str(r.busy_errors),
              f"{r.commands_per_job:.1f}", "yes" if r.verified else "NO") for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
@@ -131,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, action="append", help="expired jobs (repeatable)")
     parser.add_argument("--batch", type=int, action="append", help="jobs per script call (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the runs as JSON here")
+    parser.add_argument("--healthy", action="store_true",
+                        help="also: one drain of 1,000 expired among 0 / 100,000 / 1,000,000 healthy active jobs")
     parser.add_argument("--nice", type=int, default=0,
                         help="run the whole benchmark (redis-server, PING client, the drain) at this niceness, "
                              "e.g. -10 on a machine shared with other work (root only)")
@@ -157,15 +228,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
                       f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
                       f"{run.server_usec_per_call:.0f} us/call server, PING p99 {run.ping_p99_ms:.3f} ms, verified; {load_line()}", flush=True)
+        healthy = healthy_scaling(client) if args.healthy else []
     finally:
         server.stop()
     print()
     print_table(runs)
+    if healthy:
+        print()
+        print_healthy(healthy)
     if runs:
         print("\ncommands per job (INFO commandstats deltas, first run):", json.dumps(runs[0].command_mix))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=2))
+        args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "healthy": healthy,
+                                         "load": os.getloadavg()}, indent=2))
     return 0
 
 
