@@ -320,3 +320,29 @@ def test_workers_sweepers_and_replays_all_at_once_keep_every_job(redis_server, r
     assert total.quarantined == 0
     assert mq.audit() == []
     assert len(mq.ledger.completed) > 0
+
+
+def test_the_fence_survives_a_replay_and_a_purge(r, queue_name):
+    """The stalled worker of a dead-lettered job stays fenced after an operator
+    replays the job (a live job again) or purges it (gone for good)."""
+    mq = EchoMQ(r, queue_name)
+    replayed_job, purged_job = mq.enqueue_many(2, group="a")
+    zombies = [mq.claim(60_000, "grouped"), mq.claim(60_000, "grouped")]
+    for zombie in zombies:
+        mq.expire(zombie)
+    assert engine.sweep_batch(r, queue_name, engine.Budgets(1), 10).dead_lettered == 2
+    assert engine.morgue_replay(r, queue_name, ids=[replayed_job]).replayed == 1
+    purged = engine.morgue_purge(r, queue_name, ids=[purged_job])
+    assert purged.ids == [purged_job]
+    mq.ledger.retire(purged.ids)
+    for zombie in zombies:
+        with pytest.raises(StaleToken):
+            mq.extend(zombie, 60_000)
+    with pytest.raises(StaleToken):
+        mq.complete(zombies[0])
+    assert mq.complete(zombies[1]) is False  # row gone: nothing to retire, nothing dangling
+    assert mq.where_is(replayed_job).places == ["lane:a"]
+    assert mq.audit() == []
+    fresh = mq.claim(60_000, "grouped")
+    assert fresh.id == replayed_job and mq.complete(fresh) is True
+    assert mq.audit() == []
