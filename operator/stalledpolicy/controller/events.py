@@ -30,7 +30,6 @@ REPLAYED = "Replayed"
 REPLAY_FAILED = "ReplayFailed"
 NAME_CONFLICT = "NameConflict"
 INVALID_SPEC = "InvalidSpec"
-APPLIED = "SweeperApplied"
 
 
 def _budget(value: int | None) -> str:

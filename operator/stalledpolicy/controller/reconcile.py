@@ -33,7 +33,17 @@ class RetryLater(Exception):
         self.delay = delay
 
 
-DEFAULT_SWEEPER_IMAGE = "stalledpolicy:0.1.0"
+SWEEPER_REPOSITORY = "ghcr.io/stalledpolicy/stalledpolicy-operator"
+
+
+def default_sweeper_image() -> str:
+    """The operator's own image at its own version (one image runs both)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{SWEEPER_REPOSITORY}:{version('stalledpolicy-operator')}"
+    except PackageNotFoundError:
+        return f"{SWEEPER_REPOSITORY}:latest"
 
 
 def build(body: Mapping[str, Any], spec, sweeper_image: str | None) -> dict:
@@ -42,7 +52,7 @@ def build(body: Mapping[str, Any], spec, sweeper_image: str | None) -> dict:
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
-        image=sweeper_image or DEFAULT_SWEEPER_IMAGE, generation=meta.get("generation"))
+        image=sweeper_image or default_sweeper_image(), generation=meta.get("generation"))
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,

@@ -107,7 +107,7 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
     return Condition(TRUE, "Available", f"{deployment.available} of {want} sweeper replicas available")
 
 
-def redis_condition(problem: Problem | None, reachable_before: bool | None) -> Condition:
+def redis_condition(problem: Problem | None) -> Condition:
     if problem is None:
         return Condition(TRUE, "Reachable", "the queue was read")
     return Condition(FALSE, problem.reason, problem.message)
@@ -154,8 +154,7 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
     previous = dict(previous or {})
     now = now or utc_now()
     generation = outcome.generation
-    before = condition_of(previous, REDIS_REACHABLE)
-    redis = redis_condition(problem, None if before is None else before.get("status") == TRUE)
+    redis = redis_condition(problem)
     sweeper = sweeper_condition(outcome, deployment, deployment_name)
     ready = ready_condition(outcome, sweeper, redis)
     conditions = list(previous.get("conditions") or [])

@@ -216,10 +216,18 @@ class PodRunner:
             env[METRICS_ADDRESS_ENV] = "127.0.0.1"
         base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
         command = local_command(container)
-        with open(local.log_path, "ab") as out:
-            local.process = subprocess.Popen(
-                command, env={**base, "PYTHONUNBUFFERED": "1", **env}, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            with open(local.log_path, "ab") as out:
+                local.process = subprocess.Popen(
+                    command, env={**base, "PYTHONUNBUFFERED": "1", **env}, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            reason = f"cannot run {command[0] if command else '(no command)'}: {exc.strerror or exc}"
+            if local.waiting_reason != reason:
+                log.warning("cannot start container", extra={"pod": local.name, "error": reason})
+            local.waiting_reason = reason
+            local.next_start = time.monotonic() + 5.0
+            return
         local.started_at = _now()
         log.info("container started", extra={"pod": local.name, "pid": local.process.pid,
                                               "restarts": local.restarts,
