@@ -335,12 +335,13 @@ def test_the_fence_survives_a_replay_and_a_purge(r, queue_name):
     purged = engine.morgue_purge(r, queue_name, ids=[purged_job])
     assert purged.ids == [purged_job]
     mq.ledger.retire(purged.ids)
-    for zombie in zombies:
-        with pytest.raises(StaleToken):
-            mq.extend(zombie, 60_000)
+    with pytest.raises(StaleToken):
+        mq.extend(zombies[0], 60_000)
     with pytest.raises(StaleToken):
         mq.complete(zombies[0])
-    assert mq.complete(zombies[1]) is False  # row gone: nothing to retire, nothing dangling
+    # row gone: nothing to extend or retire, nothing left dangling
+    assert mq.extend(zombies[1], 60_000) is False
+    assert mq.complete(zombies[1]) is False
     assert mq.where_is(replayed_job).places == ["lane:a"]
     assert mq.audit() == []
     fresh = mq.claim(60_000, "grouped")
