@@ -288,3 +288,22 @@ def test_redis_unreachable_then_back_is_a_condition_and_two_events(operator, api
     reasons = [e.reason for e in events_for(kube_api, kube_namespace, "flaky")]
     assert reasons.count("RedisUnreachable") == 1 and reasons.count("RedisReachable") == 1
     assert all("pw-not-shown" not in e.message for e in events_for(kube_api, kube_namespace, "flaky"))
+
+
+def test_suspended_policy_scales_the_sweeper_to_zero_and_is_ready(operator, apis, kube_namespace, secret,
+                                                                  queue_name):
+    _, apps, custom = apis
+    manifest = policy_manifest("paused", queue_name)
+    manifest["spec"]["suspend"] = True
+    create_policy(custom, kube_namespace, manifest)
+
+    def ready():
+        found = condition(get_policy(custom, kube_namespace, "paused"), "Ready")
+        return found if found and found["status"] == "True" else None
+
+    assert wait_for(ready, "Ready=True while suspended")["reason"] == "Suspended"
+    assert read_deployment(apps, kube_namespace, "paused-sweeper").spec.replicas == 0
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "paused",
+                                          {"spec": {"suspend": False}})
+    wait_for(lambda: read_deployment(apps, kube_namespace, "paused-sweeper").spec.replicas == 1,
+             "the sweeper scaled back to one")
