@@ -24,8 +24,7 @@ GROUPS = ["a", "b", "c", "d"]
 LANE_BUDGETS = {"c": 0, "d": 1}
 BUDGETS = engine.Budgets(default=3, lanes=LANE_BUDGETS)
 LANE_FLAGS = [arg for lane, budget in LANE_BUDGETS.items() for arg in ("--lane", f"{lane}={budget}")]
-# The sweep command itself (``python -m stalledpolicy.sweeper`` is ``stalledpolicy sweep``).
-SWEEPER = [sys.executable, "-m", "stalledpolicy.sweeper"]
+SWEEPER = [sys.executable, "-m", "stalledpolicy", "sweep"]
 
 
 class EventCounter:
