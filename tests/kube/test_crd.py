@@ -436,7 +436,15 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
     first = apply_deployment(apps, built(created["spec"], 1))
     assert first.metadata.name == "emails-sweeper"
     again = apply_deployment(apps, built(created["spec"], 1))
-    assert again.metadata.resource_version == first.metadata.resource_version  # nothing changed
+    # Nothing changed (the resourceVersion may: the deployment controller writes status).
+    plain = kube_api.sanitize_for_serialization
+    assert again.metadata.generation == first.metadata.generation
+    assert plain(again.spec) == plain(first.spec)
+    ours_meta = built(created["spec"], 1)["metadata"]
+    assert again.metadata.labels == ours_meta["labels"]
+    assert ours_meta["annotations"].items() <= again.metadata.annotations.items()  # + the controller's revision
+    ours = [plain(f) for f in again.metadata.managed_fields if f.manager == FIELD_MANAGER]
+    assert ours == [plain(f) for f in first.metadata.managed_fields if f.manager == FIELD_MANAGER]
 
     env = {e.name: e for e in again.spec.template.spec.containers[0].env}
     assert env["STALLEDPOLICY_REDIS_URL"].value is None
