@@ -237,7 +237,7 @@ def test_audit_flags_gactive_drift(mq, r):
     r.hincrby(mq.keys.gactive, "a", 1)
     _only(mq.audit(), "in flight")
     r.hset(mq.keys.gactive, "b", 0)
-    _only(mq.audit(), "must be deleted")
+    _only(mq.audit(), "must be a count above 0")
 
 
 def test_audit_flags_ring_faults(mq, r):
@@ -263,3 +263,11 @@ def test_audit_flags_non_integer_counters_and_wrong_row_types(mq, r):
     r.delete(mq.keys.job(job))
     r.set(mq.keys.job(job), "oops")
     _only(audit(r, mq.queue), "not a hash")
+
+
+def test_audit_reads_a_non_numeric_limit_as_no_limit(mq, r):
+    mq.enqueue("x", group="a")
+    r.hset(mq.keys.glimit, "a", "lots")
+    assert mq.audit() == []
+    r.delete(mq.keys.ring)
+    _only(mq.audit(), "missing from the ring")

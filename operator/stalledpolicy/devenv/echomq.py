@@ -461,9 +461,9 @@ def audit(client: Any, queue: str, ledger: Ledger | None = None,
     )
     for group in sorted(set(in_flight) | set(st.gactive)):
         raw = st.gactive.get(group)
-        counted = int(raw) if raw is not None and re.fullmatch(r"-?\d+", raw) else raw
-        if raw is not None and (not isinstance(counted, int) or counted <= 0):
-            problems.append(f"lane {group!r}: gactive={raw!r} (a field at or below 0 must be deleted)")
+        counted = _as_int(raw)
+        if raw is not None and (counted is None or counted <= 0):
+            problems.append(f"lane {group!r}: gactive={raw!r} (must be a count above 0, or no field)")
         if (counted or 0) != in_flight.get(group, 0):
             problems.append(f"lane {group!r}: gactive={raw!r} but {in_flight.get(group, 0)} in flight")
 
@@ -484,11 +484,16 @@ def audit(client: Any, queue: str, ledger: Ledger | None = None,
     return problems
 
 
+def _as_int(value: str | None) -> int | None:
+    return int(value) if value is not None and re.fullmatch(r"-?\d+", value) else None
+
+
 def _at_limit(st: QueueState, group: str) -> bool:
-    limit = st.glimit.get(group)
+    """A limit that is not a number counts as no limit (as the sweep reads it)."""
+    limit = _as_int(st.glimit.get(group))
     if limit is None:
         return False
-    return int(st.gactive.get(group) or 0) >= int(limit)
+    return (_as_int(st.gactive.get(group)) or 0) >= limit
 
 
 # -- fast bulk seeding (demo, benchmarks, large tests) -----------------------
