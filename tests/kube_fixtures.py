@@ -80,8 +80,10 @@ class _ExternalPlane(ControlPlane):
 def _external_plane(kubeconfig: Path) -> ControlPlane:
     state_dir = kubeconfig.parent
     if (state_dir / "plane.json").is_file():
-        attached = ControlPlane.attach(state_dir)
-        plane = _ExternalPlane(state_dir=state_dir, bin_dir=attached.bin_dir, ports=attached.ports)
+        plane = _ExternalPlane.attach(state_dir)
+        if not plane.running():
+            pytest.fail(f"{EXTERNAL_KUBECONFIG_ENV}={kubeconfig}: that control plane is not running "
+                        f"(start it with: hack/control-plane/up.sh up --state-dir {state_dir})")
         return plane
     pytest.fail(f"{EXTERNAL_KUBECONFIG_ENV}={kubeconfig}: not a kubeconfig written by `up.sh up` "
                 "(its directory has no plane.json); unset it to let the tests start their own plane")
