@@ -187,11 +187,13 @@ def test_a_full_policy_is_accepted_as_written(crd_installed, objects, kube_names
         },
     }
     assert create(objects, kube_namespace, spec)["spec"] == spec
+    StalledPolicySpec.from_k8s(spec)
 
 
 @pytest.mark.parametrize("interval", ["1s", "1000ms", "90s", "1m30s", "0.5h", "1h"])
 def test_intervals_within_bounds_are_accepted(crd_installed, objects, kube_namespace, interval):
     assert create(objects, kube_namespace, with_(sweepInterval=interval))["spec"]["sweepInterval"] == interval
+    assert 1 <= StalledPolicySpec.from_k8s(with_(sweepInterval=interval)).interval_seconds <= 3600
 
 
 # --- refused at apply time --------------------------------------------------------
@@ -236,17 +238,12 @@ def test_bad_input_is_refused_with_a_clear_message(crd_installed, objects, kube_
     message = refusal(objects, kube_namespace, spec)
     for word in words:
         assert word in message, message
-
-
-def test_the_model_refuses_what_the_api_server_refuses(crd_installed, objects, kube_namespace):
-    """The operator's second line agrees with the first on every refused case above."""
+    # The operator's model (its second line) refuses it too, naming the same field.
     from stalledpolicy.policy.models import PolicyError
 
-    for spec in (with_(queue="a:b"), with_(maxStalled=-1), with_(sweepInterval="2h"), with_(redis={}),
-                 with_(redis={"url": "redis://:s3cret@r:6379/0"}), with_(lanes=[{"name": "a"}, {"name": "a"}])):
-        refusal(objects, kube_namespace, spec)
-        with pytest.raises(PolicyError):
-            StalledPolicySpec.from_k8s(spec)
+    with pytest.raises(PolicyError) as info:
+        StalledPolicySpec.from_k8s(spec)
+    assert any(path.startswith(words[0]) for path, _ in info.value.problems), str(info.value)
 
 
 def test_refused_credentials_are_not_echoed_back(crd_installed, objects, kube_namespace):
