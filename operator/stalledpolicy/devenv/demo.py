@@ -433,6 +433,8 @@ def up(state_dir: Path) -> int:
             return 0
         print(f"Leftovers of an earlier demo in {state_dir}: stopping them first.")
         down(state_dir, quiet=True)
+    elif state_dir.exists():
+        down(state_dir, quiet=True)  # a half-started demo: start from a clean directory
 
     progress = Progress()
     state = DemoState(dir=state_dir)
@@ -616,6 +618,13 @@ def down(state_dir: Path, quiet: bool = False) -> int:
 
     state = DemoState.load(state_dir)
     if state is None:
+        # An `up` that died before recording itself may still have left a control plane.
+        orphan_plane = state_dir / "plane"
+        if (orphan_plane / "plane.json").is_file():
+            try:
+                ControlPlane.attach(orphan_plane).stop()
+            except ControlPlaneError:
+                pass
         if state_dir.exists():
             shutil.rmtree(state_dir, ignore_errors=True)
         if not quiet:
