@@ -269,11 +269,13 @@ def write_kubeconfig(path: Path, server: str, ca_cert: Path, user: dict, *, user
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the process that started it dies,
-    so that a killed test run leaves no etcd or apiserver behind."""
+    """Runs in the child before exec: kill it when the process that started it dies,
+    so that a killed test run leaves no etcd or apiserver behind. SIGKILL, because
+    all three get the signal at once and an apiserver whose etcd is gone never
+    finishes a graceful shutdown; the state is throwaway anyway."""
     PR_SET_PDEATHSIG = 1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the fixture's teardown still stops them
         pass
 
