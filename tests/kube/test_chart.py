@@ -382,3 +382,26 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
     finally:
         helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
         delete_namespaces(control_plane, release_ns, watched, other)
+
+
+def test_upgrade_from_cluster_wide_to_namespaced_swaps_the_rbac(helm, control_plane):
+    release, release_ns, team = "spu", unique("chart-up"), unique("chart-team")
+    restricted_namespace(control_plane, team)
+    install(helm, control_plane, release, release_ns)
+    fullname = f"{release}-stalledpolicy-operator"
+    try:
+        assert control_plane.kubectl("get", "clusterrole", fullname, check=False).returncode == 0
+        helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values",
+             "--set", f"watchNamespaces={{{team}}}")
+        assert control_plane.kubectl("get", "clusterrole", fullname, check=False).returncode != 0
+        assert control_plane.kubectl("get", "clusterrole", f"{fullname}-discovery", check=False).returncode == 0
+        assert control_plane.kubectl("get", "role", fullname, "-n", team, check=False).returncode == 0
+        args = json.loads(control_plane.kubectl("get", "deployment", fullname, "-n", release_ns, "-o",
+                                                "json").stdout)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--namespace={team}" in args and "--all-namespaces" not in args
+        crd = json.loads(control_plane.kubectl("get", "crd", "stalledpolicies.queues.emq.dev", "-o", "json").stdout)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        delete_namespaces(control_plane, release_ns, team)
