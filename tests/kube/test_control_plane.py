@@ -86,7 +86,7 @@ def test_deployment_owned_by_a_configmap_is_garbage_collected_with_it(kube_api, 
     core.delete_namespaced_config_map("owner", kube_namespace)
 
     wait_for(lambda: not exists(lambda: apps.read_namespaced_deployment("owned", kube_namespace)),
-             "the garbage collector to delete the owned Deployment")
+             "the garbage collector to delete the owned Deployment", timeout=120)
     wait_for(lambda: not apps.list_namespaced_replica_set(kube_namespace, label_selector="app=owned").items,
              "the garbage collector to delete the owned Deployment's ReplicaSet")
     assert exists(lambda: apps.read_namespaced_deployment("independent", kube_namespace))
