@@ -13,7 +13,7 @@ Neither is atomic nor applies the budget (a ceiling, not a product): every job
 lands in pending or its lane, which is checked. The rate is the server's, on
 the same machine and load as our sweep's.
 
-    python bench/ceiling.py --n 100000
+    python bench/ceiling.py --n 100000 --rounds 3 [--nice -10]
 """
 
 from __future__ import annotations
@@ -113,22 +113,53 @@ def run_ceiling(client, port: int, n: int, mode: str, batch: int = 1000) -> dict
             "commands": commands, "commands_per_job": commands / n, "verified": True}
 
 
+def run_ours(client, port: int, n: int, batch: int) -> dict:
+    import sweep
+
+    run = sweep.run_one(client, port, n, batch, ping=False)
+    return {"mode": f"ours, batch {batch}", "n": n, "batch": batch, "seconds": run.seconds,
+            "jobs_per_s": run.jobs_per_s, "commands": round(run.commands_per_job * n),
+            "commands_per_job": run.commands_per_job, "verified": run.verified}
+
+
+def interleaved(client, port: int, n: int, rounds: int) -> list[dict]:
+    """Ours (no PING client, like the ceilings) and both ceilings, interleaved
+    ``rounds`` times on the same server; the best of each (a shared machine's
+    load only ever slows a run down)."""
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for result in (run_ours(client, port, n, 100), run_ours(client, port, n, 1000),
+                       run_ceiling(client, port, n, "naive"), run_ceiling(client, port, n, "script-mix")):
+            if result["mode"] not in best or result["jobs_per_s"] > best[result["mode"]]["jobs_per_s"]:
+                best[result["mode"]] = result
+    return list(best.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nice", type=int, default=0, help="niceness of the whole benchmark (root only)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     from stalledpolicy.devenv.redis_server import start_redis
 
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     server = start_redis()
     try:
         client = server.client(decode_responses=True)
-        results = [run_ceiling(client, server.port, args.n, mode) for mode in ("naive", "script-mix")]
+        results = interleaved(client, server.port, args.n, args.rounds)
     finally:
         server.stop()
+    ceilings = {r["mode"]: r for r in results if not r["mode"].startswith("ours")}
+    print(f"N={args.n:,}, best of {args.rounds} interleaved rounds; load {os.getloadavg()[0]:.2f}")
     for r in results:
-        print(f"{r['mode']:>10}: {r['jobs_per_s']:,.0f} jobs/s ({r['commands_per_job']:.2f} commands/job, "
-              f"{r['commands'] / r['seconds']:,.0f} commands/s), verified")
+        line = (f"{r['mode']:>16}: {r['jobs_per_s']:>9,.0f} jobs/s ({r['commands_per_job']:.2f} commands/job, "
+                f"{r['commands'] / r['seconds']:,.0f} commands/s), verified")
+        if r["mode"].startswith("ours"):
+            line += "; " + ", ".join(f"{r['jobs_per_s'] / c['jobs_per_s']:.0%} of {m}" for m, c in ceilings.items())
+        print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
