@@ -198,3 +198,13 @@ def test_the_cli_sweeps_and_replays_through_any_node(cluster):
         assert all(after.rows[j].state == "pending" for j in seeded.at_budget)
         assert mq.audit() == []
     client.close()
+
+
+def test_the_audit_reads_a_queue_whole_on_a_cluster_both_ways(cc):
+    placement = queues_on_every_node(cc)
+    for (queue,) in placement.values():
+        mq = EchoMQ(cc, queue)
+        mq.seed_stalled(200, groups=["a"])
+        mq.enqueue_many(3, group="b")
+        assert read_state(cc, queue, atomic=False) == read_state(cc, queue, atomic=True)
+        assert mq.audit() == []

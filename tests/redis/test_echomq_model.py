@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stalledpolicy import engine
-from stalledpolicy.devenv.echomq import EchoMQ, StaleToken, audit, seed_stalled, server_now_ms
+from stalledpolicy.devenv.echomq import EchoMQ, StaleToken, audit, read_state, server_now_ms
 from stalledpolicy.keyspace import QueueKeys
 
 pytestmark = pytest.mark.redis
@@ -271,3 +271,19 @@ def test_audit_reads_a_non_numeric_limit_as_no_limit(mq, r):
     assert mq.audit() == []
     r.delete(mq.keys.ring)
     _only(mq.audit(), "missing from the ring")
+
+
+def test_the_chunked_read_of_a_big_queue_sees_what_the_atomic_read_sees(mq, r):
+    mq.seed_stalled(300, groups=["a", "b"])
+    mq.enqueue_many(5)
+    mq.enqueue_many(5, group="c")
+    mq.pause("c")
+    mq.set_lane_limit("a", 1)
+    mq.fail(mq.claim(5_000, "flat"), max_attempts=1)
+    r.set(mq.keys.job("JOBnot-a-hash"), "x")
+    r.zadd(mq.keys.dead, {"JOBnot-a-hash": 0})
+    atomic = read_state(r, mq.queue, atomic=True)
+    chunked = read_state(r, mq.queue, atomic=False)
+    assert chunked == atomic
+    assert atomic.rows["JOBnot-a-hash"].kind == "string"
+    assert len(atomic.rows) == 300 + 10 + 1

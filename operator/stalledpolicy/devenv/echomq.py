@@ -12,8 +12,8 @@ whatever set holds it now).
 :func:`audit` is the referee of the proofs: it reads a whole queue in one
 atomic script and lists every broken invariant (a job in two places, a job
 lost, a ghost row, a drifted ``gactive``, a serviceable lane missing from the
-ring, ...). ``seed_*`` build large realistic states fast, pipelined, for the
-demo and the benchmarks.
+ring, ...). ``seed_*`` build large realistic states fast, in bulk script
+calls, for the demo and the benchmarks.
 """
 
 from __future__ import annotations
@@ -361,11 +361,38 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def read_state(client: Any, queue: str) -> QueueState:
+#: above this many ids in the queue's sets, read_state reads in chunks (one
+#: script over a big queue would block the server for seconds)
+ATOMIC_READ_MAX = 20_000
+
+
+def read_state(client: Any, queue: str, atomic: bool | None = None) -> QueueState:
+    """The whole queue: in one atomic script (``atomic=True``, the default for
+    small queues), or in bounded chunks, consistent only while nothing writes
+    (``atomic=False``, the default above :data:`ATOMIC_READ_MAX` ids)."""
     k = QueueKeys(queue)
+    if atomic is None:
+        pipe = client.pipeline(transaction=False)
+        for key in (k.pending, k.active, k.schedule, k.dead):
+            pipe.zcard(key)
+        atomic = sum(pipe.execute()) <= ATOMIC_READ_MAX
+    return _read_atomic(client, k) if atomic else _read_chunked(client, k)
+
+
+def _patterns(k: QueueKeys) -> tuple[_Stems, str, str]:
     s = _Stems.of(k)
-    row_pattern = _glob_escape(s.row) + "*"
-    lane_pattern = _glob_escape(s.lane_head) + "*" + _glob_escape(s.lane_tail)
+    return (s, _glob_escape(s.row) + "*",
+            _glob_escape(s.lane_head) + "*" + _glob_escape(s.lane_tail))
+
+
+def _row(job_id: str, kind: str, fields: Sequence[Any]) -> Row:
+    state, group, attempts, stalled = (_text(f) for f in fields) if fields else (None,) * 4
+    return Row(id=job_id, kind=kind, state=state or None, group=group,
+               attempts=attempts or None, stalled=stalled or None)
+
+
+def _read_atomic(client: Any, k: QueueKeys) -> QueueState:
+    s, row_pattern, lane_pattern = _patterns(k)
     raw = _call(
         "snapshot", client,
         [k.pending, k.active, k.schedule, k.dead, k.ring, k.gactive, k.glimit, k.paused, k.wake],
@@ -373,12 +400,10 @@ def read_state(client: Any, queue: str) -> QueueState:
     )
     pending, active, schedule, dead, ring, gactive, glimit, paused, wake_len, rows, lanes = raw
     parsed_rows = {}
-    for job_id, kind, state, group, attempts, stalled, has_group in rows:
-        parsed_rows[job_id] = Row(
-            id=job_id, kind=kind, state=state or None,
-            group=group if has_group == "1" else None,
-            attempts=attempts or None, stalled=stalled or None,
-        )
+    for i in range(0, len(rows), 7):
+        job_id, kind, state, group, attempts, stalled, has_group = rows[i:i + 7]
+        parsed_rows[job_id] = _row(job_id, kind, [state, group if has_group == "1" else None,
+                                                  attempts, stalled])
     return QueueState(
         pending=list(pending),
         active={m: float(sc) for m, sc in _pairs(active).items()},
@@ -391,6 +416,46 @@ def read_state(client: Any, queue: str) -> QueueState:
         wake_len=int(wake_len),
         rows=parsed_rows,
         lanes={g: list(members) for g, members in lanes},
+    )
+
+
+def _read_chunked(client: Any, k: QueueKeys, chunk: int = 2_000) -> QueueState:
+    from redis.exceptions import ResponseError as WrongType
+
+    s, row_pattern, lane_pattern = _patterns(k)
+
+    def members(key: str) -> list[str]:
+        return [_text(m) for m in client.zrange(key, 0, -1)]
+
+    def scored(key: str) -> dict[str, float]:
+        return {_text(m): float(sc) for m, sc in client.zrange(key, 0, -1, withscores=True)}
+
+    def hash_of(key: str) -> dict[str, str]:
+        return {_text(f): _text(v) for f, v in client.hgetall(key).items()}
+
+    row_keys = [_text(key) for key in client.scan_iter(match=row_pattern, count=chunk)]
+    rows: dict[str, Row] = {}
+    for start in range(0, len(row_keys), chunk):
+        keys = row_keys[start:start + chunk]
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(key, "state", "group", "attempts", "stalled")
+        for key, fields in zip(keys, pipe.execute(raise_on_error=False)):
+            job_id = key[len(s.row):]
+            if isinstance(fields, WrongType):
+                rows[job_id] = _row(job_id, _text(client.type(key)), [])
+            else:
+                rows[job_id] = _row(job_id, "hash", fields)
+    lanes = {}
+    for key in client.scan_iter(match=lane_pattern, count=chunk):
+        key = _text(key)
+        lanes[key[len(s.lane_head):len(key) - len(s.lane_tail)]] = members(key)
+    return QueueState(
+        pending=members(k.pending), active=scored(k.active), schedule=members(k.schedule),
+        dead=scored(k.dead), ring=[_text(g) for g in client.lrange(k.ring, 0, -1)],
+        gactive=hash_of(k.gactive), glimit=hash_of(k.glimit),
+        paused={_text(g) for g in client.smembers(k.paused)}, wake_len=int(client.llen(k.wake)),
+        rows=rows, lanes=lanes,
     )
 
 
@@ -531,8 +596,8 @@ def seed_stalled(
     ``state=active`` with their token, leases ``lease_past_ms`` in the past (on
     the server clock), ``gactive`` counting the grouped ones. A share
     ``at_budget_fraction`` already carries ``stalled = budget - 1`` (the next
-    sweep dead-letters them); the rest carry 0 or no field at all. Pipelined in
-    chunks, no transaction: fast enough for a million jobs."""
+    sweep dead-letters them); the rest carry a lower count, 0 or no field at
+    all. One script call per ``chunk`` jobs (also on a cluster)."""
     if n < 0:
         raise ValueError("n: must be >= 0")
     rng = random.Random(seed)
@@ -541,38 +606,25 @@ def seed_stalled(
     deadline = server_now_ms(client) - int(lease_past_ms)
     ids = mint_ids(n)
     seeded = Seeded(ids=ids, groups={}, stalled_before={}, at_budget=set())
-    gactive: Counter[str] = Counter()
     for start in range(0, n, chunk):
-        pipe = client.pipeline(transaction=False)
-        active_batch: dict[str, int] = {}
+        triples: list[str] = []
         for job_id in ids[start:start + chunk]:
             group = rng.choice(groups) if groups and rng.random() < grouped_fraction else None
             job_budget = lane_budgets.get(group, budget) if group else budget
-            fields = {"state": "active", "attempts": str(attempts), "payload": payload}
             stalled = 0
             if job_budget > 0 and rng.random() < at_budget_fraction:
                 stalled = job_budget - 1
+            elif job_budget > 2 and rng.random() < 0.5:
+                stalled = rng.randint(0, job_budget - 2)
+            if job_budget > 0 and stalled + 1 >= job_budget:
                 seeded.at_budget.add(job_id)
-            elif rng.random() < 0.5:
-                stalled = rng.randint(0, max(0, job_budget - 2)) if job_budget > 1 else 0
-            if stalled or rng.random() < 0.5:
-                fields["stalled"] = str(stalled)
-            if group:
-                fields["group"] = group
-                gactive[group] += 1
-            if job_budget == 1:
-                seeded.at_budget.add(job_id)
-            pipe.hset(keys.job(job_id), mapping=fields)
-            active_batch[job_id] = deadline
+            # about half the unmarked rows carry no field at all, like fresh EchoMQ rows
+            mark = str(stalled) if stalled or rng.random() < 0.5 else ""
+            triples += [job_id, group or "", mark]
             seeded.groups[job_id] = group
             seeded.stalled_before[job_id] = stalled
-        pipe.zadd(keys.active, active_batch)
-        pipe.execute()
-    if gactive:
-        pipe = client.pipeline(transaction=False)
-        for group, count in gactive.items():
-            pipe.hincrby(keys.gactive, group, count)
-        pipe.execute()
+        _call("seed", client, [keys.active, keys.gactive],
+              [_Stems.of(keys).row, deadline, payload, int(attempts), *triples])
     return seeded
 
 

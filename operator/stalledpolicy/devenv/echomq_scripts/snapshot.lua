@@ -14,15 +14,19 @@ local function scan(pattern)
   until cursor == '0'
   return found
 end
+-- rows, flat: id, key type, state, group, attempts, stalled, has group ('1'/'0')
 local rows = {}
 for _, key in ipairs(scan(ARGV[1])) do
   local id = string.sub(key, #ARGV[3] + 1)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'hash' then
-    local f = redis.call('HMGET', key, 'state', 'group', 'attempts', 'stalled')
-    rows[#rows + 1] = {id, kind, f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[2] and '1' or '0'}
+  local f = redis.pcall('HMGET', key, 'state', 'group', 'attempts', 'stalled')
+  local n = #rows
+  if f.err then
+    rows[n + 1], rows[n + 2] = id, redis.call('TYPE', key)['ok']
+    rows[n + 3], rows[n + 4], rows[n + 5], rows[n + 6], rows[n + 7] = '', '', '', '', '0'
   else
-    rows[#rows + 1] = {id, kind, '', '', '', '', '0'}
+    rows[n + 1], rows[n + 2], rows[n + 3] = id, 'hash', f[1] or ''
+    rows[n + 4], rows[n + 5], rows[n + 6] = f[2] or '', f[3] or '', f[4] or ''
+    rows[n + 7] = f[2] and '1' or '0'
   end
 end
 local lanes = {}
