@@ -1,5 +1,5 @@
 """Property: whatever the interleaving of EchoMQ workers, expiring leases,
-sweeps and morgue replays, on a real server from several connections at once,
+sweeps and morgue replays and purges, on a real server from several connections at once,
 no job is ever lost, duplicated or misplaced, and the lanes stay consistent.
 
 Each hypothesis step fires a handful of operations at the same instant from
@@ -55,6 +55,7 @@ OPERATIONS = [  # the first entries are drawn a little more often: the racy ones
     (st.tuples(st.just("pause"), lane_names), 1),
     (st.tuples(st.just("resume"), lane_names), 1),
     (st.tuples(st.just("promote")), 1),
+    (st.tuples(st.just("purge"), st.one_of(st.none(), lane_names)), 1),
 ]
 # weight by repetition (hypothesis still favours early entries, hence the order)
 operation = st.sampled_from(
@@ -131,6 +132,9 @@ class ConcurrentQueue(RuleBasedStateMachine):
             done = engine.morgue_replay(mq.client, self.queue, lane=op[1], limit=op[2])
             with self.lock:
                 self.replayed += done.replayed
+        elif kind == "purge":
+            purged = engine.morgue_purge(mq.client, self.queue, lane=op[1])
+            mq.ledger.retire(purged.ids)
         elif kind == "limit":
             mq.set_lane_limit(op[1], op[2])
         elif kind == "pause":
