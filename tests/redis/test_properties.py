@@ -1,6 +1,7 @@
 """Property: whatever the interleaving of EchoMQ workers, expiring leases,
-sweeps and morgue replays and purges, on a real server from several connections at once,
-no job is ever lost, duplicated or misplaced, and the lanes stay consistent.
+sweeps, morgue replays and purges, on a real server from several connections
+at once, no job is ever lost, duplicated or misplaced, and the lanes stay
+consistent.
 
 Each hypothesis step fires a handful of operations at the same instant from
 separate connections (threads released by one barrier), then the whole queue
