@@ -294,11 +294,10 @@ class Component:
         # Started by another process (`up`): check the pid still runs our binary.
         try:
             cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             return False
-        if Path(f"/proc/{self.pid}/stat").read_text().split()[2] == "Z":
-            return False
-        return cmdline == self.binary
+        return state != "Z" and cmdline == self.binary
 
     def stop(self, timeout: float = 15.0) -> None:
         if not self.alive():
