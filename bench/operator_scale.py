@@ -420,9 +420,11 @@ def plane_cpu(plane: ControlPlane) -> dict[str, float]:
 
 
 class Operator:
-    def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str], nice: int = 0) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, extra: list[str], nice: int = 0,
+                 extra_env: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_OPERATOR_")}
         env.pop("KUBECONFIG", None)
+        env.update(extra_env or {})
         self.command = [sys.executable, "-m", "stalledpolicy", "operator", "--all-namespaces",
                         "--kubeconfig", str(kubeconfig), "--log-format", "json",
                         "--sweeper-image", "stalledpolicy:bench", *extra]
@@ -465,6 +467,26 @@ class Operator:
 
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
+
+    def cpu_by_thread(self) -> tuple[float, float]:
+        """(main thread, every other thread) CPU seconds: kopf's asyncio loop runs in the
+        main thread, the sync handlers and the status workers in the others."""
+        main = others = 0.0
+        try:
+            tasks = list(Path(f"/proc/{self.pid}/task").iterdir())
+        except FileNotFoundError:
+            return float("nan"), float("nan")
+        for task in tasks:
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            if int(task.name) == self.pid:
+                main += seconds
+            else:
+                others += seconds
+        return main, others
 
     def cpu_at(self, moment: float) -> float:
         """CPU seconds used by ``moment`` (epoch), from the 0.25 s samples."""
@@ -595,6 +617,9 @@ class Result:
     reconcile_cpu_s: float = 0.0  # operator CPU from its first Deployment to all reconciled
     plane_cold_cpu_s: dict = field(default_factory=dict)  # control-plane components, cold start to settled
     log_lines: int = 0
+    cold_cpu_main_s: float = 0.0
+    cold_cpu_threads_s: float = 0.0
+    cold_watch_events: int = 0  # policy + Deployment events in the namespace, cold start to settled
     budget_to_hash_s: list[float] = field(default_factory=list)
     budget_to_status_s: list[float] = field(default_factory=list)
     restart_resumed_s: float | None = None
@@ -629,6 +654,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
     n = args.policies
     result = Result(policies=n, lanes=args.lanes)
     facts: dict = {"nice": args.nice}
+    operator_env = dict(item.split("=", 1) for item in args.operator_env)
     workdir = Path(tempfile.mkdtemp(prefix="stalledpolicy-operator-scale-"))
     plane = AuditedPlane(bin_dir=find_binaries())
     plane.audit = not args.no_audit
@@ -674,9 +700,12 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
 
         # ---- cold start
         facts["load_before"] = os.getloadavg()
+        with world.cond:
+            events_before_operator = sum(world.events.values())
         metrics_before = scrape(plane, context)
         plane_cpu_before = plane_cpu(plane)
-        operator = Operator(operator_config, workdir / "operator.log", args.operator_arg, args.nice)
+        operator = Operator(operator_config, workdir / "operator.log", args.operator_arg, args.nice,
+                            operator_env)
         t0 = operator.started
         log(f"operator started (pid {operator.pid}): {' '.join(operator.command)}")
 
@@ -750,6 +779,9 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
         result.cold_errors = {f"{verb} {res} {code}": int(v) for (verb, res, code), v in sorted(cold.requests.items())
                               if code.isdigit() and int(code) >= 400}
         result.cold_cpu_s = operator.cpu_seconds()
+        result.cold_cpu_main_s, result.cold_cpu_threads_s = operator.cpu_by_thread()
+        with world.cond:
+            result.cold_watch_events = sum(world.events.values()) - events_before_operator
         result.plane_cold_cpu_s = {name: round(cpu - plane_cpu_before.get(name, 0.0), 1)
                                    for name, cpu in plane_cpu(plane).items()}
         log(f"settled {result.settle_s:.0f}s after the operator started; "
@@ -806,7 +838,8 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
             with world.cond:
                 generations_before = {name: d.generation for name, d in world.deployments.items()}
             restart_before = scrape(plane, context)
-            operator = Operator(operator_config, workdir / "operator-restart.log", args.operator_arg, args.nice)
+            operator = Operator(operator_config, workdir / "operator-restart.log", args.operator_arg, args.nice,
+                                operator_env)
             t1 = operator.started
             log(f"operator restarted (pid {operator.pid})")
             resumed_at = None
@@ -917,6 +950,11 @@ def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, st
          f"{r.reconcile_cpu_s / (r.all_reconciled_s - r.first_deployment_s):.2f} of a core"
          if r.all_reconciled_s and r.first_deployment_s is not None
          and r.all_reconciled_s > r.first_deployment_s else "-", "", ""),
+        ("operator CPU: main thread (kopf's event loop) / other threads (handlers, status workers)",
+         f"{r.cold_cpu_main_s:.1f} s / {r.cold_cpu_threads_s:.1f} s", "", ""),
+        ("watch events (policies + Deployments), cold start to settled; operator CPU per event",
+         f"{r.cold_watch_events:,}; {1000 * r.cold_cpu_s / r.cold_watch_events:.1f} ms"
+         if r.cold_watch_events else "-", "", ""),
         ("operator CPU: start-up (to first Deployment) / per policy reconciled",
          f"{r.startup_cpu_s:.1f} s / {1000 * r.reconcile_cpu_s / n:.0f} ms", "", ""),
         ("control plane CPU, cold start to settled",
@@ -989,6 +1027,9 @@ def report(r: Result, facts: dict, args: argparse.Namespace, command: str) -> st
         f"Command: `{command}`",
         "",
         *[f"- {line}" for line in machine_facts(facts)],
+        f"- operator: `stalledpolicy operator --all-namespaces` (status interval at its default)"
+        + (f", extra arguments `{' '.join(args.operator_arg)}`" if args.operator_arg else "")
+        + (f", environment `{' '.join(args.operator_env)}`" if args.operator_env else ""),
         "",
         summary,
         "",
@@ -1043,6 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=0,
                         help="run the operator, the control plane and redis-server at this niceness (e.g. -10 "
                              "on a shared machine, so they are not starved by other work; root only)")
+    parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment for the operator (repeatable), e.g. MALLOC_ARENA_MAX=2")
     parser.add_argument("--no-restart", action="store_true", help="skip the operator restart phase")
     parser.add_argument("--no-audit", action="store_true", help="no API server audit log (metrics only)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the operator's and the plane's logs")
@@ -1053,6 +1096,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.policies < 1:
         parser.error("--policies must be at least 1")
+    if any("=" not in item for item in args.operator_env):
+        parser.error("--operator-env takes KEY=VALUE")
     if args.budget_changes < 1 or args.budget_changes > args.policies:
         parser.error("--budget-changes must be between 1 and --policies")
     command = "python bench/operator_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -10,7 +10,10 @@ memory by textual ablation, each run by EVAL on the same seeded queue:
 - ``hmget-call``: HMGET by redis.call instead of redis.pcall;
 - ``no-lane-checks``: the per-lane ring/wake checks (SISMEMBER, ZCARD, HGET,
   LPOS) skipped; the lane is not put on the ring (NOT correct, cost only);
-- ``no-lane-totals``: the per-lane HINCRBYs of sweeper:totals skipped.
+- ``no-lane-totals``: the per-lane HINCRBYs of sweeper:totals skipped;
+- ``lua-floor``: not the script at all: the same per-job commands (HMGET,
+  HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREM/ZADD with none of its logic
+  (every job to pending): the floor of this work inside one Lua script.
 
 Each variant's figure is the server's time (INFO commandstats eval usec) per
 job, minimum over ``--rounds`` interleaved rounds (the machine is shared).
@@ -43,6 +46,31 @@ def _replace(body: str, old: str, new: str) -> str:
     return body.replace(old, new)
 
 
+# The same commands as the sweep with none of its logic: the floor of doing
+# this work inside one Lua script (no budget, lanes, quarantine or escaping).
+LUA_FLOOR = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local limit = tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit + 1)
+local more = 0
+if #ids > limit then more = 1; ids[#ids] = nil end
+if #ids == 0 then return {0, 0, 0, 0, 0, {}} end
+redis.call('ZREM', KEYS[1], unpack(ids))
+local zargs = {}
+for _, id in ipairs(ids) do
+  local row = ARGV[1] .. 'job:' .. id
+  local f = redis.call('HMGET', row, 'group', 'stalled', 'attempts', 'state')
+  redis.call('HSET', row, 'stalled', (tonumber(f[2]) or 0) + 1, 'state', 'pending')
+  redis.call('PUBLISH', ARGV[4], '{"event":"stalled","job":"' .. id .. '"}')
+  zargs[#zargs + 1] = 0
+  zargs[#zargs + 1] = id
+end
+redis.call('ZADD', KEYS[2], unpack(zargs))
+return {#ids, 0, 0, 0, more, {}}
+"""
+
+
 def variants(body: str) -> dict[str, str]:
     lane_check = "if act ~= nil and redis.call('SISMEMBER', KEYS[7], g) == 0 and redis.call('ZCARD', lane) > 0 then"
     return {
@@ -53,6 +81,7 @@ def variants(body: str) -> dict[str, str]:
         "hmget-call": _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
         "no-lane-checks": _replace(body, lane_check, "if false then"),
         "no-lane-totals": _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
+        "lua-floor": LUA_FLOOR,
     }
 
 
@@ -78,7 +107,7 @@ def run_variant(client, body: str, n: int, batch: int) -> dict:
             break
     after = redisstats.commandstats(client)
     seen = echomq_seed.observe(client, QUEUE)
-    moved = seen.pending + sum(seen.lanes.values()) + seen.dead
+    moved = seen.pending + sum(seen.lanes.values()) + seen.dead  # lua-floor: all to pending
     if seen.active != 0 or moved != n:
         raise AssertionError(f"variant left active={seen.active}, moved {moved} of {n}")
     usec = int(after["evalsha"]["usec"]) - int(before.get("evalsha", {}).get("usec", 0))
