@@ -1008,9 +1008,13 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def breakdown_rows(r: Result) -> list[tuple[str, ...]]:
-    keys = sorted(set(r.cold_metrics) | set(r.cold_audit) | set(r.quiet_metrics) | set(r.restart_audit),
-                  key=lambda k: (k.split(" ", 1)[1], k))
     n = r.policies
+    # The operator's requests, and what other clients did at least once per ten
+    # policies (the controller manager's informers re-watching are left out).
+    keys = sorted({k for k in set(r.cold_metrics) | set(r.quiet_metrics)
+                   if r.cold_metrics.get(k, 0) >= max(1, n // 10) or r.quiet_metrics.get(k, 0) >= max(1, n // 10)}
+                  | set(r.cold_audit) | set(r.quiet_audit) | set(r.restart_audit),
+                  key=lambda k: (k.split(" ", 1)[1], k))
     return [(key, f"{r.cold_metrics.get(key, 0):,}", f"{r.cold_audit.get(key, 0):,}",
              f"{r.cold_audit.get(key, 0) / n:.2f}", f"{r.quiet_metrics.get(key, 0):,}",
              f"{r.restart_audit.get(key, 0):,}") for key in keys]
