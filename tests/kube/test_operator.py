@@ -72,6 +72,11 @@ def env_of(deployment) -> dict:
     return {e.name: e.value for e in deployment.spec.template.spec.containers[0].env if e.value is not None}
 
 
+def our_managed_fields(deployment) -> list:
+    return [(m.operation, m.time, m.fields_v1) for m in deployment.metadata.managed_fields
+            if m.manager == "stalledpolicy-operator"]
+
+
 def create_policy(custom, namespace, manifest):
     return custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
 
@@ -99,14 +104,20 @@ def test_second_reconcile_changes_nothing(operator, apis, kube_api, kube_namespa
     # Let the operator finish with the new object (its status write and kopf's annotations).
     wait_for(lambda: (get_policy(custom, kube_namespace, "idem").get("status") or {}).get("observedGeneration"),
              "a first status")
-    before = read_deployment(apps, kube_namespace, "idem-sweeper").metadata.resource_version
+    # The resourceVersion is no judge: the deployment controller keeps writing
+    # the Deployment's status. A no-op apply leaves the generation, the spec and
+    # our managed-fields entry (its timestamp included) exactly as they were.
+    before = read_deployment(apps, kube_namespace, "idem-sweeper")
     ctl = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test"), api_client=kube_api)
     body = get_policy(custom, kube_namespace, "idem")
     reconcile(ctl, body)
     reconcile(ctl, body)
     after = read_deployment(apps, kube_namespace, "idem-sweeper")
-    assert after.metadata.resource_version == before
     assert after.metadata.uid == first.metadata.uid
+    assert after.metadata.generation == before.metadata.generation
+    assert after.spec == before.spec
+    assert our_managed_fields(before), "the operator's server-side apply left no managed fields"
+    assert our_managed_fields(after) == our_managed_fields(before)
 
 
 def test_budget_change_updates_the_deployment_in_place_with_an_event(operator, apis, kube_api,
