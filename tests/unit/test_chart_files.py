@@ -33,7 +33,7 @@ def load_values() -> dict:
 def test_crd_copy_is_byte_identical_to_the_source():
     assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), (
         f"{CRD_COPY.relative_to(REPO)} differs from {CRD_SOURCE.relative_to(REPO)}; "
-        f"copy it again: cp {CRD_SOURCE.relative_to(REPO)} {CRD_COPY.relative_to(REPO)}")
+        "refresh it with: make chart-crd")
 
 
 def test_chart_has_no_crds_directory_that_would_install_the_crd_twice():
