@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers lint clean
+.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers lint clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -50,4 +50,4 @@ clean:
 # The chart renders a copy of the one CRD source (Helm cannot read outside the
 # chart); tests/unit/test_chart_files.py fails until the copy is refreshed.
 chart-crd:
-	cp $(CRD_SOURCE) $(CRD_CHART)
+	cp crds/stalledpolicies.yaml charts/stalledpolicy-operator/files/crds/stalledpolicies.yaml
