@@ -52,7 +52,7 @@ def plot(data: dict, output: Path) -> None:
     machine = data.get("machine", {})
     load = machine.get("started_load") or [float("nan")]
     note = (f"redis {machine.get('redis', '?')}, {machine.get('cores', '?')} cores shared with other work "
-            f"(load {load[0]:.1f} at start), server and PING client at nice {machine.get('nice', 0)}")
+            f"(load {load[0]:.1f} at start), whole benchmark at nice {machine.get('nice', 0)}")
     if skipped:
         note += "\nnot run (projected > 10 min): " + ", ".join(skipped)
     fig.suptitle("Stalled-job recovery on one Redis server: " + note, fontsize=9)
