@@ -72,14 +72,14 @@ return {#ids, 0, 0, 0, more, {}}
 
 
 def variants(body: str) -> dict[str, str]:
-    lane_check = "if act ~= nil and redis.call('SISMEMBER', KEYS[7], g) == 0 and redis.call('ZCARD', lane) > 0 then"
+    lane_offer = "ring.offer(g, jobs == nil and lane or nil, act)"
     return {
         "as shipped": body,
         "no-publish": NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
         "no-json-scan": _replace(body, "local function json_string(s)\n",
                                  "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
         "hmget-call": _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
-        "no-lane-checks": _replace(body, lane_check, "if false then"),
+        "no-lane-checks": _replace(body, lane_offer, "-- ring/wake skipped"),
         "no-lane-totals": _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
         "lua-floor": LUA_FLOOR,
     }

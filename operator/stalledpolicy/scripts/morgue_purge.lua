@@ -13,6 +13,8 @@
 --
 -- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor}
 
+-- @include morgue_window
+
 local prefix = ARGV[1]
 local dry = ARGV[2] == '1'
 local filter = ARGV[3]
@@ -22,18 +24,7 @@ local min_age = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
-local candidates
-local next_cursor = ''
-if mode == 'ids' then
-  candidates = {}
-  for i = 8, #ARGV do candidates[#candidates + 1] = ARGV[i] end
-else
-  local min = '-'
-  if ARGV[6] ~= '' then min = '(' .. ARGV[6] end
-  local window = tonumber(ARGV[7])
-  candidates = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, window)
-  if #candidates == window then next_cursor = candidates[#candidates] end
-end
+local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[6], tonumber(ARGV[7]), 8)
 
 local purged = {}
 local kept = {}

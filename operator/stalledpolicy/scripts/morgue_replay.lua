@@ -14,31 +14,18 @@
 -- Returns {{id, lane, ...}, {id, reason, ...}, {missing ids}, next cursor}
 -- where lane is '' for a flat job and next cursor is '' at the end of `dead`.
 
+-- @include chunked
+-- @include counters
+-- @include lanes
+-- @include morgue_window
+
 local prefix = ARGV[1]
 local dry = ARGV[2] == '1'
 local filter = ARGV[3]
 local mode = ARGV[4]
 local max_replayed = tonumber(ARGV[7])
 
-local candidates
-local next_cursor = ''
-if mode == 'ids' then
-  candidates = {}
-  for i = 8, #ARGV do candidates[#candidates + 1] = ARGV[i] end
-else
-  local min = '-'
-  if ARGV[5] ~= '' then min = '(' .. ARGV[5] end
-  local window = tonumber(ARGV[6])
-  candidates = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, window)
-  if #candidates == window then next_cursor = candidates[#candidates] end
-end
-
-local function count_of(value)
-  if value == false then return 0 end
-  if #value > 15 or not string.find(value, '^%d+$') then return nil end
-  if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
-  return tonumber(value)
-end
+local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[5], tonumber(ARGV[6]), 8)
 
 local replayed = {}
 local refused = {}
@@ -112,35 +99,14 @@ for _, id in ipairs(candidates) do
   end
 end
 
-local function zadd_all(key, members)
-  local i = 1
-  while i <= #members do
-    local args = {}
-    for j = i, math.min(i + 1999, #members) do
-      args[#args + 1] = 0
-      args[#args + 1] = members[j]
-    end
-    redis.call('ZADD', key, unpack(args))
-    i = i + 2000
-  end
-end
-
 if not dry then
-  if #flat > 0 then zadd_all(KEYS[2], flat) end
-  local woke = false
+  if #flat > 0 then variadic('ZADD', KEYS[2], flat, true) end
+  local ring = lane_ring(KEYS[3], KEYS[6], KEYS[5], KEYS[4], KEYS[7])
   for _, g in ipairs(lane_order) do
-    zadd_all(prefix .. 'g:' .. g .. ':pending', lanes[g])
-    if redis.call('SISMEMBER', KEYS[6], g) == 0 then
-      local act = tonumber(redis.call('HGET', KEYS[4], g) or '0') or 0
-      local cap = tonumber(redis.call('HGET', KEYS[5], g) or '')
-      if (cap == nil or act < cap) and not redis.call('LPOS', KEYS[3], g) then
-        redis.call('RPUSH', KEYS[3], g)
-        redis.call('LPUSH', KEYS[7], '1')
-        woke = true
-      end
-    end
+    variadic('ZADD', prefix .. 'g:' .. g .. ':pending', lanes[g], true)
+    ring.offer(g, nil, nil) -- the lane has work now; its gactive is read there
   end
-  if woke then redis.call('LTRIM', KEYS[7], 0, 63) end
+  ring.finish()
   if n > 0 then redis.call('HINCRBY', KEYS[8], 'replayed', n) end
 end
 

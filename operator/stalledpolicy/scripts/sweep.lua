@@ -14,6 +14,10 @@
 -- Returns {recovered, dead_lettered, orphans, quarantined, more (0|1),
 --          {group, recovered, dead_lettered, ...}}
 
+-- @include chunked
+-- @include counters
+-- @include lanes
+
 local prefix = ARGV[1]
 local limit = tonumber(ARGV[2])
 local default_budget = tonumber(ARGV[3])
@@ -39,34 +43,7 @@ if #expired == 0 then
   return {0, 0, 0, 0, 0, {}}
 end
 
--- unpack() is bounded by the Lua C stack (8000 slots): variadic commands go
--- in chunks of at most 4000 arguments.
-local function variadic(cmd, key, members, with_zero_score)
-  local chunk = with_zero_score and 2000 or 4000
-  local n = #members
-  local i = 1
-  while i <= n do
-    local last = math.min(i + chunk - 1, n)
-    local args = {}
-    for j = i, last do
-      if with_zero_score then args[#args + 1] = 0 end
-      args[#args + 1] = members[j]
-    end
-    redis.call(cmd, key, unpack(args))
-    i = last + 1
-  end
-end
-
 variadic('ZREM', KEYS[1], expired, false)
-
--- Counters as Redis accepts them for HINCRBY (no sign, no leading zero); more
--- than 15 digits would lose precision in Lua's doubles, so it is refused too.
-local function count_of(value)
-  if value == false then return 0 end
-  if #value > 15 or not string.find(value, '^%d+$') then return nil end
-  if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
-  return tonumber(value)
-end
 
 -- a bad value quoted in last_error, cut so a huge one cannot bloat the row
 local function excerpt(value)
@@ -210,25 +187,18 @@ if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 
 -- Lanes: free the slots, then apply the ring/wake rule once per lane (after
 -- every ZADD of this call, so "the lane has work" sees the recovered jobs).
-local woke = false
+local ring = lane_ring(KEYS[4], KEYS[7], KEYS[6], KEYS[5], KEYS[8])
 local lanes_out = {}
 for _, g in ipairs(touched) do
   local lane = prefix .. 'g:' .. g .. ':pending'
   local jobs = lane_jobs[g]
   if jobs then variadic('ZADD', lane, jobs, true) end
   local act = redis.pcall('HINCRBY', KEYS[5], g, -lane_freed[g])
+  -- a non-integer gactive is EchoMQ's corruption, not ours to rewrite: the
+  -- lane is left off the ring. A lane that just got jobs back has work (no ZCARD).
   if type(act) == 'number' then
     if act <= 0 then redis.call('HDEL', KEYS[5], g) end
-  else
-    act = nil -- a non-integer gactive is EchoMQ's corruption, not ours to rewrite
-  end
-  if act ~= nil and redis.call('SISMEMBER', KEYS[7], g) == 0 and redis.call('ZCARD', lane) > 0 then
-    local cap = tonumber(redis.call('HGET', KEYS[6], g) or '')
-    if (cap == nil or act < cap) and not redis.call('LPOS', KEYS[4], g) then
-      redis.call('RPUSH', KEYS[4], g)
-      redis.call('LPUSH', KEYS[8], '1')
-      woke = true
-    end
+    ring.offer(g, jobs == nil and lane or nil, act)
   end
   if lane_rec[g] > 0 or lane_dead[g] > 0 then
     lanes_out[#lanes_out + 1] = g
@@ -236,7 +206,7 @@ for _, g in ipairs(touched) do
     lanes_out[#lanes_out + 1] = lane_dead[g]
   end
 end
-if woke then redis.call('LTRIM', KEYS[8], 0, 63) end
+ring.finish()
 
 local deaths = dead_lettered + quarantined
 if deaths > 0 then redis.call('HINCRBY', KEYS[9], 'count', deaths) end

@@ -1,0 +1,16 @@
+-- morgue_window: the ids a morgue script examines in one call, and where the
+-- next call resumes ('' = the end of `dead`). mode 'ids': ARGV[first_id..]
+-- as given (the caller checks each is in `dead`); mode 'scan': `dead` in id
+-- order (all scores are 0), up to window ids after cursor ('' = the start).
+local function morgue_window(dead_key, mode, cursor, window, first_id)
+  if mode == 'ids' then
+    local ids = {}
+    for i = first_id, #ARGV do ids[#ids + 1] = ARGV[i] end
+    return ids, ''
+  end
+  local min = '-'
+  if cursor ~= '' then min = '(' .. cursor end
+  local ids = redis.call('ZRANGEBYLEX', dead_key, min, '+', 'LIMIT', 0, window)
+  if #ids == window then return ids, ids[#ids] end
+  return ids, ''
+end
