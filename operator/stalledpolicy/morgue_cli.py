@@ -23,11 +23,12 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from stalledpolicy import tables
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, QueueKeys, validate_queue_name
+from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -176,76 +177,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # -------------------------------------------------------------- redis access
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password (userinfo or ``?password=``) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if password is not None:
-        host = netloc.rpartition("@")[2]
-        netloc = f"{parts.username or ''}:***@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _secrets_of(url: str) -> list[str]:
-    found = []
-    try:
-        parts = urlsplit(url)
-        if parts.password:
-            found.append(parts.password)
-        found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
-    except ValueError:
-        pass
-    return found
-
-
-def scrub(text: str, url: str) -> str:
-    """``text`` with any password of ``url`` masked (error messages of libraries
-    are not ours to trust)."""
-    for secret in _secrets_of(url):
-        text = text.replace(secret, "***")
-    return text
-
-
-def connect(url: str) -> Any:
-    """A decoded client for ``url``; a cluster-enabled server gives a RedisCluster."""
-    import redis
+def open_client(url: str) -> Any:
+    """A decoded client for ``url`` (a RedisCluster on a cluster node)."""
     from redis.backoff import NoBackoff
-    from redis.cluster import RedisCluster
     from redis.retry import Retry
 
-    options = dict(
-        decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
-    )
     # One quick retry replaces a stale pooled connection; an on-call engineer
     # facing an outage wants exit 3 now, not after a backoff schedule.
-    client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
-    try:
-        cluster = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError:
-        cluster = False  # INFO refused (a proxy, a restricted ACL user): a plain server
-    if cluster:
-        client.close()
-        return RedisCluster.from_url(url, **options)
-    return client
-
-
-def unreachable_errors() -> tuple[type[BaseException], ...]:
-    """Errors meaning "Redis cannot serve us now", as opposed to "this call is wrong"."""
-    import redis
-    from redis.exceptions import (
-        ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, TryAgainError,
-    )
-
-    return (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError,
-            MasterDownError, ReadOnlyError, RedisClusterException, OSError)
+    return connect(url, retry=Retry(NoBackoff(), 1), decode_responses=True,
+                   socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
 
 
 def server_now_ms(client: Any, queue: str) -> int:
@@ -609,7 +549,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     where = redact_url(url)
     client = None
     try:
-        client = connect(url)
+        client = open_client(url)
         if not changing:
             return ACTIONS[args.morgue_action](client, args, engine, out)
         return _change(client, args, selection, engine, out, err, stdin)

@@ -565,7 +565,7 @@ def test_help_documents_exit_codes():
     assert "--yes" in result.stdout and "--dry-run" in result.stdout
 
 
-# ---------------------------------------------- the prompt and redaction, in process
+# ------------------------------------------------------------ the prompt, in process
 
 
 @pytest.mark.parametrize(
@@ -587,23 +587,6 @@ def test_a_pipe_is_not_interactive():
     finally:
         os.close(write_end)
     assert morgue_cli.is_interactive(io.StringIO("y\n")) is False
-
-
-@pytest.mark.parametrize(
-    ("url", "shown", "hidden"),
-    [
-        ("redis://:pw1@h:6379/0", "redis://:***@h:6379/0", "pw1"),
-        ("rediss://alice:pw2@h:6380/1", "rediss://alice:***@h:6380/1", "pw2"),
-        ("redis://h:6379/0?password=pw3&socket_timeout=5", "password=***", "pw3"),
-        ("redis://h:6379/0", "redis://h:6379/0", None),
-    ],
-)
-def test_redact_url(url, shown, hidden):
-    redacted = morgue_cli.redact_url(url)
-    assert shown in redacted
-    if hidden:
-        assert hidden not in redacted
-        assert hidden not in morgue_cli.scrub(f"error talking to {url}", url)
 
 
 def test_a_large_replay_loses_nothing(r, url, queue_name):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from stalledpolicy import redis_url
+
 PolicyKey = tuple[str, str]  # (namespace, name)
 
 
@@ -26,17 +28,6 @@ class RedisConfigError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def redact(url: str) -> str:
-    """``url`` without its credentials (for messages): scheme, host and port only."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparseable URL>"
-    return f"{parts.scheme}://{host}{port}"
 
 
 def url_digest(url: str) -> str:
@@ -132,21 +123,9 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
 
 
 def connect(url: str, timeout: float):
-    """A client for ``url``; a cluster-enabled server gives a ``RedisCluster``."""
-    import redis
-    from redis.cluster import RedisCluster
-
-    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
-                                  socket_connect_timeout=timeout)
-    try:
-        cluster = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError:
-        cluster = False  # INFO cluster refused (a proxy or a restricted user): plain server
-    if cluster:
-        client.close()
-        return RedisCluster.from_url(url, decode_responses=True, socket_timeout=timeout,
-                                     socket_connect_timeout=timeout)
-    return client
+    """The operator's decoded client for ``url`` (a RedisCluster on a cluster node)."""
+    return redis_url.connect(url, decode_responses=True, socket_timeout=timeout,
+                             socket_connect_timeout=timeout)
 
 
 class RedisClients:

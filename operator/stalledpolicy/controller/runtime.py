@@ -17,13 +17,14 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import GROUP, KIND, PLURAL, VERSION, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.redis_clients import (
-    PolicyKey, RedisClients, RedisConfigError, SecretReader, redact, resolve_url)
+    PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url)
 from stalledpolicy.controller.replay import (
     InvalidReplayRequest, replay_message, requested_replay, run_replay)
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
     READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome, condition_of,
     desired_status, status_patch, utc_now)
+from stalledpolicy.redis_url import redact_url, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -57,18 +58,7 @@ def sweeper_name(policy_name: str) -> str:
 
 def safe_error(exc: BaseException, url: str | None) -> str:
     """An exception as text, with the URL's password (if any) never shown."""
-    text = f"{type(exc).__name__}: {exc}"
-    if url:
-        from urllib.parse import urlsplit
-
-        try:
-            secret = urlsplit(url).password
-        except ValueError:
-            secret = None
-        text = text.replace(url, redact(url))
-        if secret:
-            text = text.replace(secret, "***")
-    return text[:500]
+    return scrub(f"{type(exc).__name__}: {exc}", url)[:500]
 
 
 @dataclass
@@ -235,7 +225,7 @@ class Controller:
             if ref.get("name"):
                 # A wrong URL is fixed by editing the Secret: read it again next time.
                 self.secrets.forget(state.key[0], ref["name"])
-            where = redact(url) if url else "Redis"
+            where = redact_url(url) if url else "Redis"
             return None, None, Problem("RedisUnreachable",
                                        f"cannot read queue {spec.get('queue')} at {where}: "
                                        f"{safe_error(exc, url)}")

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.redis_url import redact_url
 
 ENV_PREFIX = "STALLEDPOLICY_"
 INTERVAL_MIN_S = 1.0
@@ -77,19 +78,6 @@ def _parse_int(value: Any, what: str) -> int:
     if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
         return int(value)
     raise _fail(f"must be {what}")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (and user) replaced by ``***``: safe to log."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-    except ValueError:
-        return "<unparseable url>"
-    if "@" not in netloc:
-        return url
-    host = netloc.rpartition("@")[2]
-    return parts._replace(netloc=f":***@{host}").geturl()
 
 
 def _check_redis_url(url: str) -> str:

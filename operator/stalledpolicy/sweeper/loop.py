@@ -26,16 +26,10 @@ from typing import Any, Callable
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import (
-    ClusterDownError,
-    MasterDownError,
-    ReadOnlyError,
-    RedisClusterException,
-    TryAgainError,
-)
 from redis.retry import Retry
 
-from stalledpolicy import engine
+from stalledpolicy import engine, redis_url
+from stalledpolicy.redis_url import unreachable_errors
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import Health, SweeperMetrics
 
@@ -53,21 +47,12 @@ HEALTH_FLOOR_S = 20.0
 _WAIT_SLICE_S = 1.0
 
 # Errors that mean "Redis cannot serve us now" (an outage), not "our call is wrong".
-UNREACHABLE = (
-    redis.ConnectionError,  # also AuthenticationError, BusyLoadingError
-    redis.TimeoutError,
-    ClusterDownError,
-    TryAgainError,
-    MasterDownError,
-    ReadOnlyError,
-    RedisClusterException,
-    OSError,
-)
+UNREACHABLE = unreachable_errors()
 
 
 def connect(url: str) -> Any:
-    """A client for ``url``: a ``RedisCluster`` when the server is a cluster node."""
-    client = redis.Redis.from_url(
+    """The sweeper's client for ``url`` (a RedisCluster on a cluster node)."""
+    return redis_url.connect(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
@@ -75,16 +60,6 @@ def connect(url: str) -> Any:
         # the loop's own backoff handles real outages.
         retry=Retry(NoBackoff(), 1),
     )
-    try:
-        cluster_enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError:
-        cluster_enabled = False  # INFO refused (an ACL on a managed server): a plain server
-    if cluster_enabled:
-        client.close()
-        return redis.RedisCluster.from_url(
-            url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
-        )
-    return client
 
 
 class Sweeper:
@@ -107,7 +82,6 @@ class Sweeper:
         self._jitter = jitter
         self._client: Any = None
         self._budgets = engine.Budgets(default=config.max_stalled, lanes=dict(config.lanes))
-        self._secrets = _password_forms(config.redis_url.get_secret_value())
         self._down_since: float | None = None
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
@@ -232,10 +206,7 @@ class Sweeper:
         )
 
     def _scrub(self, exc: BaseException) -> str:
-        text = str(exc) or type(exc).__name__
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return redis_url.scrub(str(exc) or type(exc).__name__, self.config.redis_url.get_secret_value())
 
     def backoff_delay(self) -> float:
         """0.5s, 1s, 2s, ... doubling per failed attempt, each stretched by up to
@@ -304,14 +275,3 @@ def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
                   for name, c in sorted(result.lanes.items())},
         "stopped_early": stopped_early,
     })
-
-
-def _password_forms(url: str) -> tuple[str, ...]:
-    """The URL's password as written and decoded: both are scrubbed from messages."""
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return ()
-    return tuple({password, unquote(password)}) if password else ()
