@@ -22,7 +22,10 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stalledpolicy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="stalledpolicy",
+        description="Bounded stalled-job recovery for EchoMQ queues on Redis/Valkey.",
+        epilog="Run 'stalledpolicy COMMAND --help' for a command's settings.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
