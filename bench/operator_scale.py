@@ -532,8 +532,11 @@ class Operator:
                 continue
             level = str(record.get("level") or record.get("levelname") or "?").upper()
             counts[level] += 1
-            if "Connection pool is full" in str(record.get("msg") or record.get("message") or ""):
+            message = str(record.get("msg") or record.get("message") or "")
+            if "Connection pool is full" in message:
                 counts["urllib3: connection pool is full"] += 1
+            elif message.startswith("Handler 'reconcile-") and message.endswith("succeeded."):
+                counts["reconcile handler runs"] += 1
         return counts
 
 
@@ -830,7 +833,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
         result.threads = int(operator.proc_status().get("Threads", 0))
         result.operator_exit.append(operator.stop())
         result.operator_log_levels = dict(operator.log_counts())
-        result.log_lines = sum(v for k, v in result.operator_log_levels.items() if not k.startswith("urllib3"))
+        result.log_lines = sum(v for k, v in result.operator_log_levels.items() if k.isupper())
 
         # ---- restart over N reconciled policies
         if not args.no_restart:
@@ -933,6 +936,8 @@ def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, st
          f"<= {TARGET_RECONCILE_S:.0f} s",
          _holds(r.all_reconciled_s is not None and r.all_reconciled_s <= TARGET_RECONCILE_S)),
         ("settled (controller manager done, no status write for 2 intervals)", _s(r.settle_s), "", ""),
+        ("reconcile handler runs per policy, first run (1 create each + the budget changes)",
+         f"{r.operator_log_levels.get('reconcile handler runs', 0) / n:.2f}", "", ""),
         ("API requests by the operator per policy, cold start to settled (audit)",
          f"{cold_audit_total / n:.2f}" if r.cold_audit else "-", "", ""),
         ("API requests by every client per policy, same window (metrics)", f"{cold_all_total / n:.2f}", "", ""),

@@ -10,8 +10,9 @@ each system and N: flushes, prepares N stalled jobs in that system's own layout,
 starts a second client PINGing in a tight loop (its own process and connection),
 triggers that system's own recovery, stops the PING client, and checks that
 every job really moved (a run that fails its check aborts: no figure without
-it). Then: one drain of 1,000 expired jobs among 0 / 100,000 / 1,000,000
-healthy active ones, and the ceiling (the same work without Lua).
+it). Then: repeated drains of 1,000 expired jobs among 0 / 100,000 / 1,000,000
+healthy active ones (and 10,000 among 1,000,000), and the ceiling (the same
+work without Lua).
 
 Writes bench/out/peers.json (read by bench/plot.py) and prints one table.
 """
@@ -259,12 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 _say(row)
             _save(args.json, machine, rows, extras)
         if "ours" in systems and not args.no_extras:
-            extras["healthy"] = []
-            for healthy in (0, 100_000, 1_000_000):
-                row = run_ours(client, server.port, 1_000, 100, healthy=healthy, nice=args.nice)
-                extras["healthy"].append(row)
-                log(f"    1,000 expired among {healthy:,} healthy active: one drain {row['seconds'] * 1000:.1f} ms, "
-                    f"{row['calls']} calls, {row['server_usec_per_call']:.0f} us/call server")
+            extras["healthy"] = sweep.healthy_scaling(client)
             extras["ceiling"] = []
             ceiling_n = 10_000 if args.quick else 100_000
             for mode in ("naive", "script-mix"):
@@ -291,10 +287,8 @@ def _say(row: dict) -> None:
 
 def _print_extras(rows: list[dict], extras: dict) -> None:
     if extras.get("healthy"):
-        log("\nCost of one drain of 1,000 expired jobs (batch 100) against the size of active:")
-        for row in extras["healthy"]:
-            log(f"  {row['healthy']:>9,} healthy active: {row['seconds'] * 1000:7.1f} ms, "
-                f"{row['server_usec_per_call']:6.0f} us per call server-side, {row['calls']} calls")
+        log("")
+        sweep.print_healthy(extras["healthy"])
     if extras.get("ceiling"):
         n = extras["ceiling"][0]["n"]
         log(f"\nCeiling at N={n:,} (same work without Lua, redis-cli --pipe):")
