@@ -1072,7 +1072,8 @@ runs and `Ready` stays False (`Progressing`). The newest run is first.
 def write_results(path: Path, section: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.read_text() if path.exists() else ""
-    previous = old[len(RESULTS_HEADER):] if old.startswith(RESULTS_HEADER) else ""
+    # Earlier runs and hand-written notes are kept below the new run, whatever they say.
+    previous = old[len(RESULTS_HEADER):] if old.startswith(RESULTS_HEADER) else old
     path.write_text(RESULTS_HEADER + section + ("\n" + previous if previous else ""))
 
 
