@@ -252,6 +252,7 @@ class PolicySeen:
     ready: str = ""
     ready_reason: str = ""
     reconciled_at: float | None = None  # first time observedGeneration == generation (deployment aside)
+    ready_at: float | None = None  # first time Ready=True (only with the pod runner)
 
 
 @dataclass
@@ -288,6 +289,8 @@ class World:
                 seen.ready, seen.ready_reason = ready.get("status", ""), ready.get("reason", "")
                 if seen.reconciled_at is None and seen.generation and seen.observed_generation == seen.generation:
                     seen.reconciled_at = now
+                if seen.ready_at is None and seen.ready == "True":
+                    seen.ready_at = now
             self.cond.notify_all()
 
     def on_deployment(self, kind: str, obj: dict, now: float) -> None:
@@ -598,6 +601,7 @@ class Result:
     reconciled_s: list[float] = field(default_factory=list)  # per policy, from operator start
     all_reconciled_s: float | None = None
     reconciled_count: int = 0
+    all_ready_s: float | None = None  # with --pod-runner: every policy Ready=True, from operator start
     settle_s: float | None = None
     rolled_out: int = 0
     cold_metrics: dict = field(default_factory=dict)  # "VERB resource" -> count, all clients
@@ -665,6 +669,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
     operator: Operator | None = None
     watches: list[Watch] = []
     api = None
+    pod_runner = None
     try:
         started = time.monotonic()
         plane.start()
@@ -700,6 +705,13 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
         result.create_s = time.monotonic() - started
         world.wait(lambda: len(world.policies) >= n, 60)
         log(f"{n} policies created in {result.create_s:.1f}s (operator not running yet)")
+
+        if args.pod_runner:
+            from stalledpolicy.devenv.podrunner import PodRunner
+
+            pod_runner = PodRunner(api, NAMESPACE, log_dir=workdir / "pods", poll_interval=0.5)
+            pod_runner_thread = threading.Thread(target=pod_runner.run, name="pod-runner", daemon=True)
+            pod_runner_thread.start()
 
         # ---- cold start
         facts["load_before"] = os.getloadavg()
@@ -750,6 +762,14 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
             result.notes.append(f"only {result.reconciled_count} of {n} reconciled within {args.timeout:.0f}s")
             log(result.notes[-1])
         result.rss_at_reconciled_mb = operator.proc_status().get("VmRSS", 0.0)
+        if pod_runner is not None:
+            all_ready = world.wait(lambda: sum(1 for p in world.policies.values() if p.ready_at) >= n, args.timeout)
+            if all_ready:
+                with world.cond:
+                    result.all_ready_s = max(p.ready_at for p in world.policies.values()) - t0
+                log(f"all {n} Ready=True {result.all_ready_s:.1f}s after the operator started")
+            else:
+                result.notes.append(f"not every policy became Ready within {args.timeout:.0f}s with the pod runner")
         if created:
             result.startup_cpu_s = operator.cpu_at(created[0])
             result.reconcile_cpu_s = operator.cpu_at(at_reconciled) - result.startup_cpu_s
@@ -882,6 +902,9 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
     finally:
         if operator is not None and operator.alive():
             operator.stop()
+        if pod_runner is not None:
+            pod_runner.request_stop()  # its thread stops every sweeper process before it ends
+            pod_runner_thread.join(60)
         for watch in watches:
             watch.stop()
         if api is not None:
@@ -935,6 +958,8 @@ def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, st
         ("all N reconciled (Deployment + status.observedGeneration)", _s(r.all_reconciled_s),
          f"<= {TARGET_RECONCILE_S:.0f} s",
          _holds(r.all_reconciled_s is not None and r.all_reconciled_s <= TARGET_RECONCILE_S)),
+        *([("all N Ready=True (the pod runner playing the kubelet)", _s(r.all_ready_s), "", "")]
+          if args.pod_runner else []),
         ("settled (controller manager done, no status write for 2 intervals)", _s(r.settle_s), "", ""),
         ("reconcile handler runs per policy, first run (1 create each + the budget changes)",
          f"{r.operator_log_levels.get('reconcile handler runs', 0) / n:.2f}", "", ""),
@@ -1096,6 +1121,10 @@ def main(argv: list[str] | None = None) -> int:
                              "on a shared machine, so they are not starved by other work; root only)")
     parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the operator (repeatable), e.g. MALLOC_ARENA_MAX=2")
+    parser.add_argument("--pod-runner", action="store_true",
+                        help="also run the local pod runner (stalledpolicy.devenv.podrunner) so sweepers really run "
+                             "and policies become Ready; one sweeper process per policy: small N only. Its pod "
+                             "LISTs and status writes show up in the all-clients request counts")
     parser.add_argument("--no-restart", action="store_true", help="skip the operator restart phase")
     parser.add_argument("--no-audit", action="store_true", help="no API server audit log (metrics only)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the operator's and the plane's logs")
@@ -1106,6 +1135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.policies < 1:
         parser.error("--policies must be at least 1")
+    if args.pod_runner and args.policies > 50:
+        parser.error("--pod-runner starts one sweeper process per policy: use it with --policies 50 or fewer")
     if any("=" not in item for item in args.operator_env):
         parser.error("--operator-env takes KEY=VALUE")
     if args.budget_changes < 1 or args.budget_changes > args.policies:
