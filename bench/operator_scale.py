@@ -776,22 +776,30 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
 
         # ---- settle: the controller manager done, the operator's status writes over
         quiet_needed = 2 * args.status_interval
-        last_writes, last_change = -1, time.monotonic()
-        settle_deadline = time.monotonic() + args.settle_timeout
-        while time.monotonic() < settle_deadline:
-            writes = scrape(plane, context).count("PATCH", "stalledpolicies/status")
-            if writes != last_writes:
-                last_writes, last_change = writes, time.monotonic()
-            with world.cond:
-                rolled = world.rolled_out()
-            if rolled >= n and time.monotonic() - last_change >= quiet_needed:
-                break
-            time.sleep(2)
-        else:
+
+        def settle(timeout: float) -> int | None:
+            """Wait for every Deployment rolled out and no status write for ``quiet_needed``
+            seconds; the number rolled out when that does not happen in time, else None."""
+            last_writes, last_change = -1, time.monotonic()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                writes = scrape(plane, context).count("PATCH", "stalledpolicies/status")
+                if writes != last_writes:
+                    last_writes, last_change = writes, time.monotonic()
+                with world.cond:
+                    rolled = world.rolled_out()
+                if rolled >= n and time.monotonic() - last_change >= quiet_needed:
+                    return None
+                time.sleep(2)
+            return rolled
+
+        unsettled = settle(args.settle_timeout)
+        if unsettled is not None:
             result.notes.append(f"not settled within {args.settle_timeout:.0f}s "
-                                f"({rolled} of {n} Deployments rolled out by the controller manager)")
+                                f"({unsettled} of {n} Deployments rolled out by the controller manager)")
             log(result.notes[-1])
-        result.rolled_out = rolled
+        with world.cond:
+            result.rolled_out = world.rolled_out()
         settled_at = time.time()
         result.settle_s = settled_at - t0
         metrics_settled = scrape(plane, context)
@@ -849,6 +857,11 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
             time.sleep(1)
         log("budget changes: to config hash " + ", ".join(f"{s * 1000:.0f} ms" for s in result.budget_to_hash_s))
 
+        if not args.no_restart:
+            # The budget changes roll their sweepers: let that finish (and its status
+            # writes land) so the restart meets a world where nothing changes.
+            if settle(args.settle_timeout) is not None:
+                result.notes.append("the budget changes did not settle before the restart")
         result.peak_rss_mb = operator.proc_status().get("VmHWM", 0.0)
         result.threads = int(operator.proc_status().get("Threads", 0))
         result.operator_exit.append(operator.stop())
