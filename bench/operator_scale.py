@@ -660,7 +660,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
 
     n = args.policies
     result = Result(policies=n, lanes=args.lanes)
-    facts: dict = {"nice": args.nice}
+    facts: dict = {"nice": args.nice, "source": source_version()}
     operator_env = dict(item.split("=", 1) for item in args.operator_env)
     workdir = Path(tempfile.mkdtemp(prefix="stalledpolicy-operator-scale-"))
     plane = AuditedPlane(bin_dir=find_binaries())
@@ -933,6 +933,18 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
 # --------------------------------------------------------------------------- reporting
 
 
+def source_version() -> str:
+    """The commit the operator's code comes from (and whether the tree differs from it)."""
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %cI", "--", "operator"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "operator"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit or "unknown") + (" + uncommitted changes" if dirty else "")
+
+
 def machine_facts(facts: dict) -> list[str]:
     import kopf
     import kubernetes
@@ -1074,7 +1086,8 @@ def report(r: Result, facts: dict, args: argparse.Namespace, command: str) -> st
         f"Command: `{command}`",
         "",
         *[f"- {line}" for line in machine_facts(facts)],
-        f"- operator: `stalledpolicy operator --all-namespaces` (status interval at its default)"
+        f"- operator: `stalledpolicy operator --all-namespaces` (status interval at its default), "
+        f"last change to operator/ {facts.get('source', 'unknown')}"
         + (f", extra arguments `{' '.join(args.operator_arg)}`" if args.operator_arg else "")
         + (f", environment `{' '.join(args.operator_env)}`" if args.operator_env else ""),
         "",
