@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from stalledpolicy.devenv.redis_server import start_redis
+from stalledpolicy.devenv.redis_server import start_cluster, start_redis
 
 pytest_plugins = ["tests.kube_fixtures"]
 
@@ -36,3 +36,16 @@ def r(redis_server):
 @pytest.fixture
 def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """Three real cluster-enabled redis-server nodes on loopback, slots split evenly."""
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        pytest.fail("redis-server and redis-cli are missing: .ci/run installs them "
+                    "(apt-get install -y redis-server redis-tools)")
+    cluster = start_cluster(3)
+    yield cluster
+    cluster.stop()
+    for node in cluster.nodes:
+        shutil.rmtree(node.workdir, ignore_errors=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,7 +15,6 @@ import redis
 
 from stalledpolicy import engine
 from stalledpolicy.devenv.echomq import EchoMQ, read_state
-from stalledpolicy.devenv.redis_server import start_cluster
 from stalledpolicy.keyspace import QueueKeys
 
 pytestmark = pytest.mark.redis
@@ -24,20 +22,9 @@ pytestmark = pytest.mark.redis
 BUDGETS = engine.Budgets(default=2, lanes={"vip": 0, "bulk": 1})
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
-        pytest.fail("redis-server and redis-cli are missing: .ci/run installs them (apt-get install -y redis-server)")
-    nodes = start_cluster(3)
-    yield nodes
-    nodes.stop()
-    for node in nodes.nodes:
-        shutil.rmtree(node.workdir, ignore_errors=True)
-
-
 @pytest.fixture(params=[True, False], ids=["decoded", "raw"])
-def cc(cluster, request):
-    client = cluster.client(decode_responses=request.param)
+def cc(redis_cluster, request):
+    client = redis_cluster.client(decode_responses=request.param)
     client.flushall()  # every primary
     yield client
     client.close()
@@ -61,8 +48,8 @@ def _node_client(port: int) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
 
 
-def test_the_cluster_has_three_primaries_sharing_every_slot(cluster):
-    client = cluster.client(decode_responses=True)
+def test_the_cluster_has_three_primaries_sharing_every_slot(redis_cluster):
+    client = redis_cluster.client(decode_responses=True)
     primaries = client.get_primaries()
     assert len(primaries) == 3
     info = _node_client(primaries[0].port).cluster("info")
@@ -70,7 +57,7 @@ def test_the_cluster_has_three_primaries_sharing_every_slot(cluster):
     client.close()
 
 
-def test_sweep_snapshot_and_morgue_on_queues_spread_over_the_nodes(cc, cluster):
+def test_sweep_snapshot_and_morgue_on_queues_spread_over_the_nodes(cc, redis_cluster):
     placement = queues_on_every_node(cc)
     assert len(placement) == 3
     for port, (queue,) in placement.items():
@@ -170,11 +157,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
-def test_the_cli_sweeps_and_replays_through_any_node(cluster):
+def test_the_cli_sweeps_and_replays_through_any_node(redis_cluster):
     """The commands are pointed at one node; the queues live on the others."""
-    client = cluster.client(decode_responses=True)
+    client = redis_cluster.client(decode_responses=True)
     client.flushall()
-    entry = cluster.nodes[0]
+    entry = redis_cluster.nodes[0]
     elsewhere = [names[0] for port, names in queues_on_every_node(client).items() if port != entry.port]
     assert len(elsewhere) == 2
     for queue in elsewhere:

@@ -664,28 +664,11 @@ def test_only_the_confirmed_jobs_change(r, url, queue_name):
 # ------------------------------------------------------------------ cluster
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from stalledpolicy.devenv.redis_server import start_cluster
-
-    # free_port() may hand out a port above 55535, which a cluster node refuses
-    # (its bus port is port + 10000): try again rather than fail on bad luck.
-    for attempt in range(10):
-        try:
-            started = start_cluster(3)
-            break
-        except RuntimeError:
-            if attempt == 9:
-                raise
-    yield started
-    started.stop()
-
-
 @pytest.mark.slow
-def test_morgue_on_a_three_node_cluster(cluster, queue_name):
-    client = cluster.client(decode_responses=True)
+def test_morgue_on_a_three_node_cluster(redis_cluster, queue_name):
+    client = redis_cluster.client(decode_responses=True)
     standard_morgue(client, queue_name)
-    url = cluster.url  # one node's URL: the CLI finds the cluster from it
+    url = redis_cluster.url  # one node's URL: the CLI finds the cluster from it
     result = morgue(url, "stats", "--queue", queue_name, "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)

@@ -3,7 +3,6 @@ ACL refuses INFO, and a three-node cluster."""
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
@@ -12,21 +11,9 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from stalledpolicy.devenv.redis_server import start_cluster
 from stalledpolicy.redis_url import connect, unreachable_errors
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if not shutil.which("redis-cli"):
-        pytest.fail("redis-cli is missing: .ci/run installs it (apt-get install -y redis-server)")
-    nodes = start_cluster(3)
-    yield nodes
-    nodes.stop()
-    for node in nodes.nodes:
-        shutil.rmtree(node.workdir, ignore_errors=True)
 
 
 def test_a_plain_server_gives_a_plain_client_with_the_options(redis_server):
@@ -60,9 +47,9 @@ def test_a_user_refused_info_is_taken_for_a_plain_server(redis_server):
         admin.close()
 
 
-def test_a_cluster_node_gives_a_cluster_client_without_the_plain_retry(cluster):
+def test_a_cluster_node_gives_a_cluster_client_without_the_plain_retry(redis_cluster):
     retry = Retry(NoBackoff(), 1)
-    client = connect(cluster.url, retry=retry, decode_responses=True, socket_timeout=3.0)
+    client = connect(redis_cluster.url, retry=retry, decode_responses=True, socket_timeout=3.0)
     try:
         assert isinstance(client, RedisCluster)
         assert client.retry is not retry  # the cluster keeps its own failover-aware retry

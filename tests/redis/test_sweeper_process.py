@@ -472,29 +472,12 @@ def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name,
 # --------------------------------------------------------------------------- cluster
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from stalledpolicy.devenv.redis_server import start_cluster
-
-    # free_port() may hand out a port above 55535, which a cluster node refuses
-    # (its bus port is port + 10000): try again rather than fail on bad luck.
-    for attempt in range(10):
-        try:
-            started = start_cluster(3)
-            break
-        except RuntimeError:
-            if attempt == 9:
-                raise
-    yield started
-    started.stop()
-
-
 @pytest.mark.slow
-def test_once_on_a_three_node_cluster_from_any_node(cluster, queue_name, sweepers):
-    client = cluster.client(decode_responses=True)
+def test_once_on_a_three_node_cluster_from_any_node(redis_cluster, queue_name, sweepers):
+    client = redis_cluster.client(decode_responses=True)
     keys = QueueKeys(queue_name)
     # Each node's URL works (only one owns the queue's slot): the sweeper finds the cluster.
-    for n, node in enumerate(cluster.nodes):
+    for n, node in enumerate(redis_cluster.nodes):
         add_active(client, queue_name, f"JOB{n}01")
         add_active(client, queue_name, f"JOB{n}02", stalled=1)
         add_active(client, queue_name, f"JOB{n}03", group="acme")
