@@ -302,3 +302,22 @@ def test_operator_command_needs_a_scope(capsys):
 
     assert main(["operator"]) == 2
     assert "--all-namespaces" in capsys.readouterr().err
+
+
+def test_the_operator_keeps_objects_without_managed_fields():
+    from stalledpolicy.controller.runtime import snapshot
+
+    body = {"metadata": {"name": "p", "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"queue": "q"}}
+    kept = snapshot(body)
+    assert kept == {"metadata": {"name": "p"}, "spec": {"queue": "q"}}
+    assert body["metadata"]["managedFields"], "the caller's object is left as it was"
+
+
+def test_the_api_connection_pool_fits_every_thread_that_calls_the_api():
+    from stalledpolicy.controller.config import OperatorConfig
+
+    config = OperatorConfig(status_workers=12)
+    assert config.handler_workers == 12
+    assert config.api_connections == 24
+    assert OperatorConfig(status_workers=2).api_connections == 6

@@ -24,6 +24,16 @@ class OperatorConfig:
     status_workers: int = 8
     redis_timeout: float = 2.0
 
+    @property
+    def handler_workers(self) -> int:
+        """Threads kopf runs the reconcile handlers in."""
+        return max(4, self.status_workers)
+
+    @property
+    def api_connections(self) -> int:
+        """Every handler thread and status worker may hold one API connection at once."""
+        return self.handler_workers + self.status_workers
+
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> "OperatorConfig":
         env = os.environ if environ is None else environ

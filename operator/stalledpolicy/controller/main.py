@@ -8,6 +8,7 @@ the operator is down, and the sweeper goes with it through its owner reference.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
@@ -37,7 +38,7 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
     config = OperatorConfig.from_env()
-    settings.execution.max_workers = max(4, config.status_workers)
+    settings.execution.max_workers = config.handler_workers
     # Clean shutdown on SIGTERM: give running handlers a moment, then stop.
     settings.process.ultimate_exiting_timeout = 10
     from stalledpolicy.controller.wiring import build_controller
@@ -78,16 +79,21 @@ def on_update(body, old, retry, **_) -> None:
     _run_reconcile(body, retry, old_spec=(old or {}).get("spec") or {})
 
 
+# Watch-event handlers are async so they never queue behind the reconciles in
+# kopf's handler threads: at a cold start of 1,000 policies such a queue held
+# every event in memory and outran kopf's consistency timeout, so about half the
+# policies were reconciled twice. Work that may wait on a lock or the API goes
+# to a thread of its own.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def on_policy_event(body, type, **_) -> None:  # noqa: A002 - kopf's argument name
+async def on_policy_event(body, type, **_) -> None:  # noqa: A002 - kopf's argument name
     if _controller is not None:
-        _controller.observe_policy(body, type)
+        await asyncio.to_thread(_controller.observe_policy, body, type)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE})
-def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
+async def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
     if _controller is None:
         return
-    _controller.observe_deployment(body, type)
+    _controller.observe_deployment(body, type)  # short: one in-memory lock
     if type == "DELETED":
-        reapply_after_deletion(_controller, body)
+        await asyncio.to_thread(reapply_after_deletion, _controller, body)

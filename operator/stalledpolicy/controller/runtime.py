@@ -38,6 +38,14 @@ def plain(value: Any) -> Any:
     return value
 
 
+def snapshot(body: Mapping[str, Any]) -> dict:
+    """A plain copy of an object to keep in memory, without ``managedFields``
+    (about half of each object, never read here)."""
+    copy = plain(body)
+    (copy.get("metadata") or {}).pop("managedFields", None)
+    return copy
+
+
 def policy_key(body: Mapping[str, Any]) -> PolicyKey:
     meta = body.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name") or ""
@@ -115,9 +123,9 @@ class Controller:
             if state is not None and state.body.get("metadata", {}).get("uid") != uid:
                 state = None  # deleted and created again under the same name
             if state is None:
-                snapshot = plain(body)
-                state = PolicyState(key=key, body=snapshot)
-                state.status = dict(snapshot.get("status") or {})
+                first = snapshot(body)
+                state = PolicyState(key=key, body=first)
+                state.status = dict(first.get("status") or {})
                 state.served_token = (state.status.get("lastReplay") or {}).get("token")
                 self.policies[key] = state
             return state
@@ -129,7 +137,7 @@ class Controller:
             return
         state = self.state(body)
         with state.lock:
-            fresh = plain(body)
+            fresh = snapshot(body)
             if _rv(fresh) >= _rv(state.body):
                 state.body = fresh
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
@@ -155,7 +163,7 @@ class Controller:
             else:
                 known = self.deployments.get(dkey)
                 if known is None or _rv(body) >= _rv(known):
-                    self.deployments[dkey] = plain(body)
+                    self.deployments[dkey] = snapshot(body)
         owner = next((ref for ref in meta.get("ownerReferences") or []
                       if ref.get("controller") and ref.get("kind") == KIND), None)
         if owner is None:
@@ -171,7 +179,7 @@ class Controller:
         with state.lock:
             before = state.outcome
             state.outcome = outcome
-            fresh = plain(body)
+            fresh = snapshot(body)
             if _rv(fresh) >= _rv(state.body):
                 state.body = fresh
         changed = before is None or (before.ok, before.reason, before.message) != (

@@ -8,21 +8,23 @@ from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigErro
 from stalledpolicy.controller.runtime import Controller
 
 
-def kubernetes_api_client():
+def kubernetes_api_client(connections: int):
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    api = api_client or kubernetes_api_client()
+    api = api_client or kubernetes_api_client(config.api_connections)
     core = client.CoreV1Api(api)
 
     def read_secret(namespace: str, name: str):
