@@ -76,24 +76,19 @@ class UsageError(Exception):
 # ---------------------------------------------------------------- arguments
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: a whole number no smaller than ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {value})")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
-    return value
+    return parse
 
 
 def _duration(text: str) -> float:
@@ -154,10 +149,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--lane", metavar="GROUP",
                          help="only jobs of this lane (group); --lane '' lists jobs without a lane")
     listing.add_argument(
-        "--limit", type=_positive_int, default=LIST_DEFAULT_LIMIT,
+        "--limit", type=_int_at_least(1), default=LIST_DEFAULT_LIMIT,
         help=f"at most this many rows (default {LIST_DEFAULT_LIMIT})",
     )
-    listing.add_argument("--offset", type=_non_negative_int, default=0, help="skip this many rows first")
+    listing.add_argument("--offset", type=_int_at_least(0), default=0, help="skip this many rows first")
 
     replay = leaf(
         "replay",
