@@ -146,6 +146,15 @@ def test_replay_ring_rule(r, keys, setup, ringed):
     assert r.llen(keys.wake) == (1 if ringed else 0)
 
 
+def test_replay_reads_a_corrupt_gactive_as_zero_and_leaves_it(r, keys):
+    r.hset(keys.gactive, "g", "many")
+    r.hset(keys.glimit, "g", 1)
+    put_dead(r, keys, "JOB1", group="g")
+    engine.morgue_replay(r, keys.queue)
+    assert r.hget(keys.gactive, "g") == "many"
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
 def test_replay_does_not_ring_a_lane_twice(r, keys):
     r.rpush(keys.ring, "g")
     put_dead(r, keys, "JOB1", group="g")

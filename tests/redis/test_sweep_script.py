@@ -383,6 +383,90 @@ def test_unparsable_lane_limit_counts_as_unlimited(r, keys):
     assert r.lrange(keys.ring, 0, -1) == ["g"]
 
 
+def command_calls(r, *names):
+    stats = r.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in names}
+
+
+def test_a_short_ring_is_read_once_for_every_lane_of_the_call(r, keys):
+    r.rpush(keys.ring, "a", "x")
+    for lane in ("a", "b", "c"):
+        put_active(r, keys, f"JOB{lane}", group=lane)
+    before = command_calls(r, "lrange", "lpos")
+    sweep(r, keys, default=2)
+    after = command_calls(r, "lrange", "lpos")
+    assert r.lrange(keys.ring, 0, -1) == ["a", "x", "b", "c"]
+    assert r.llen(keys.wake) == 2
+    assert (after["lrange"] - before["lrange"], after["lpos"] - before["lpos"]) == (1, 0)
+
+
+def test_a_long_ring_is_searched_once_per_lane(r, keys):
+    others = [f"other{i}" for i in range(40)]
+    r.rpush(keys.ring, *others, "a")
+    for lane in ("a", "b"):
+        put_active(r, keys, f"JOB{lane}", group=lane)
+    before = command_calls(r, "lrange", "lpos")
+    sweep(r, keys, default=2)
+    after = command_calls(r, "lrange", "lpos")
+    assert r.lrange(keys.ring, 0, -1) == [*others, "a", "b"]
+    assert r.llen(keys.wake) == 1
+    assert (after["lrange"] - before["lrange"], after["lpos"] - before["lpos"]) == (0, 2)
+
+
+@pytest.mark.parametrize("corrupt", ["007", "-0", "3.0", "1234567890123456", ""])
+def test_gactive_that_hincrby_would_refuse_is_left_and_its_lane_not_ringed(r, keys, corrupt):
+    put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
+    r.hset(keys.gactive, "g", corrupt)
+    put_active(r, keys, "JOB2", group="h")
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 2
+    assert r.hget(keys.gactive, "g") == corrupt
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
+    assert r.lrange(keys.ring, 0, -1) == ["h"]
+
+
+def test_negative_gactive_is_decremented_then_deleted_like_hincrby(r, keys):
+    put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
+    r.hset(keys.gactive, "g", "-2")
+    sweep(r, keys, default=2)
+    assert r.hget(keys.gactive, "g") is None
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
+def test_more_than_64_lanes_ringed_push_64_wakes(r, keys):
+    for i in range(70):
+        put_active(r, keys, f"JOB{i:03d}", group=f"lane{i:03d}")
+    sweep(r, keys, default=2)
+    assert r.llen(keys.ring) == 70
+    assert r.lrange(keys.wake, 0, -1) == ["1"] * 64
+
+
+def test_lane_bookkeeping_crosses_the_read_chunk(r, keys):
+    lanes = 4100
+    pipe = r.pipeline(transaction=False)
+    for i in range(lanes):
+        pipe.hset(keys.job(f"JOB{i:05d}"), mapping={"state": "active", "attempts": "1",
+                                                     "group": f"lane{i:05d}"})
+    pipe.zadd(keys.active, {f"JOB{i:05d}": EXPIRED for i in range(lanes)})
+    pipe.hset(keys.gactive, mapping={f"lane{i:05d}": 2 for i in range(lanes)})
+    pipe.sadd(keys.paused, "lane04099")
+    pipe.execute()
+    result = sweep(r, keys, default=2, limit=lanes)
+    assert result.recovered == lanes
+    assert set(r.hvals(keys.gactive)) == {"1"} and r.hlen(keys.gactive) == lanes
+    assert r.llen(keys.ring) == lanes - 1 and "lane04099" not in r.lrange(keys.ring, -5, -1)
+    assert r.hget(keys.sweeper_totals, "lane:lane04099:recovered") == "1"
+
+
+def test_a_stall_count_of_15_digits_is_written_back_as_an_integer(r, keys):
+    put_active(r, keys, "JOB1", stalled="999999999999999", attempts="999999999999999")
+    sweep(r, keys, default=0)
+    assert r.hget(keys.job("JOB1"), "stalled") == "1000000000000000"
+    put_active(r, keys, "JOB2", stalled="999999999999999", attempts="999999999999999")
+    sweep(r, keys, default=1)
+    assert r.hmget(keys.job("JOB2"), "stalled", "attempts") == ["1000000000000000"] * 2
+
+
 # ----------------------------------------------------------------- events, totals, metrics
 
 
@@ -435,6 +519,14 @@ def test_totals_hash_and_metrics_failed_accumulate_across_calls(r, keys):
         "lane:g:recovered": "2", "lane:g:dead_lettered": "1",
     }
     assert r.hget(keys.metrics_failed, "count") == str(10 + 2 + 1)
+
+
+def test_a_totals_field_that_is_not_a_counter_starts_again(r, keys):
+    r.hset(keys.sweeper_totals, mapping={"recovered": "junk", "orphans": "7"})
+    put_active(r, keys, "JOB1")
+    r.zadd(keys.active, {"JOBgone": EXPIRED})
+    sweep(r, keys, default=2)
+    assert r.hgetall(keys.sweeper_totals) == {"recovered": "1", "orphans": "8"}
 
 
 def test_dead_at_is_the_server_clock_in_ms(r, keys):

@@ -101,12 +101,12 @@ end
 
 if not dry then
   if #flat > 0 then variadic('ZADD', KEYS[2], flat, true) end
-  local ring = lane_ring(KEYS[3], KEYS[6], KEYS[5], KEYS[4], KEYS[7])
   for _, g in ipairs(lane_order) do
     variadic('ZADD', prefix .. 'g:' .. g .. ':pending', lanes[g], true)
-    ring.offer(g, nil, nil) -- the lane has work now; its gactive is read there
   end
-  ring.finish()
+  -- no slot freed: a replayed job was not in flight
+  settle_lanes({prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
+    gactive = KEYS[4], wake = KEYS[7]}, lane_order, {}, lanes)
   if n > 0 then redis.call('HINCRBY', KEYS[8], 'replayed', n) end
 end
 

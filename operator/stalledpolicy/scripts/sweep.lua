@@ -154,15 +154,15 @@ for _, id in ipairs(expired) do
         if budget > 0 and stalled >= budget then
           -- attempts + 1 fences the stalled worker: its complete/retry/extend
           -- carry the old token and are refused with EMQSTALE.
-          redis.call('HSET', row, 'stalled', stalled, 'state', 'dead', 'last_error', 'stalled',
-            'dead_at', now_s, 'attempts', attempts + 1)
+          redis.call('HSET', row, 'stalled', string.format('%d', stalled), 'state', 'dead',
+            'last_error', 'stalled', 'dead_at', now_s, 'attempts', string.format('%d', attempts + 1))
           to_dead[#to_dead + 1] = id
           dead_lettered = dead_lettered + 1
           if g then lane_dead[g] = lane_dead[g] + 1 end
           redis.call('PUBLISH', channel,
             '{"event":"failed","job":' .. json_string(id) .. ',"reason":"stalled"}')
         else
-          redis.call('HSET', row, 'stalled', stalled, 'state', 'pending')
+          redis.call('HSET', row, 'stalled', string.format('%d', stalled), 'state', 'pending')
           if g then
             local jobs = lane_jobs[g]
             if jobs == nil then
@@ -185,45 +185,39 @@ end
 if #to_pending > 0 then variadic('ZADD', KEYS[2], to_pending, true) end
 if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 
--- Lanes: free the slots, then apply the ring/wake rule once per lane (after
--- every ZADD of this call, so "the lane has work" sees the recovered jobs).
-local ring = lane_ring(KEYS[4], KEYS[7], KEYS[6], KEYS[5], KEYS[8])
+-- Lanes: their jobs back, then slots freed and the ring/wake rule, once per
+-- lane after every ZADD of this call (so "the lane has work" sees them).
 local lanes_out = {}
 for _, g in ipairs(touched) do
-  local lane = prefix .. 'g:' .. g .. ':pending'
   local jobs = lane_jobs[g]
-  if jobs then variadic('ZADD', lane, jobs, true) end
-  local act = redis.pcall('HINCRBY', KEYS[5], g, -lane_freed[g])
-  -- a non-integer gactive is EchoMQ's corruption, not ours to rewrite: the
-  -- lane is left off the ring. A lane that just got jobs back has work (no ZCARD).
-  if type(act) == 'number' then
-    if act <= 0 then redis.call('HDEL', KEYS[5], g) end
-    ring.offer(g, jobs == nil and lane or nil, act)
-  end
+  if jobs then variadic('ZADD', prefix .. 'g:' .. g .. ':pending', jobs, true) end
   if lane_rec[g] > 0 or lane_dead[g] > 0 then
     lanes_out[#lanes_out + 1] = g
     lanes_out[#lanes_out + 1] = lane_rec[g]
     lanes_out[#lanes_out + 1] = lane_dead[g]
   end
 end
-ring.finish()
+settle_lanes({prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6],
+  gactive = KEYS[5], wake = KEYS[8]}, touched, lane_freed, lane_jobs)
 
 local deaths = dead_lettered + quarantined
 if deaths > 0 then redis.call('HINCRBY', KEYS[9], 'count', deaths) end
 
-local totals = KEYS[10]
-if recovered > 0 then redis.call('HINCRBY', totals, 'recovered', recovered) end
-if dead_lettered > 0 then redis.call('HINCRBY', totals, 'dead_lettered', dead_lettered) end
-if orphans > 0 then redis.call('HINCRBY', totals, 'orphans', orphans) end
-if quarantined > 0 then redis.call('HINCRBY', totals, 'quarantined', quarantined) end
-for i = 1, #lanes_out, 3 do
-  local g = lanes_out[i]
-  if lanes_out[i + 1] > 0 then
-    redis.call('HINCRBY', totals, 'lane:' .. g .. ':recovered', lanes_out[i + 1])
-  end
-  if lanes_out[i + 2] > 0 then
-    redis.call('HINCRBY', totals, 'lane:' .. g .. ':dead_lettered', lanes_out[i + 2])
+local totals = {}
+local function count(field, n)
+  if n > 0 then
+    totals[#totals + 1] = field
+    totals[#totals + 1] = n
   end
 end
+count('recovered', recovered)
+count('dead_lettered', dead_lettered)
+count('orphans', orphans)
+count('quarantined', quarantined)
+for i = 1, #lanes_out, 3 do
+  count('lane:' .. lanes_out[i] .. ':recovered', lanes_out[i + 1])
+  count('lane:' .. lanes_out[i] .. ':dead_lettered', lanes_out[i + 2])
+end
+add_counts(KEYS[10], totals)
 
 return {recovered, dead_lettered, orphans, quarantined, more, lanes_out}

@@ -16,3 +16,18 @@ local function variadic(cmd, key, members, with_zero_score)
     i = last + 1
   end
 end
+
+-- collect: a variadic read (HMGET, SMISMEMBER) in the same chunks; the
+-- replies joined, one per member, in order.
+local function collect(cmd, key, members)
+  local out = {}
+  local n = #members
+  local i = 1
+  while i <= n do
+    local last = math.min(i + 3999, n)
+    local reply = redis.call(cmd, key, unpack(members, i, last))
+    for j = 1, #reply do out[#out + 1] = reply[j] end
+    i = last + 1
+  end
+  return out
+end

@@ -8,3 +8,20 @@ local function count_of(value)
   if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
   return tonumber(value)
 end
+
+-- add_counts: several HINCRBYs on one hash in two commands (HMGET, HSET);
+-- deltas is a flat list field, n, field, n, ... A field that is not a
+-- counter (nothing but our scripts writes this hash) starts again from n.
+local function add_counts(key, deltas)
+  if #deltas == 0 then return end
+  local fields = {}
+  for i = 1, #deltas, 2 do fields[#fields + 1] = deltas[i] end
+  local current = collect('HMGET', key, fields)
+  local writes = {}
+  for i = 1, #deltas, 2 do
+    local was = count_of(current[(i + 1) / 2]) or 0
+    writes[#writes + 1] = deltas[i]
+    writes[#writes + 1] = string.format('%d', was + deltas[i + 1])
+  end
+  variadic('HSET', key, writes, false)
+end

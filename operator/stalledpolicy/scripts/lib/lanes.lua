@@ -1,33 +1,106 @@
--- lanes: the ring/wake rule (docs/scripts.md, "The ring/wake rule") for every
--- script that gives a lane work or frees one of its slots.
+-- lanes: one call's lane bookkeeping (docs/scripts.md, "The ring/wake rule")
+-- with one command per kind of check for all the lanes the call touched, not
+-- one per lane: at small batches the per-lane commands used to cost as much
+-- as the per-job ones. Uses chunked (include it before lanes).
 --
---   local ring = lane_ring(ring_key, paused_key, glimit_key, gactive_key, wake_key)
---   ring.offer(g, lane_pending, active)  -- once per lane, after the call's moves
---   ring.finish()                        -- once, after every offer
+--   settle_lanes(k, groups, freed, gained)
 --
--- offer puts lane g back on ring and pushes one wake when the lane has work,
--- is not paused, is under its glimit and is not on ring yet. lane_pending is
--- the lane's pending key to check for work, or nil when the caller has just
--- added work to it; active is the lane's gactive count, or nil to read it
--- here (a missing or non-numeric field counts as 0). Each check is one
--- command, made only when the cheaper ones before it pass.
-local function lane_ring(ring_key, paused_key, glimit_key, gactive_key, wake_key)
-  local woke = false
-  local ring = {}
-  function ring.offer(g, lane_pending, active)
-    if redis.call('SISMEMBER', paused_key, g) == 1 then return end
-    if lane_pending and redis.call('ZCARD', lane_pending) == 0 then return end
-    if active == nil then active = tonumber(redis.call('HGET', gactive_key, g) or '0') or 0 end
-    -- a limit that is not a number is no limit
-    local cap = tonumber(redis.call('HGET', glimit_key, g) or '')
-    if (cap == nil or active < cap) and not redis.call('LPOS', ring_key, g) then
-      redis.call('RPUSH', ring_key, g)
-      redis.call('LPUSH', wake_key, '1')
-      woke = true
+-- k       {prefix=, ring=, paused=, glimit=, gactive=, wake=} (keys of the queue)
+-- groups  the lanes touched by the call, each once, in the order first seen
+-- freed   group -> slots the call gives back in gactive (nil or 0: none)
+-- gained  group -> true when the call has just added jobs to the lane
+--
+-- gactive[g] -= freed[g], the field deleted at 0 or below. A gactive that is
+-- not an integer is EchoMQ's corruption, not ours to rewrite: where slots are
+-- freed it is left as it is and the lane is not ringed; where none are it
+-- only reads as 0. Then each lane goes back on ring, with one wake, when it
+-- has work, is not paused, is under its glimit (a limit that is not a number
+-- is no limit) and is not on ring yet.
+
+-- gactive as HINCRBY reads it (an optional minus, no leading zero), within
+-- the 15 digits a Lua double holds exactly; a missing field is 0.
+local function in_flight(value)
+  if value == false or value == '0' then return 0 end
+  local digits = string.match(value, '^%-?([1-9]%d*)$')
+  if digits == nil or #digits > 15 then return nil end
+  return tonumber(value)
+end
+
+-- a ring at most this many times longer than the lanes to look up is read
+-- whole (one LRANGE) rather than searched once per lane (one LPOS each)
+local RING_READ_FACTOR = 4
+
+local function on_ring(ring_key, lanes)
+  local found = {}
+  if #lanes > 1 and redis.call('LLEN', ring_key) <= RING_READ_FACTOR * #lanes then
+    for _, g in ipairs(redis.call('LRANGE', ring_key, 0, -1)) do found[g] = true end
+  else
+    for _, g in ipairs(lanes) do
+      if redis.call('LPOS', ring_key, g) then found[g] = true end
     end
   end
-  function ring.finish()
-    if woke then redis.call('LTRIM', wake_key, 0, 63) end
+  return found
+end
+
+local function settle_lanes(k, groups, freed, gained)
+  if #groups == 0 then return end
+  local active = {}
+  local ringable = {}
+  local writes, drops = {}, {}
+  local counts = collect('HMGET', k.gactive, groups)
+  for i, g in ipairs(groups) do
+    local n = in_flight(counts[i])
+    local give_back = freed[g] or 0
+    if give_back > 0 then
+      if n ~= nil then
+        n = n - give_back
+        if n <= 0 then
+          drops[#drops + 1] = g
+        else
+          writes[#writes + 1] = g
+          writes[#writes + 1] = string.format('%d', n)
+        end
+      end
+    elseif n == nil then
+      n = 0
+    end
+    if n ~= nil then
+      active[g] = n
+      ringable[#ringable + 1] = g
+    end
   end
-  return ring
+  if #writes > 0 then variadic('HSET', k.gactive, writes, false) end
+  if #drops > 0 then variadic('HDEL', k.gactive, drops, false) end
+  if #ringable == 0 then return end
+
+  local open = {}
+  local paused = collect('SMISMEMBER', k.paused, ringable)
+  for i, g in ipairs(ringable) do
+    if paused[i] == 0
+        and (gained[g] or redis.call('ZCARD', k.prefix .. 'g:' .. g .. ':pending') > 0) then
+      open[#open + 1] = g
+    end
+  end
+  if #open == 0 then return end
+
+  local under = {}
+  local caps = collect('HMGET', k.glimit, open)
+  for i, g in ipairs(open) do
+    local cap = tonumber(caps[i] or '')
+    if cap == nil or active[g] < cap then under[#under + 1] = g end
+  end
+  if #under == 0 then return end
+
+  local ringed = {}
+  local present = on_ring(k.ring, under)
+  for _, g in ipairs(under) do
+    if not present[g] then ringed[#ringed + 1] = g end
+  end
+  if #ringed == 0 then return end
+  variadic('RPUSH', k.ring, ringed, false)
+  -- wake is trimmed to 64: more pushes than that would be trimmed away
+  local wakes = {}
+  for i = 1, math.min(#ringed, 64) do wakes[i] = '1' end
+  redis.call('LPUSH', k.wake, unpack(wakes))
+  redis.call('LTRIM', k.wake, 0, 63)
 end
