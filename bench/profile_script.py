@@ -23,6 +23,7 @@ Variants that drop effects still must move every job: counts are checked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -71,18 +72,25 @@ return {#ids, 0, 0, 0, more, {}}
 """
 
 
-def variants(body: str) -> dict[str, str]:
-    lane_offer = "ring.offer(g, jobs == nil and lane or nil, act)"
-    return {
-        "as shipped": body,
-        "no-publish": NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
-        "no-json-scan": _replace(body, "local function json_string(s)\n",
-                                 "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
-        "hmget-call": _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
-        "no-lane-checks": _replace(body, lane_offer, "-- ring/wake skipped"),
-        "no-lane-totals": _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
-        "lua-floor": LUA_FLOOR,
-    }
+# Each variant is built from the shipped body by one textual edit; kept as
+# builders so a caller can build only the variants it runs (an edit whose
+# anchor the engine has since moved then fails only for that variant).
+VARIANTS = {
+    "as shipped": lambda body: body,
+    "no-publish": lambda body: NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
+    "no-json-scan": lambda body: _replace(body, "local function json_string(s)\n",
+                                          "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
+    "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
+    "no-lane-checks": lambda body: _replace(body, "ring.offer(g, jobs == nil and lane or nil, act)",
+                                            "-- ring/wake skipped"),
+    "no-lane-totals": lambda body: _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
+    "lua-floor": lambda body: LUA_FLOOR,
+}
+
+
+def variants(body: str, names=None) -> dict[str, str]:
+    """The variants of ``body`` (all, or only ``names``), by name."""
+    return {name: build(body) for name, build in VARIANTS.items() if names is None or name in names}
 
 
 def _keys() -> list[str]:
@@ -91,7 +99,11 @@ def _keys() -> list[str]:
             keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals]
 
 
-def run_variant(client, body: str, n: int, batch: int) -> dict:
+def run_variant(client, body: str, n: int, batch: int, around_drain=contextlib.nullcontext) -> dict:
+    """Seed, drain with ``body``, check. ``around_drain()`` is a context manager
+    entered just before the first call and left just after the last (stats
+    reset and script load are outside it): bench/instructions.py counts
+    instructions inside it."""
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
     keys = _keys()
@@ -100,11 +112,12 @@ def run_variant(client, body: str, n: int, batch: int) -> dict:
     redisstats.reset(client)
     before = redisstats.commandstats(client)
     calls = 0
-    while True:
-        reply = client.evalsha(sha, len(keys), *keys, *args)
-        calls += 1
-        if not int(reply[4]):
-            break
+    with around_drain():
+        while True:
+            reply = client.evalsha(sha, len(keys), *keys, *args)
+            calls += 1
+            if not int(reply[4]):
+                break
     after = redisstats.commandstats(client)
     seen = echomq_seed.observe(client, QUEUE)
     moved = seen.pending + sum(seen.lanes.values()) + seen.dead  # lua-floor: all to pending
