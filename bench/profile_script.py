@@ -8,9 +8,10 @@ memory by textual ablation, each run by EVAL on the same seeded queue:
 - ``no-publish``: the PUBLISH commands become a no-op (the JSON is still built);
 - ``no-json-scan``: ids are quoted without the escaping scan;
 - ``hmget-call``: HMGET by redis.call instead of redis.pcall;
-- ``no-lane-checks``: the per-lane ring/wake checks (SISMEMBER, ZCARD, HGET,
-  LPOS) skipped; the lane is not put on the ring (NOT correct, cost only);
-- ``no-lane-totals``: the per-lane HINCRBYs of sweeper:totals skipped;
+- ``no-lane-checks``: the ring/wake checks of lib/lanes.lua (SMISMEMBER,
+  ZCARD, HMGET glimit, LRANGE or LPOS) skipped after gactive is settled; no
+  lane is put on the ring (NOT correct, cost only);
+- ``no-lane-totals``: the per-lane fields of sweeper:totals skipped;
 - ``lua-floor``: not the script at all: the same per-job commands (HMGET,
   HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREM/ZADD with none of its logic
   (every job to pending): the floor of this work inside one Lua script.
@@ -81,8 +82,8 @@ VARIANTS = {
     "no-json-scan": lambda body: _replace(body, "local function json_string(s)\n",
                                           "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
-    "no-lane-checks": lambda body: _replace(body, "ring.offer(g, jobs == nil and lane or nil, act)",
-                                            "-- ring/wake skipped"),
+    "no-lane-checks": lambda body: _replace(body, "  if #ringable == 0 then return end\n",
+                                            "  do return end -- ring/wake skipped\n"),
     "no-lane-totals": lambda body: _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
     "lua-floor": lambda body: LUA_FLOOR,
 }

@@ -1,6 +1,6 @@
 """Issue 2's benchmark: drain N expired EchoMQ jobs with our sweep, print one table.
 
-    python bench/sweep.py                      # N = 100,000 and 1,000,000 at batch 100 and 1,000
+    python bench/sweep.py                      # N = 100,000 and 1,000,000 at the default batch (25), 100 and 1,000
     python bench/sweep.py --n 10000 --batch 100 --json bench/out/sweep.json
 
 Each run gets a flushed queue seeded the way dead workers leave it (a third of
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
 from pinger import Pinger  # noqa: E402
+from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
 QUEUE = "bench"
 BUDGET = 3
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="no second client (the drain's rate alone, for comparison)")
     args = parser.parse_args(argv)
     sizes = args.n or [100_000, 1_000_000]
-    batches = args.batch or [100, 1_000]
+    batches = args.batch or [BATCH_DEFAULT, 100, 1_000]
 
     from stalledpolicy.devenv.redis_server import start_redis
 

@@ -143,7 +143,7 @@ def test_a_minimal_policy_gets_the_documented_defaults(crd_installed, objects, k
     spec = created["spec"]
     assert spec["maxStalled"] == 1
     assert spec["sweepInterval"] == "30s"
-    assert spec["batchSize"] == 100
+    assert spec["batchSize"] == 25
     assert spec["suspend"] is False
     assert spec["redis"]["secretRef"] == {"name": "emails-redis", "key": "url"}
     assert "sweeper" not in spec

@@ -52,7 +52,7 @@ def test_defaults_match_the_documented_ones():
     spec = StalledPolicySpec.from_k8s(BASE)
     assert spec.max_stalled == 1
     assert spec.sweep_interval == "30s" and spec.interval_seconds == 30.0
-    assert spec.batch_size == 100
+    assert spec.batch_size == 25
     assert spec.suspend is False
     assert spec.lanes == []
     assert spec.sweeper.replicas == 1 and spec.sweeper.image is None
@@ -306,7 +306,10 @@ def test_crd_limits_are_the_model_limits():
     props = _spec_schema()
     assert props["queue"]["maxLength"] == QUEUE_NAME_MAX == models.QUEUE_MAX_LENGTH
     assert props["sweepInterval"]["pattern"] == SWEEP_INTERVAL_PATTERN
-    assert (props["batchSize"]["minimum"], props["batchSize"]["maximum"]) == (models.BATCH_SIZE_MIN, models.BATCH_SIZE_MAX)
+    batch = props["batchSize"]
+    assert (batch["minimum"], batch["maximum"], batch["default"]) == (
+        models.BATCH_SIZE_MIN, models.BATCH_SIZE_MAX, models.BATCH_DEFAULT)
+    assert f"default {models.BATCH_DEFAULT})" in batch["description"]
     assert props["lanes"]["maxItems"] == models.MAX_LANES
     lane = props["lanes"]["items"]["properties"]
     assert lane["name"]["maxLength"] == models.LANE_NAME_MAX_LENGTH

@@ -38,6 +38,11 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.sweeper.config import BATCH_DEFAULT
+from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
+from stalledpolicy.sweeper.config import BATCH_MIN as BATCH_SIZE_MIN
+from stalledpolicy.sweeper.config import INTERVAL_MAX_S as SWEEP_INTERVAL_MAX_S
+from stalledpolicy.sweeper.config import INTERVAL_MIN_S as SWEEP_INTERVAL_MIN_S
 
 # --- the contract with `stalledpolicy sweep` (env var names) ---------------
 ENV_QUEUE = "STALLEDPOLICY_QUEUE"
@@ -56,8 +61,6 @@ QUEUE_MAX_LENGTH = 128
 LANE_NAME_MAX_LENGTH = 128
 MAX_LANES = 256
 BUDGET_MAX = 2_147_483_647
-BATCH_SIZE_MIN, BATCH_SIZE_MAX = 1, 10_000
-SWEEP_INTERVAL_MIN_S, SWEEP_INTERVAL_MAX_S = 1.0, 3600.0
 SWEEPER_REPLICAS_MAX = 100
 # Go's duration syntax without "d" (the CRD checks bounds with CEL duration(),
 # which is Go's parser); digit counts bounded so the sum never overflows int64 ns.
@@ -290,7 +293,7 @@ class StalledPolicySpec(_Model):
     sweep_interval: Annotated[str, AfterValidator(_check_interval)] = Field(
         default="30s", alias="sweepInterval", max_length=32
     )
-    batch_size: int = Field(default=100, alias="batchSize", ge=BATCH_SIZE_MIN, le=BATCH_SIZE_MAX)
+    batch_size: int = Field(default=BATCH_DEFAULT, alias="batchSize", ge=BATCH_SIZE_MIN, le=BATCH_SIZE_MAX)
     lanes: list[LanePolicy] = Field(default_factory=list, max_length=MAX_LANES)
     redis: RedisSource
     suspend: bool = False
@@ -405,7 +408,7 @@ _FIXES = {
         "1 = no recovery, 2 = one recovery)"
     ),
     "sweepInterval": "write a duration from 1s to 1h with a unit, for example 30s, 2m or 1h",
-    "batchSize": f"use a whole number from {BATCH_SIZE_MIN} to {BATCH_SIZE_MAX} (default 100)",
+    "batchSize": f"use a whole number from {BATCH_SIZE_MIN} to {BATCH_SIZE_MAX} (default {BATCH_DEFAULT})",
     "lanes": f"list at most {MAX_LANES} lanes as {{name, maxStalled}} objects",
     "name": "give the name as a string",
     "redis": "set redis.url (without credentials) or redis.secretRef {name, key}",

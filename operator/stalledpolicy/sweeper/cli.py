@@ -13,7 +13,9 @@ import signal
 import sys
 from typing import Mapping
 
-from stalledpolicy.sweeper.config import LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config
+from stalledpolicy.sweeper.config import (
+    BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--interval", metavar="DURATION",
         help=f"time between passes, 1s..1h, e.g. 30s or 2m [{_env('interval')}] (default 30s)")
     add("--batch-size", metavar="N",
-        help=f"jobs per script call, 1..10000 [{_env('batch_size')}] (default 100)")
+        help=f"jobs per script call, {BATCH_MIN}..{BATCH_MAX} [{_env('batch_size')}] (default {BATCH_DEFAULT})")
     add("--metrics-port", metavar="PORT",
         help=f"port of /metrics, /healthz and /readyz; 0 disables [{_env('metrics_port')}] (default 9090)")
     add("--metrics-address", metavar="ADDR",
