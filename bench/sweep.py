@@ -206,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=0,
                         help="run the whole benchmark (redis-server, PING client, the drain) at this niceness, "
                              "e.g. -10 on a machine shared with other work (root only)")
+    parser.add_argument("--drain-nice", type=int, default=None,
+                        help="after redis-server starts, run the drain (this process) at this niceness, e.g. 10: "
+                             "the sweeper off the Redis host, as in a cluster, its CPU not taken from Redis "
+                             "or the PING client (which keeps --nice)")
     parser.add_argument("--no-ping", action="store_true",
                         help="no second client (the drain's rate alone, for comparison)")
     args = parser.parse_args(argv)
@@ -217,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nice:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by redis-server and the PING client
     server = start_redis()
+    if args.drain_nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, args.drain_nice)
     runs: list[SweepRun] = []
     try:
         client = server.client(decode_responses=True)
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         for n in sizes:
             for batch in batches:
-                run = run_one(client, server.port, n, batch, ping=not args.no_ping)
+                run = run_one(client, server.port, n, batch, ping=not args.no_ping, nice=args.nice)
                 runs.append(run)
                 print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
                       f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
