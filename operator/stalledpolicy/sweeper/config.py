@@ -27,8 +27,8 @@ ENV_PREFIX = "STALLEDPOLICY_"
 INTERVAL_MIN_S = 1.0
 INTERVAL_MAX_S = 3600.0
 BATCH_MIN, BATCH_MAX = 1, 10_000
-# The default keeps other clients' latency low while a sweep drains: at 25 a
-# call takes about 0.5 ms of Redis time and a second client's PING p99 stays
+# The default keeps other clients' latency low while a sweep drains (their
+# commands wait for the call in progress): at 25 a call takes about 0.5 ms of Redis time and a second client's PING p99 stays
 # near 1.2-1.5 ms on a 2-core machine (at 100 it was 2.8-4.7 ms). A stall
 # storm still drains at 25,000+ jobs/s; raise it for raw speed
 # (bench/README.md, "Choosing the default batch").
