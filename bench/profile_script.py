@@ -6,7 +6,7 @@ The shipped script (never edited here) is compared with variants made in
 memory by textual ablation, each run by EVAL on the same seeded queue:
 
 - ``no-publish``: the PUBLISH commands become a no-op (the JSON is still built);
-- ``no-json-scan``: ids are quoted without the escaping scan;
+- ``no-json-scan``: ids are quoted without the batch's escaping scan;
 - ``hmget-call``: HMGET by redis.call instead of redis.pcall;
 - ``no-lane-checks``: the ring/wake checks of lib/lanes.lua (SMISMEMBER,
   ZCARD, HMGET glimit, LRANGE or LPOS) skipped after gactive is settled; no
@@ -63,9 +63,9 @@ local zargs = {}
 for _, id in ipairs(ids) do
   local row = ARGV[1] .. 'job:' .. id
   local f = redis.call('HMGET', row, 'group', 'stalled', 'attempts', 'state')
-  redis.call('HSET', row, 'stalled', (tonumber(f[2]) or 0) + 1, 'state', 'pending')
+  redis.call('HSET', row, 'stalled', string.format('%d', (tonumber(f[2]) or 0) + 1), 'state', 'pending')
   redis.call('PUBLISH', ARGV[4], '{"event":"stalled","job":"' .. id .. '"}')
-  zargs[#zargs + 1] = 0
+  zargs[#zargs + 1] = '0' -- a string: Redis formats a Lua number as a double
   zargs[#zargs + 1] = id
 end
 redis.call('ZADD', KEYS[2], unpack(zargs))
@@ -79,8 +79,8 @@ return {#ids, 0, 0, 0, more, {}}
 VARIANTS = {
     "as shipped": lambda body: body,
     "no-publish": lambda body: NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
-    "no-json-scan": lambda body: _replace(body, "local function json_string(s)\n",
-                                          "local function json_string(s)\n  do return '\"' .. s .. '\"' end\n"),
+    "no-json-scan": lambda body: _replace(body, "local escape_ids = string.find(table.concat(expired), '[%c\"\\\\]') ~= nil",
+                                          "local escape_ids = false"),
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
     "no-lane-checks": lambda body: _replace(body, "  if #ringable == 0 then return end\n",
                                             "  do return end -- ring/wake skipped\n"),

@@ -488,6 +488,34 @@ def test_events_announce_each_recovery_and_death_in_echomq_shape(r, keys):
     ], key=lambda e: e["job"])
 
 
+def test_events_escape_control_characters_and_quotes_only_where_needed(r, keys):
+    put_active(r, keys, "JOB\tone\x01")
+    put_active(r, keys, "JOBbad", stalled='1"x\\')
+    tap = EventTap(r, keys)
+    try:
+        sweep(r, keys, default=2)
+        raw = []
+        for _ in range(50):
+            message = tap.pubsub.get_message(timeout=0.2)
+            if message and message["type"] == "message":
+                raw.append(message["data"])
+            if len(raw) == 2:
+                break
+    finally:
+        tap.close()
+    assert sorted(raw) == sorted([
+        '{"event":"stalled","job":"JOB\\u0009one\\u0001"}',
+        '{"event":"failed","job":"JOBbad","reason":"malformed: stalled is not a non-negative integer: 1\\"x\\\\"}',
+    ])
+    plain = EventTap(r, keys)
+    try:
+        put_active(r, keys, "JOBplain")
+        sweep(r, keys, default=2)
+        assert plain.collect(1) == [{"event": "stalled", "job": "JOBplain"}]
+    finally:
+        plain.close()
+
+
 def test_event_payload_starts_with_event_then_job_like_echomq(r, keys):
     put_active(r, keys, "JOB1")
     tap = EventTap(r, keys)

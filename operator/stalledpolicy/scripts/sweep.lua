@@ -51,15 +51,21 @@ local function excerpt(value)
   return value
 end
 
-local function json_string(s)
-  if string.find(s, '[%c"\\]') then
-    s = string.gsub(s, '[%c"\\]', function(c)
-      if c == '"' then return '\\"' end
-      if c == '\\' then return '\\\\' end
-      return string.format('\\u%04x', string.byte(c))
-    end)
-  end
-  return '"' .. s .. '"'
+-- the inside of a JSON string literal holding s
+local function json_escaped(s)
+  return (string.gsub(s, '[%c"\\]', function(c)
+    if c == '"' then return '\\"' end
+    if c == '\\' then return '\\\\' end
+    return string.format('\\u%04x', string.byte(c))
+  end))
+end
+
+-- Ids almost never need escaping: one scan of the whole batch decides, so
+-- the common case builds each event with one concatenation.
+local escape_ids = string.find(table.concat(expired), '[%c"\\]') ~= nil
+local function json_id(id)
+  if escape_ids then return json_escaped(id) end
+  return id
 end
 
 local recovered, dead_lettered, orphans, quarantined = 0, 0, 0, 0
@@ -93,7 +99,7 @@ local function quarantine(id, row, g, problem, fence)
   to_dead[#to_dead + 1] = id
   quarantined = quarantined + 1
   redis.call('PUBLISH', channel,
-    '{"event":"failed","job":' .. json_string(id) .. ',"reason":' .. json_string(reason) .. '}')
+    '{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
 end
 
 -- A stray lease: the row says the job waits in pending (or its lane),
@@ -160,7 +166,7 @@ for _, id in ipairs(expired) do
           dead_lettered = dead_lettered + 1
           if g then lane_dead[g] = lane_dead[g] + 1 end
           redis.call('PUBLISH', channel,
-            '{"event":"failed","job":' .. json_string(id) .. ',"reason":"stalled"}')
+            '{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
         else
           redis.call('HSET', row, 'stalled', string.format('%d', stalled), 'state', 'pending')
           if g then
@@ -175,7 +181,7 @@ for _, id in ipairs(expired) do
             to_pending[#to_pending + 1] = id
           end
           recovered = recovered + 1
-          redis.call('PUBLISH', channel, '{"event":"stalled","job":' .. json_string(id) .. '}')
+          redis.call('PUBLISH', channel, '{"event":"stalled","job":"' .. json_id(id) .. '"}')
         end
       end
     end

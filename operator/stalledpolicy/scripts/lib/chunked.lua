@@ -9,7 +9,7 @@ local function variadic(cmd, key, members, with_zero_score)
     local last = math.min(i + chunk - 1, n)
     local args = {}
     for j = i, last do
-      if with_zero_score then args[#args + 1] = 0 end
+      if with_zero_score then args[#args + 1] = '0' end
       args[#args + 1] = members[j]
     end
     redis.call(cmd, key, unpack(args))
