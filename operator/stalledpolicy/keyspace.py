@@ -103,6 +103,11 @@ class QueueKeys:
         """Our own hash (not EchoMQ's): sweeper-owned totals shared by all replicas."""
         return self._k("sweeper:totals")
 
+    @property
+    def sweeper_last_replay(self) -> str:
+        """Our own string: the operator's last served replay token and its result (JSON)."""
+        return self._k("sweeper:last-replay")
+
     def job(self, job_id: str) -> str:
         return self._k(f"job:{job_id}")
 

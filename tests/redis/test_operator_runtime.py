@@ -189,3 +189,56 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
     restarted.refresh(("ns", "p"))
     restarted.stop()
     assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
+
+
+class LostStatus(StatusSink):
+    """An API server that never takes the status write (the operator dies before it lands)."""
+
+    def patch_namespaced_custom_object_status(self, *args, **kwargs):
+        raise ConnectionError("the operator died before its status write")
+
+
+def start(secrets, body, status: StatusSink) -> Controller:
+    ctl = make_controller(secrets, status, NullRecorder())
+    ctl.observe_policy(body, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    return ctl
+
+
+def test_a_replay_whose_status_write_was_lost_is_not_run_again_after_a_restart(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    dead_letter(r, queue_name, "JOB0001")
+    annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+
+    first = start(secrets, annotated, LostStatus())
+    first.refresh(("ns", "p"))
+    first.stop()
+    assert r.zscore(keys.pending, "JOB0001") is not None  # replayed, status never written
+
+    dead_letter(r, queue_name, "JOB0002")  # died after the replay was asked for
+    sink = StatusSink()
+    restarted = start(secrets, annotated, sink)
+    restarted.refresh(("ns", "p"))
+    restarted.stop()
+    assert r.zscore(keys.dead, "JOB0002") is not None
+    assert sink.patches[-1]["lastReplay"]["token"] == "t1"
+    assert sink.patches[-1]["lastReplay"]["replayed"] == 1
+
+    renewed = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t2"}), StatusSink())
+    renewed.refresh(("ns", "p"))
+    renewed.stop()
+    assert r.zscore(keys.pending, "JOB0002") is not None
+
+
+def test_an_unreadable_replay_record_does_not_block_a_replay(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    r.set(keys.sweeper_last_replay, "{not json")
+    dead_letter(r, queue_name, "JOB0001")
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
+    ctl.refresh(("ns", "p"))
+    ctl.stop()
+    assert r.zscore(keys.pending, "JOB0001") is not None
+    assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
