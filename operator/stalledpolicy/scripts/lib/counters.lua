@@ -9,7 +9,8 @@ local function count_of(value)
   return tonumber(value)
 end
 
--- add_counts: several HINCRBYs on one hash in two commands (HMGET, HSET);
+-- add_counts (uses chunked: include it first): several HINCRBYs on one
+-- hash in two commands (HMGET, HSET);
 -- deltas is a flat list field, n, field, n, ... A field that is not a
 -- counter (nothing but our scripts writes this hash) starts again from n.
 local function add_counts(key, deltas)
