@@ -2,8 +2,15 @@
 -- HINCRBY (no sign, no leading zero); more than 15 digits would lose
 -- precision in Lua's doubles, so it is refused too. A missing field is 0;
 -- an invalid one is nil.
+-- Almost every counter is one digit: a table lookup answers those without
+-- the pattern match (3.6 % of the sweep's instructions at batch 1,000).
+local ONE_DIGIT = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4,
+                   ['5'] = 5, ['6'] = 6, ['7'] = 7, ['8'] = 8, ['9'] = 9}
+
 local function count_of(value)
   if value == false then return 0 end
+  local digit = ONE_DIGIT[value]
+  if digit then return digit end
   if #value > 15 or not string.find(value, '^%d+$') then return nil end
   if #value > 1 and string.sub(value, 1, 1) == '0' then return nil end
   return tonumber(value)
