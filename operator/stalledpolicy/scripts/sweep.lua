@@ -160,15 +160,15 @@ for _, id in ipairs(expired) do
         if budget > 0 and stalled >= budget then
           -- attempts + 1 fences the stalled worker: its complete/retry/extend
           -- carry the old token and are refused with EMQSTALE.
-          redis.call('HSET', row, 'stalled', string.format('%d', stalled), 'state', 'dead',
-            'last_error', 'stalled', 'dead_at', now_s, 'attempts', string.format('%d', attempts + 1))
+          redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'dead',
+            'last_error', 'stalled', 'dead_at', now_s, 'attempts', count_string(attempts + 1))
           to_dead[#to_dead + 1] = id
           dead_lettered = dead_lettered + 1
           if g then lane_dead[g] = lane_dead[g] + 1 end
           redis.call('PUBLISH', channel,
             '{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
         else
-          redis.call('HSET', row, 'stalled', string.format('%d', stalled), 'state', 'pending')
+          redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'pending')
           if g then
             local jobs = lane_jobs[g]
             if jobs == nil then

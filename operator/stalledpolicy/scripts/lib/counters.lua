@@ -7,6 +7,13 @@
 local ONE_DIGIT = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4,
                    ['5'] = 5, ['6'] = 6, ['7'] = 7, ['8'] = 8, ['9'] = 9}
 
+-- and the other way: a count as the integer string HINCRBY writes
+local DIGIT_OF = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+
+local function count_string(n)
+  return DIGIT_OF[n] or string.format('%d', n)
+end
+
 local function count_of(value)
   if value == false then return 0 end
   local digit = ONE_DIGIT[value]
