@@ -266,6 +266,16 @@ def test_purge_everything_deletes_entries_and_rows_of_any_shape(r, keys, small_b
     assert r.hget(keys.sweeper_totals, "purged") == "4"
 
 
+def test_morgue_totals_that_are_not_counters_start_again(r, keys):
+    r.hset(keys.sweeper_totals, mapping={"replayed": "junk", "purged": "-3"})
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2")
+    engine.morgue_replay(r, keys.queue, ids=["JOB1"])
+    engine.morgue_purge(r, keys.queue)
+    assert r.hmget(keys.sweeper_totals, "replayed", "purged") == ["1", "1"]
+    assert morgue_ids(r, keys) == []
+
+
 def test_purge_by_age_uses_dead_at_on_the_server_clock(r, keys):
     now = server_ms(r)
     put_dead(r, keys, "JOBold", dead_at=now - 120_000)

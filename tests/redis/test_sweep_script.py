@@ -557,6 +557,15 @@ def test_a_totals_field_that_is_not_a_counter_starts_again(r, keys):
     assert r.hgetall(keys.sweeper_totals) == {"recovered": "1", "orphans": "8"}
 
 
+def test_a_corrupt_metrics_failed_is_left_and_the_call_still_reports(r, keys):
+    r.hset(keys.metrics_failed, "count", "lots")
+    put_active(r, keys, "JOB1")
+    result = sweep(r, keys, default=1)
+    assert result.dead_lettered == 1
+    assert r.hget(keys.metrics_failed, "count") == "lots"
+    assert r.hget(keys.sweeper_totals, "dead_lettered") == "1"
+
+
 def test_dead_at_is_the_server_clock_in_ms(r, keys):
     before = server_ms(r)
     put_active(r, keys, "JOB1")

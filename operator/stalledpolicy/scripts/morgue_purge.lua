@@ -13,6 +13,8 @@
 --
 -- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor}
 
+-- @include chunked
+-- @include counters
 -- @include morgue_window
 
 local prefix = ARGV[1]
@@ -80,6 +82,6 @@ for _, id in ipairs(candidates) do
   end
 end
 
-if not dry and #purged > 0 then redis.call('HINCRBY', KEYS[2], 'purged', #purged) end
+if not dry and #purged > 0 then add_counts(KEYS[2], {'purged', #purged}) end
 
 return {purged, kept, missing, undated, next_cursor}

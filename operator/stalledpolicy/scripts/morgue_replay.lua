@@ -107,7 +107,7 @@ if not dry then
   -- no slot freed: a replayed job was not in flight
   settle_lanes({prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
     gactive = KEYS[4], wake = KEYS[7]}, lane_order, {}, lanes)
-  if n > 0 then redis.call('HINCRBY', KEYS[8], 'replayed', n) end
+  if n > 0 then add_counts(KEYS[8], {'replayed', n}) end
 end
 
 return {replayed, refused, missing, next_cursor}

@@ -207,7 +207,9 @@ settle_lanes({prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6
   gactive = KEYS[5], wake = KEYS[8]}, touched, lane_freed, lane_jobs)
 
 local deaths = dead_lettered + quarantined
-if deaths > 0 then redis.call('HINCRBY', KEYS[9], 'count', deaths) end
+-- EchoMQ's counter: a corrupt one is left as it is (pcall), never a reason to
+-- fail a call whose moves are already done.
+if deaths > 0 then redis.pcall('HINCRBY', KEYS[9], 'count', deaths) end
 
 local totals = {}
 local function count(field, n)
