@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, DeadJob
@@ -153,6 +154,25 @@ def test_replay_reads_a_corrupt_gactive_as_zero_and_leaves_it(r, keys):
     engine.morgue_replay(r, keys.queue)
     assert r.hget(keys.gactive, "g") == "many"
     assert r.lrange(keys.ring, 0, -1) == ["g"]
+
+
+def test_replay_keeps_jobs_whose_lane_key_has_the_wrong_type(r, keys):
+    r.set(keys.lane_pending("g"), "oops")
+    put_dead(r, keys, "JOB1", group="g")
+    put_dead(r, keys, "JOB2")
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOB2"]
+    assert morgue_ids(r, keys) == ["JOB1"]
+    assert r.hget(keys.job("JOB1"), "state") == "dead"
+    assert r.get(keys.lane_pending("g")) == "oops"
+
+
+def test_replay_refuses_a_pending_key_of_the_wrong_type_before_any_write(r, keys):
+    r.set(keys.pending, "oops")
+    put_dead(r, keys, "JOB1")
+    with pytest.raises(redis.ResponseError, match="EMQWRONGTYPE"):
+        engine.morgue_replay(r, keys.queue)
+    assert morgue_ids(r, keys) == ["JOB1"] and r.hget(keys.job("JOB1"), "state") == "dead"
 
 
 def test_replay_does_not_ring_a_lane_twice(r, keys):

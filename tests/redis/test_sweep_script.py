@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import redis
 
@@ -564,6 +566,39 @@ def test_a_corrupt_metrics_failed_is_left_and_the_call_still_reports(r, keys):
     assert result.dead_lettered == 1
     assert r.hget(keys.metrics_failed, "count") == "lots"
     assert r.hget(keys.sweeper_totals, "dead_lettered") == "1"
+
+
+@pytest.mark.parametrize("destination", ["pending", "dead"])
+def test_a_destination_of_the_wrong_type_refuses_the_call_before_any_write(r, keys, destination):
+    put_active(r, keys, "JOB1")
+    put_active(r, keys, "JOB2", stalled=1)
+    r.set(getattr(keys, destination), "oops")
+    with pytest.raises(redis.ResponseError, match=rf"EMQWRONGTYPE {re.escape(getattr(keys, destination))} is a string"):
+        sweep(r, keys, default=2)
+    assert sorted(r.zrange(keys.active, 0, -1)) == ["JOB1", "JOB2"]
+    assert r.hget(keys.job("JOB1"), "state") == "active" and r.hget(keys.job("JOB1"), "stalled") is None
+
+
+def test_jobs_of_a_lane_whose_key_has_the_wrong_type_go_to_the_morgue(r, keys):
+    r.set(keys.lane_pending("g"), "oops")
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="h")
+    put_active(r, keys, "JOB3")
+    tap = EventTap(r, keys)
+    try:
+        result = sweep(r, keys, default=3)
+        events = tap.collect(4)
+    finally:
+        tap.close()
+    assert (result.recovered, result.quarantined) == (2, 1)
+    assert r.zrange(keys.dead, 0, -1) == ["JOB1"]
+    row = r.hgetall(keys.job("JOB1"))
+    assert row["state"] == "dead" and row["attempts"] == "2" and row["stalled"] == "1"
+    assert row["last_error"] == f"malformed: lane {keys.lane_pending('g')} is a string, not a sorted set"
+    assert r.get(keys.lane_pending("g")) == "oops"
+    assert r.hget(keys.gactive, "g") is None and r.lrange(keys.ring, 0, -1) == ["h"]
+    assert {"event": "failed", "job": "JOB1", "reason": row["last_error"]} in events
+    assert r.hgetall(keys.sweeper_totals) == {"recovered": "2", "quarantined": "1", "lane:h:recovered": "1"}
 
 
 def test_dead_at_is_the_server_clock_in_ms(r, keys):

@@ -25,6 +25,28 @@ local filter = ARGV[3]
 local mode = ARGV[4]
 local max_replayed = tonumber(ARGV[7])
 
+-- pending receives flat jobs after their rows are written; an error there
+-- would leave them in no set, so a wrong type refuses the call before any write.
+local pending_kind = redis.call('TYPE', KEYS[2]).ok
+if pending_kind ~= 'none' and pending_kind ~= 'zset' then
+  return redis.error_reply('EMQWRONGTYPE ' .. KEYS[2] .. ' is a ' .. pending_kind .. ', not a sorted set: '
+    .. 'nothing was replayed; repair or delete that key (EchoMQ cannot use it either)')
+end
+
+-- a lane whose key has the wrong type cannot take jobs back: '' = usable
+local lane_problem = {}
+local function lane_refusal(g)
+  if lane_problem[g] == nil then
+    local lane = prefix .. 'g:' .. g .. ':pending'
+    local kind = redis.call('TYPE', lane).ok
+    lane_problem[g] = ''
+    if kind ~= 'none' and kind ~= 'zset' then
+      lane_problem[g] = 'malformed: lane ' .. lane .. ' is a ' .. kind .. ', not a sorted set'
+    end
+  end
+  return lane_problem[g]
+end
+
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[5], tonumber(ARGV[6]), 8)
 
 local replayed = {}
@@ -64,6 +86,8 @@ for _, id in ipairs(candidates) do
         reason = "state is '" .. f[3] .. "', not dead"
       elseif count_of(f[2]) == nil then
         reason = 'malformed: attempts is not a non-negative integer: ' .. string.sub(f[2], 1, 64)
+      elseif g and lane_refusal(g) ~= '' then
+        reason = lane_refusal(g)
       end
     end
     if reason == false then

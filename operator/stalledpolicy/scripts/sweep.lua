@@ -43,6 +43,17 @@ if #expired == 0 then
   return {0, 0, 0, 0, 0, {}}
 end
 
+-- pending and dead receive this call's jobs after their rows are written; an
+-- error there would leave jobs in no set (an error does not undo a script's
+-- writes), so a key of the wrong type refuses the call before any write.
+for _, dest in ipairs({KEYS[2], KEYS[3]}) do
+  local kind = redis.call('TYPE', dest).ok
+  if kind ~= 'none' and kind ~= 'zset' then
+    return redis.error_reply('EMQWRONGTYPE ' .. dest .. ' is a ' .. kind .. ', not a sorted set: '
+      .. 'nothing was moved; repair or delete that key (EchoMQ cannot use it either)')
+  end
+end
+
 variadic('ZREM', KEYS[1], expired, false)
 
 -- a bad value quoted in last_error, cut so a huge one cannot bloat the row
@@ -193,10 +204,32 @@ if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 
 -- Lanes: their jobs back, then slots freed and the ring/wake rule, once per
 -- lane after every ZADD of this call (so "the lane has work" sees them).
+-- A lane key of the wrong type cannot take its jobs back: they go to the
+-- morgue instead, quarantined with the reason (a `failed` event follows the
+-- `stalled` one already sent).
+local function lane_refused(g, lane, jobs)
+  local reason = 'malformed: lane ' .. lane .. ' is a ' .. redis.call('TYPE', lane).ok .. ', not a sorted set'
+  for _, id in ipairs(jobs) do
+    local row = row_prefix .. id
+    redis.call('HINCRBY', row, 'attempts', 1)
+    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
+    redis.call('PUBLISH', channel,
+      '{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
+  end
+  variadic('ZADD', KEYS[3], jobs, true)
+  recovered = recovered - #jobs
+  quarantined = quarantined + #jobs
+  lane_rec[g] = lane_rec[g] - #jobs
+  lane_jobs[g] = nil
+end
+
 local lanes_out = {}
 for _, g in ipairs(touched) do
   local jobs = lane_jobs[g]
-  if jobs then variadic('ZADD', prefix .. 'g:' .. g .. ':pending', jobs, true) end
+  if jobs then
+    local lane = prefix .. 'g:' .. g .. ':pending'
+    if not pcall(variadic, 'ZADD', lane, jobs, true) then lane_refused(g, lane, jobs) end
+  end
   if lane_rec[g] > 0 or lane_dead[g] > 0 then
     lanes_out[#lanes_out + 1] = g
     lanes_out[#lanes_out + 1] = lane_rec[g]

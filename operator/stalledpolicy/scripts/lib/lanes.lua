@@ -42,6 +42,10 @@ local function on_ring(ring_key, lanes)
   return found
 end
 
+local function has_work(zcard_reply)
+  return type(zcard_reply) == 'number' and zcard_reply > 0
+end
+
 local function settle_lanes(k, groups, freed, gained)
   if #groups == 0 then return end
   local active = {}
@@ -76,8 +80,9 @@ local function settle_lanes(k, groups, freed, gained)
   local open = {}
   local paused = collect('SMISMEMBER', k.paused, ringable)
   for i, g in ipairs(ringable) do
+    -- a lane key of the wrong type (pcall) shows no work
     if paused[i] == 0
-        and (gained[g] or redis.call('ZCARD', k.prefix .. 'g:' .. g .. ':pending') > 0) then
+        and (gained[g] or has_work(redis.pcall('ZCARD', k.prefix .. 'g:' .. g .. ':pending'))) then
       open[#open + 1] = g
     end
   end
