@@ -579,6 +579,19 @@ def test_a_destination_of_the_wrong_type_refuses_the_call_before_any_write(r, ke
     assert r.hget(keys.job("JOB1"), "state") == "active" and r.hget(keys.job("JOB1"), "stalled") is None
 
 
+@pytest.mark.parametrize("state, where", [("scheduled", "schedule"), ("pending", "lane")])
+def test_a_stray_lease_check_on_a_key_of_the_wrong_type_counts_a_stall(r, keys, state, where):
+    key = keys.schedule if where == "schedule" else keys.lane_pending("g")
+    r.set(key, "oops")
+    put_active(r, keys, "JOB0")
+    put_active(r, keys, "JOB1", group="g", state=state)
+    result = sweep(r, keys, default=3)
+    assert result.orphans == 0 and result.recovered + result.quarantined == 2
+    assert r.zcard(keys.active) == 0
+    assert r.zscore(keys.pending, "JOB0") is not None
+    assert r.zscore(keys.dead, "JOB1") is not None or r.zscore(keys.lane_pending("g"), "JOB1") is not None
+
+
 def test_jobs_of_a_lane_whose_key_has_the_wrong_type_go_to_the_morgue(r, keys):
     r.set(keys.lane_pending("g"), "oops")
     put_active(r, keys, "JOB1", group="g")

@@ -118,14 +118,19 @@ end
 -- id to active whenever the token matches (a stalled worker's late heartbeat
 -- after a recovery does exactly that), so such an entry has no job in flight
 -- behind it: counting a stall would move a waiting job a second time.
+-- A set of the wrong type (pcall) holds nothing: the entry is then a stall.
+local function listed(key, id)
+  return type(redis.pcall('ZSCORE', key, id)) == 'string'
+end
+
 local function waits_elsewhere(id, g, state)
   if state == 'pending' then
-    if g then return redis.call('ZSCORE', prefix .. 'g:' .. g .. ':pending', id) ~= false end
-    return redis.call('ZSCORE', KEYS[2], id) ~= false
+    if g then return listed(prefix .. 'g:' .. g .. ':pending', id) end
+    return listed(KEYS[2], id)
   elseif state == 'dead' then
-    return redis.call('ZSCORE', KEYS[3], id) ~= false
+    return listed(KEYS[3], id)
   elseif state == 'scheduled' then
-    return redis.call('ZSCORE', prefix .. 'schedule', id) ~= false
+    return listed(prefix .. 'schedule', id)
   end
   return false
 end
