@@ -100,21 +100,26 @@ class EventTap:
                 break
 
     def collect(self, expected: int, timeout: float = 5.0) -> list[dict]:
-        events: list[dict] = []
-        deadline = time.monotonic() + timeout
-        while len(events) < expected and time.monotonic() < deadline:
-            message = self.pubsub.get_message(timeout=0.2)
+        return [json.loads(data) for data in self.collect_raw(expected, timeout)]
+
+    def collect_raw(self, expected: int, timeout: float = 5.0) -> list[str]:
+        """The messages as published (text), in order."""
+        texts: list[str] = []
+
+        def keep(message) -> None:
             if message and message["type"] == "message":
                 data = message["data"]
-                events.append(json.loads(data if isinstance(data, str) else data.decode()))
+                texts.append(data if isinstance(data, str) else data.decode())
+
+        deadline = time.monotonic() + timeout
+        while len(texts) < expected and time.monotonic() < deadline:
+            keep(self.pubsub.get_message(timeout=0.2))
         # anything beyond `expected` would be a duplicate announcement
         extra = self.pubsub.get_message(timeout=0.2)
         while extra is not None:
-            if extra["type"] == "message":
-                data = extra["data"]
-                events.append(json.loads(data if isinstance(data, str) else data.decode()))
+            keep(extra)
             extra = self.pubsub.get_message(timeout=0.1)
-        return events
+        return texts
 
     def close(self) -> None:
         self.pubsub.close()

@@ -37,6 +37,16 @@ def where(r, keys, job_id, group=None):
     return places
 
 
+def sweep_announcing(r, keys, expected, raw=False, **budget):
+    """Sweep with a subscriber on the events channel: (result, the events)."""
+    tap = EventTap(r, keys)
+    try:
+        result = sweep(r, keys, **budget)
+        return result, (tap.collect_raw(expected) if raw else tap.collect(expected))
+    finally:
+        tap.close()
+
+
 # ----------------------------------------------------------------- the budget
 
 
@@ -220,12 +230,7 @@ def test_row_of_the_wrong_type_goes_to_the_morgue_untouched(r, keys, kind):
      "stream": lambda: r.xadd(row, {"f": "v"})}[kind]()
     r.zadd(keys.active, {"JOBwrong": EXPIRED})
     put_active(r, keys, "JOBok")
-    tap = EventTap(r, keys)
-    try:
-        result = sweep(r, keys, default=2)
-        events = tap.collect(2)
-    finally:
-        tap.close()
+    result, events = sweep_announcing(r, keys, 2, default=2)
     assert (result.quarantined, result.recovered) == (1, 1)
     assert where(r, keys, "JOBwrong") == ["dead"]
     assert r.type(row) == kind
@@ -477,12 +482,7 @@ def test_events_announce_each_recovery_and_death_in_echomq_shape(r, keys):
     put_active(r, keys, "JOBdead", stalled=1)
     put_active(r, keys, 'JOB"odd\\id')
     r.zadd(keys.active, {"JOBgone": EXPIRED})
-    tap = EventTap(r, keys)
-    try:
-        sweep(r, keys, default=2)
-        events = tap.collect(3)
-    finally:
-        tap.close()
+    _, events = sweep_announcing(r, keys, 3, default=2)
     assert sorted(events, key=lambda e: e["job"]) == sorted([
         {"event": "stalled", "job": "JOBrec"},
         {"event": "failed", "job": "JOBdead", "reason": "stalled"},
@@ -493,44 +493,19 @@ def test_events_announce_each_recovery_and_death_in_echomq_shape(r, keys):
 def test_events_escape_control_characters_and_quotes_only_where_needed(r, keys):
     put_active(r, keys, "JOB\tone\x01")
     put_active(r, keys, "JOBbad", stalled='1"x\\')
-    tap = EventTap(r, keys)
-    try:
-        sweep(r, keys, default=2)
-        raw = []
-        for _ in range(50):
-            message = tap.pubsub.get_message(timeout=0.2)
-            if message and message["type"] == "message":
-                raw.append(message["data"])
-            if len(raw) == 2:
-                break
-    finally:
-        tap.close()
+    _, raw = sweep_announcing(r, keys, 2, raw=True, default=2)
     assert sorted(raw) == sorted([
         '{"event":"stalled","job":"JOB\\u0009one\\u0001"}',
         '{"event":"failed","job":"JOBbad","reason":"malformed: stalled is not a non-negative integer: 1\\"x\\\\"}',
     ])
-    plain = EventTap(r, keys)
-    try:
-        put_active(r, keys, "JOBplain")
-        sweep(r, keys, default=2)
-        assert plain.collect(1) == [{"event": "stalled", "job": "JOBplain"}]
-    finally:
-        plain.close()
+    put_active(r, keys, "JOBplain")
+    assert sweep_announcing(r, keys, 1, raw=True, default=2)[1] == ['{"event":"stalled","job":"JOBplain"}']
 
 
 def test_event_payload_starts_with_event_then_job_like_echomq(r, keys):
     put_active(r, keys, "JOB1")
-    tap = EventTap(r, keys)
-    try:
-        sweep(r, keys, default=1)
-        message = None
-        for _ in range(25):
-            message = tap.pubsub.get_message(timeout=0.2)
-            if message and message["type"] == "message":
-                break
-    finally:
-        tap.close()
-    assert message["data"] == '{"event":"failed","job":"JOB1","reason":"stalled"}'
+    _, raw = sweep_announcing(r, keys, 1, raw=True, default=1)
+    assert raw == ['{"event":"failed","job":"JOB1","reason":"stalled"}']
 
 
 def test_totals_hash_and_metrics_failed_accumulate_across_calls(r, keys):
@@ -597,12 +572,7 @@ def test_jobs_of_a_lane_whose_key_has_the_wrong_type_go_to_the_morgue(r, keys):
     put_active(r, keys, "JOB1", group="g")
     put_active(r, keys, "JOB2", group="h")
     put_active(r, keys, "JOB3")
-    tap = EventTap(r, keys)
-    try:
-        result = sweep(r, keys, default=3)
-        events = tap.collect(4)
-    finally:
-        tap.close()
+    result, events = sweep_announcing(r, keys, 4, default=3)
     assert (result.recovered, result.quarantined) == (2, 1)
     assert r.zrange(keys.dead, 0, -1) == ["JOB1"]
     row = r.hgetall(keys.job("JOB1"))
