@@ -81,6 +81,9 @@ class SweepResult:
     lanes: dict[str, LaneCounts] = field(default_factory=dict)
     more: bool = False
     calls: int = 0
+    #: shared keys of the wrong type met after the moves (every job is in its
+    #: set; the bookkeeping named was skipped): one line each, naming the key
+    problems: list[str] = field(default_factory=list)
 
     @property
     def moved(self) -> int:
@@ -100,7 +103,12 @@ class SweepResult:
             lanes=lanes,
             more=other.more,
             calls=self.calls + other.calls,
+            problems=_union(self.problems, other.problems),
         )
+
+
+def _union(first: list[str], second: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys([*first, *second]))
 
 
 def _sweep_keys(keys: QueueKeys) -> list[str]:
@@ -118,7 +126,7 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepR
     for lane, budget in budgets.lanes.items():
         args += [lane, budget]
     reply = script("sweep")(client, _sweep_keys(keys), args)
-    recovered, dead_lettered, orphans, quarantined, more, flat_lanes = reply
+    recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems = reply
     lanes = {
         _text(flat_lanes[i]): LaneCounts(int(flat_lanes[i + 1]), int(flat_lanes[i + 2]))
         for i in range(0, len(flat_lanes), 3)
@@ -131,6 +139,7 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepR
         lanes=lanes,
         more=bool(more),
         calls=1,
+        problems=[_text(p) for p in problems],
     )
 
 
@@ -246,6 +255,8 @@ class ReplayResult:
     missing: list[str]
     #: dead ids left in the morgue because they cannot be replayed safely (id -> why)
     unreplayable: dict[str, str] = field(default_factory=dict)
+    #: as :attr:`SweepResult.problems`
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -257,6 +268,8 @@ class PurgeResult:
     kept: dict[str, str] = field(default_factory=dict)
     #: entries without a readable time of death met by an age purge (kept; aged from now on)
     undated: int = 0
+    #: as :attr:`SweepResult.problems`
+    problems: list[str] = field(default_factory=list)
 
 
 def _lane_filter(lane: str | None) -> str:
@@ -361,13 +374,15 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
     def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
         budget = MORGUE_BATCH if limit is None else min(MORGUE_BATCH, limit - result.replayed)
         args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, MORGUE_BATCH, budget, *chunk]
-        replayed, refused, missing, next_cursor = script("morgue_replay")(client, _replay_keys(keys), args)
+        replayed, refused, missing, next_cursor, problems = script("morgue_replay")(
+            client, _replay_keys(keys), args)
         for job_id, job_lane in _pairs(replayed):
             result.ids.append(job_id)
             result.lanes[job_lane] = result.lanes.get(job_lane, 0) + 1
         result.replayed = len(result.ids)
         result.unreplayable.update(_pairs(refused))
         result.missing += [_text(m) for m in missing]
+        result.problems = _union(result.problems, (_text(p) for p in problems))
         return _text(next_cursor)
 
     if ids is not None:
@@ -403,13 +418,14 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
 
     def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
-        purged, kept, missing, undated, next_cursor = script("morgue_purge")(
+        purged, kept, missing, undated, next_cursor, problems = script("morgue_purge")(
             client, [keys.dead, keys.sweeper_totals], args)
         result.ids += [_text(p) for p in purged]
         result.purged = len(result.ids)
         result.kept.update(_pairs(kept))
         result.missing += [_text(m) for m in missing]
         result.undated += int(undated)
+        result.problems = _union(result.problems, (_text(p) for p in problems))
         return _text(next_cursor)
 
     if ids is not None:

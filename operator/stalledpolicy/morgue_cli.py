@@ -55,7 +55,9 @@ exit codes:
        with the code the real run would have
   1    the operation failed or partly failed: some --id not in the morgue,
        jobs left in the morgue because their row is unreadable or not dead
-       (the reasons are printed), or jobs changed by someone else meanwhile
+       (the reasons are printed), jobs changed by someone else meanwhile, or
+       a key of the queue of the wrong type kept the lanes or the totals
+       from being updated (the jobs moved; the key is named)
   2    bad usage: unknown option, bad --queue, --redis-url or duration, or a
        change refused because stdin is not a terminal and --yes was not given
   3    Redis unreachable or refused our credentials (or the connection was
@@ -381,6 +383,7 @@ class Outcome:
     missing: list[str] = field(default_factory=list)  # asked for by id, not in the morgue
     refused: dict[str, str] = field(default_factory=dict)  # left in the morgue, id -> why
     undated: int = 0  # age purge: entries without a time of death (kept)
+    problems: list[str] = field(default_factory=list)  # keys of the wrong type met after the moves
 
 
 def _engine_call(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
@@ -390,12 +393,14 @@ def _engine_call(engine: Any, client: Any, args: argparse.Namespace, selection: 
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run)
         return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
-                       refused=dict(getattr(result, "unreplayable", {}) or {}))
+                       refused=dict(getattr(result, "unreplayable", {}) or {}),
+                       problems=list(getattr(result, "problems", []) or []))
     result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
                                  ids=ids, dry_run=dry_run)
     return Outcome(ids=list(result.ids), missing=list(getattr(result, "missing", []) or []),
                    refused=dict(getattr(result, "kept", {}) or {}),
-                   undated=int(getattr(result, "undated", 0) or 0))
+                   undated=int(getattr(result, "undated", 0) or 0),
+                   problems=list(getattr(result, "problems", []) or []))
 
 
 def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
@@ -449,7 +454,7 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
             verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None) -> int:
     queue = args.queue
     ids = outcome.ids
-    code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished) else EXIT_OK
+    code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
     if args.output == "json":
         document: dict[str, Any] = {
             "queue": queue, "action": verb, "dry_run": dry_run,
@@ -460,6 +465,7 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
         document["missing"] = outcome.missing
         document["refused"] = outcome.refused
         document["vanished"] = list(vanished)
+        document["problems"] = outcome.problems
         if verb == "purge":
             document["undated"] = outcome.undated
         _emit_json(document, out)
@@ -491,6 +497,8 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
         err.write(tables.render_table(("ID", "WHY"), reasons) + "\n")
         if len(outcome.refused) > PREVIEW_IDS:
             err.write(f"... and {len(outcome.refused) - PREVIEW_IDS} more (-o json lists all)\n")
+    for problem in outcome.problems:
+        err.write(f"warning: {problem}\n")
     if vanished:
         err.write(f"{_jobs(len(vanished))} left the morgue between the preview and the change "
                   f"(replayed or purged by someone else meanwhile): {_ids_preview(vanished)}\n")

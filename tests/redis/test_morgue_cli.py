@@ -475,6 +475,18 @@ def test_rows_that_cannot_be_replayed_stay_and_are_explained(r, url, queue_name)
     assert r.zscore(keys.dead, "JOB002") is not None and r.zscore(keys.dead, "JOB003") is not None
 
 
+def test_a_key_of_the_wrong_type_is_named_and_exits_1_but_the_jobs_move(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", lane="tenant-a")
+    r.set(keys.ring, "oops")
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes", "-o", "json")
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["ids"] == ["JOB001"] and len(doc["problems"]) == 1
+    assert f"warning: {keys.ring} is a string, not a list" in result.stderr
+    assert_replayed(r, queue_name, "JOB001", "tenant-a")
+
+
 # ------------------------------------------------------------- bad input, outages
 
 

@@ -175,6 +175,33 @@ def test_replay_refuses_a_pending_key_of_the_wrong_type_before_any_write(r, keys
     assert morgue_ids(r, keys) == ["JOB1"] and r.hget(keys.job("JOB1"), "state") == "dead"
 
 
+def test_replay_reports_a_ring_of_the_wrong_type_and_still_replays(r, keys):
+    r.set(keys.ring, "oops")
+    put_dead(r, keys, "JOB1", group="g")
+    put_dead(r, keys, "JOB2")
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOB1", "JOB2"] and morgue_ids(r, keys) == []
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.pending, 0, -1) == ["JOB2"]
+    assert result.problems == [f"{keys.ring} is a string, not a list: the replayed lanes were not (all) put "
+                               "back on the ring; repair or delete that key"]
+    assert r.hget(keys.sweeper_totals, "replayed") == "2"
+
+
+def test_replay_and_purge_report_a_totals_hash_of_the_wrong_type(r, keys, small_batches):
+    r.set(keys.sweeper_totals, "oops")
+    for i in range(3):
+        put_dead(r, keys, f"JOB{i}")
+    replayed = engine.morgue_replay(r, keys.queue, ids=["JOB0", "JOB1"])
+    assert replayed.replayed == 2
+    assert replayed.problems == [f"{keys.sweeper_totals} is a string, not a hash: this call's replays were not "
+                                 "counted; repair or delete that key"]
+    purged = engine.morgue_purge(r, keys.queue)
+    assert purged.ids == ["JOB2"] and morgue_ids(r, keys) == [] and not r.exists(keys.job("JOB2"))
+    assert purged.problems == [f"{keys.sweeper_totals} is a string, not a hash: this call's purges were not "
+                               "counted; repair or delete that key"]
+    assert r.get(keys.sweeper_totals) == "oops"
+
+
 def test_replay_does_not_ring_a_lane_twice(r, keys):
     r.rpush(keys.ring, "g")
     put_dead(r, keys, "JOB1", group="g")

@@ -541,6 +541,8 @@ def test_a_corrupt_metrics_failed_is_left_and_the_call_still_reports(r, keys):
     assert result.dead_lettered == 1
     assert r.hget(keys.metrics_failed, "count") == "lots"
     assert r.hget(keys.sweeper_totals, "dead_lettered") == "1"
+    assert result.problems == [f"{keys.metrics_failed} count was not incremented by this call's deaths "
+                               "(ERR hash value is not an integer); repair or delete that key"]
 
 
 @pytest.mark.parametrize("destination", ["pending", "dead"])
@@ -582,6 +584,80 @@ def test_jobs_of_a_lane_whose_key_has_the_wrong_type_go_to_the_morgue(r, keys):
     assert r.hget(keys.gactive, "g") is None and r.lrange(keys.ring, 0, -1) == ["h"]
     assert {"event": "failed", "job": "JOB1", "reason": row["last_error"]} in events
     assert r.hgetall(keys.sweeper_totals) == {"recovered": "2", "quarantined": "1", "lane:h:recovered": "1"}
+
+
+# keys every job of the call was already placed without; each corrupted with a string
+LANE_BOOKKEEPING = [("gactive", "a hash"), ("paused", "a set"), ("glimit", "a hash"),
+                    ("ring", "a list"), ("wake", "a list")]
+
+
+@pytest.mark.parametrize("name, should_be", LANE_BOOKKEEPING)
+def test_lane_bookkeeping_of_the_wrong_type_is_reported_and_every_job_still_moves(r, keys, name, should_be):
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g", stalled=1)
+    put_active(r, keys, "JOB3")
+    r.delete(getattr(keys, name))
+    r.set(getattr(keys, name), "oops")
+    result = sweep(r, keys, default=2)
+    assert (result.recovered, result.dead_lettered) == (2, 1)
+    assert result.problems == [
+        f"{getattr(keys, name)} is a string, not {should_be}: this call's lane slots, ring and wake "
+        "were not (all) settled; repair or delete that key"]
+    assert r.zcard(keys.active) == 0
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.dead, 0, -1) == ["JOB2"]
+    assert r.zrange(keys.pending, 0, -1) == ["JOB3"]
+    assert r.get(getattr(keys, name)) == "oops"
+    # the steps after the lanes still ran
+    assert r.hget(keys.metrics_failed, "count") == "1"
+    assert r.hget(keys.sweeper_totals, "lane:g:recovered") == "1"
+
+
+def test_a_totals_hash_of_the_wrong_type_is_reported_and_the_lanes_still_settle(r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    r.set(keys.sweeper_totals, "oops")
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 1
+    assert result.problems == [f"{keys.sweeper_totals} is a string, not a hash: this call's totals were not "
+                               "counted; repair or delete that key"]
+    assert r.lrange(keys.ring, 0, -1) == ["g"] and r.hget(keys.gactive, "g") is None
+    assert r.get(keys.sweeper_totals) == "oops"
+
+
+def test_a_metrics_failed_of_the_wrong_type_is_reported(r, keys):
+    put_active(r, keys, "JOB1")
+    r.set(keys.metrics_failed, "oops")
+    result = sweep(r, keys, default=1)
+    assert result.dead_lettered == 1 and r.zrange(keys.dead, 0, -1) == ["JOB1"]
+    [problem] = result.problems
+    assert problem.startswith(f"{keys.metrics_failed} count was not incremented by this call's deaths (WRONGTYPE")
+    assert r.hget(keys.sweeper_totals, "dead_lettered") == "1"
+
+
+def test_problems_are_reported_once_per_drain(r, keys):
+    for i in range(5):
+        put_active(r, keys, f"JOB{i}", group="g")
+    r.set(keys.ring, "oops")
+    result = engine.drain(r, keys.queue, Budgets(3, {}), batch_size=2)
+    assert result.calls == 3 and result.recovered == 5
+    assert len(result.problems) == 1 and result.problems[0].startswith(f"{keys.ring} is a string")
+
+
+def test_an_error_that_is_not_a_wrong_type_still_fails_the_call_after_placing_every_job(redis_server, r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2")
+    r.acl_setuser("no-lpush", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                  categories=["+@all"], commands=["-lpush"])
+    client = redis_server.client(decode_responses=True, username="no-lpush", password="unused")
+    try:
+        with pytest.raises(redis.ResponseError, match="can.t run this command"):
+            sweep(client, keys, default=2)
+    finally:
+        client.close()
+        r.acl_deluser("no-lpush")
+    # the wake push (the last lane step) was refused: every job is already in its set
+    assert r.zcard(keys.active) == 0
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.pending, 0, -1) == ["JOB2"]
+    assert r.lrange(keys.ring, 0, -1) == ["g"]
 
 
 def test_dead_at_is_the_server_clock_in_ms(r, keys):

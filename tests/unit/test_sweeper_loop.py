@@ -60,7 +60,8 @@ def make_sweeper(clock, *, interval="10s", jitter=0.0, **settings):
 
 
 def script_engine(monkeypatch, clock, steps):
-    """Each pass takes the next step: seconds the drain lasts, or an exception to raise."""
+    """Each pass takes the next step: seconds the drain lasts, an exception to raise,
+    or a list of problems (an instant pass that reports them)."""
     starts: list[float] = []
     pending = list(steps)
 
@@ -71,8 +72,11 @@ def script_engine(monkeypatch, clock, steps):
             sweeper_ref[0].stop.set()  # the last step ends run_forever
         if isinstance(step, BaseException):
             raise step
+        problems = []
+        if isinstance(step, list):
+            problems, step = step, 0.0
         clock.now += step
-        result = engine.SweepResult(recovered=1, calls=1)
+        result = engine.SweepResult(recovered=1, calls=1, problems=problems)
         if on_call:
             on_call(result, step)
         return result
@@ -156,6 +160,22 @@ def test_a_script_error_is_logged_once_per_message_until_a_pass_succeeds(monkeyp
     # A script error is no outage: retried on the interval, not the backoff.
     assert [b - a for a, b in zip(starts, starts[1:])] == [5.0] * 6
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_key_problem_is_warned_when_it_appears_and_counted_while_it_lasts(monkeypatch, clock, caplog):
+    ring, totals = "emq:{orders}:ring is a string, ...", "emq:{orders}:sweeper:totals is a string, ..."
+    _, ref = script_engine(monkeypatch, clock, [[ring], [ring], [], [ring, totals], [totals]])
+    ref[0] = sweeper = make_sweeper(clock)
+    gauge = []
+    monkeypatch.setattr(sweeper, "_log_pass", lambda *a: gauge.append(
+        sweeper.metrics.key_problems.labels("orders")._value.get()))
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    warned = [r.problem for r in caplog.records if r.levelno == logging.WARNING]
+    # a problem that went away and came back is warned again; one that lasts, once
+    assert warned == [ring, ring, totals]
+    assert gauge == [1, 1, 0, 2, 1]
+    assert sweeper.passes == 5 and sweeper.health.ready()[0]
 
 
 def test_a_bug_in_a_pass_does_not_end_the_loop(monkeypatch, clock, caplog):

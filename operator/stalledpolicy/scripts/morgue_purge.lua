@@ -11,10 +11,12 @@
 -- ARGV[6] scan cursor: '' = from the start, else the last id already examined
 -- ARGV[7] scan window
 --
--- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor}
+-- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor,
+--          {problem, ...}} (problems: see guard)
 
 -- @include chunked
 -- @include counters
+-- @include guard
 -- @include morgue_window
 
 local prefix = ARGV[1]
@@ -82,6 +84,9 @@ for _, id in ipairs(candidates) do
   end
 end
 
-if not dry and #purged > 0 then add_counts(KEYS[2], {'purged', #purged}) end
+local problems = {}
+if not dry and #purged > 0 then
+  guarded(problems, {KEYS[2], 'hash'}, "this call's purges were not counted", add_counts, KEYS[2], {'purged', #purged})
+end
 
-return {purged, kept, missing, undated, next_cursor}
+return {purged, kept, missing, undated, next_cursor, problems}

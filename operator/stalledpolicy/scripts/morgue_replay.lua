@@ -11,11 +11,13 @@
 -- ARGV[6] scan window (ids examined by this call)
 -- ARGV[7] most jobs replayed by this call
 --
--- Returns {{id, lane, ...}, {id, reason, ...}, {missing ids}, next cursor}
--- where lane is '' for a flat job and next cursor is '' at the end of `dead`.
+-- Returns {{id, lane, ...}, {id, reason, ...}, {missing ids}, next cursor, {problem, ...}}
+-- where lane is '' for a flat job, next cursor is '' at the end of `dead` and
+-- problems name shared keys of the wrong type met after the moves (guard).
 
 -- @include chunked
 -- @include counters
+-- @include guard
 -- @include lanes
 -- @include morgue_window
 
@@ -123,15 +125,20 @@ for _, id in ipairs(candidates) do
   end
 end
 
+local problems = {}
 if not dry then
   if #flat > 0 then variadic('ZADD', KEYS[2], flat, true) end
   for _, g in ipairs(lane_order) do
     variadic('ZADD', prefix .. 'g:' .. g .. ':pending', lanes[g], true)
   end
   -- no slot freed: a replayed job was not in flight
-  settle_lanes({prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
-    gactive = KEYS[4], wake = KEYS[7]}, lane_order, {}, lanes)
-  if n > 0 then add_counts(KEYS[8], {'replayed', n}) end
+  guarded(problems, {KEYS[4], 'hash', KEYS[6], 'set', KEYS[5], 'hash', KEYS[3], 'list', KEYS[7], 'list'},
+    "the replayed lanes were not (all) put back on the ring",
+    settle_lanes, {prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
+      gactive = KEYS[4], wake = KEYS[7]}, lane_order, {}, lanes)
+  if n > 0 then
+    guarded(problems, {KEYS[8], 'hash'}, "this call's replays were not counted", add_counts, KEYS[8], {'replayed', n})
+  end
 end
 
-return {replayed, refused, missing, next_cursor}
+return {replayed, refused, missing, next_cursor, problems}

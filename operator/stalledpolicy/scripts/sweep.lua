@@ -12,10 +12,12 @@
 -- ARGV[5..] lane budget overrides as pairs: group, budget
 --
 -- Returns {recovered, dead_lettered, orphans, quarantined, more (0|1),
---          {group, recovered, dead_lettered, ...}}
+--          {group, recovered, dead_lettered, ...}, {problem, ...}}
+-- (problems: shared keys of the wrong type met after the moves; see guard)
 
 -- @include chunked
 -- @include counters
+-- @include guard
 -- @include lanes
 
 local prefix = ARGV[1]
@@ -40,7 +42,7 @@ if #expired > limit then
   expired[#expired] = nil
 end
 if #expired == 0 then
-  return {0, 0, 0, 0, 0, {}}
+  return {0, 0, 0, 0, 0, {}, {}}
 end
 
 -- pending and dead receive this call's jobs after their rows are written; an
@@ -241,13 +243,24 @@ for _, g in ipairs(touched) do
     lanes_out[#lanes_out + 1] = lane_dead[g]
   end
 end
-settle_lanes({prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6],
-  gactive = KEYS[5], wake = KEYS[8]}, touched, lane_freed, lane_jobs)
+
+-- Every job is in its set now: a shared key of the wrong type from here on is
+-- reported in problems, never a reason to fail the call (guard).
+local problems = {}
+guarded(problems, {KEYS[5], 'hash', KEYS[7], 'set', KEYS[6], 'hash', KEYS[4], 'list', KEYS[8], 'list'},
+  "this call's lane slots, ring and wake were not (all) settled",
+  settle_lanes, {prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6],
+    gactive = KEYS[5], wake = KEYS[8]}, touched, lane_freed, lane_jobs)
 
 local deaths = dead_lettered + quarantined
--- EchoMQ's counter: a corrupt one is left as it is (pcall), never a reason to
--- fail a call whose moves are already done.
-if deaths > 0 then redis.pcall('HINCRBY', KEYS[9], 'count', deaths) end
+-- EchoMQ's counter: a corrupt one is left as it is, reported.
+if deaths > 0 then
+  local counted = redis.pcall('HINCRBY', KEYS[9], 'count', deaths)
+  if type(counted) == 'table' and counted.err then
+    problems[#problems + 1] = KEYS[9] .. " count was not incremented by this call's deaths ("
+      .. counted.err .. '); repair or delete that key'
+  end
+end
 
 local totals = {}
 local function count(field, n)
@@ -264,6 +277,6 @@ for i = 1, #lanes_out, 3 do
   count('lane:' .. lanes_out[i] .. ':recovered', lanes_out[i + 1])
   count('lane:' .. lanes_out[i] .. ':dead_lettered', lanes_out[i + 2])
 end
-add_counts(KEYS[10], totals)
+guarded(problems, {KEYS[10], 'hash'}, "this call's totals were not counted", add_counts, KEYS[10], totals)
 
-return {recovered, dead_lettered, orphans, quarantined, more, lanes_out}
+return {recovered, dead_lettered, orphans, quarantined, more, lanes_out, problems}

@@ -85,6 +85,7 @@ class Sweeper:
         self._down_since: float | None = None
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
+        self._reported_problems: set[str] = set()
         self.last_result: Any = None
         self.passes = 0
 
@@ -120,8 +121,18 @@ class Sweeper:
         self._logged_errors.clear()
         self.last_result = result
         self.passes += 1
+        self._report_problems(result.problems)
         self._log_pass(result, seconds, snapshot)
         return True
+
+    def _report_problems(self, problems: list[str]) -> None:
+        """A warning per problem when it appears (again), not every pass while it lasts."""
+        self.metrics.key_problems.labels(self.config.queue).set(len(problems))
+        for problem in problems:
+            if problem not in self._reported_problems:
+                log.warning("sweep: a shared key of the queue is malformed; every job still moved",
+                            extra={"queue": self.config.queue, "problem": problem})
+        self._reported_problems = set(problems)
 
     def _client_or_connect(self) -> Any:
         if self._client is None:

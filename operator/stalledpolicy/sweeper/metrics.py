@@ -60,6 +60,10 @@ class SweeperMetrics:
             "stalledpolicy_active", "Jobs claimed by workers (emq:{q}:active)", ["queue"], registry=r)
         self.redis_up = Gauge(
             "stalledpolicy_redis_up", "1 when the last Redis round trip succeeded", ["queue"], registry=r)
+        self.key_problems = Gauge(
+            "stalledpolicy_key_problems",
+            "Shared keys of the queue found with the wrong type in the last pass (jobs still moved; "
+            "the bookkeeping on those keys was skipped: see the sweeper's warnings)", ["queue"], registry=r)
         self.last_pass = Gauge(
             "stalledpolicy_last_pass_timestamp_seconds", "Unix time of the last successful pass", registry=r)
         # Series exist from the start, at 0, so dashboards and rate() see them.
@@ -69,6 +73,7 @@ class SweeperMetrics:
         self.orphans.labels(queue)
         self.quarantined.labels(queue)
         self.redis_up.labels(queue).set(0)
+        self.key_problems.labels(queue).set(0)
 
     def count_call(self, result: Any, seconds: float) -> None:
         """Add one script call's result (an ``engine.SweepResult``)."""

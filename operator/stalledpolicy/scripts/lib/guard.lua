@@ -1,0 +1,34 @@
+-- guard: the steps a call takes after every one of its jobs is in its set
+-- (the lanes' bookkeeping in gactive/ring/wake, our totals) write keys the
+-- whole queue shares. Should one of them hold the wrong type, failing the
+-- call then would lose its reply and not one job: the caller would retry an
+-- interval later and recover one batch per interval. So such a step runs
+-- guarded: when it fails and one of its keys has the wrong type, that key is
+-- named in `problems` (returned to the caller, who reports it) and the call
+-- goes on. Any other error is raised as before.
+--
+--   guarded(problems, keys, consequence, step, ...)
+--
+-- keys         flat list: key, the type it should be ('hash', 'list', ...)
+-- consequence  what was not done, for the report
+-- Returns true when step(...) ran to the end.
+
+local A_TYPE = {hash = 'a hash', list = 'a list', set = 'a set', zset = 'a sorted set',
+                string = 'a string', stream = 'a stream'}
+
+local function guarded(problems, keys, consequence, step, ...)
+  local ok, err = pcall(step, ...)
+  if ok then return true end
+  local named = false
+  for i = 1, #keys, 2 do
+    local key, want = keys[i], keys[i + 1]
+    local kind = redis.call('TYPE', key).ok
+    if kind ~= 'none' and kind ~= want then
+      problems[#problems + 1] = key .. ' is ' .. (A_TYPE[kind] or kind) .. ', not ' .. A_TYPE[want]
+        .. ': ' .. consequence .. '; repair or delete that key'
+      named = true
+    end
+  end
+  if not named then error(err, 0) end -- as raised: no second position prefix
+  return false
+end
