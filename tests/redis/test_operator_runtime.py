@@ -191,6 +191,24 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
     assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
 
 
+def test_a_replay_that_leaves_jobs_in_the_morgue_says_which_and_why(world, r, queue_name):
+    ctl, sink, recorder, _, _ = world
+    keys = QueueKeys(queue_name)
+    dead_letter(r, queue_name, "JOB0001")
+    r.hset(keys.job("JOB0001"), "group", "imports")  # its lane goes back on the ring: met the bad key
+    dead_letter(r, queue_name, "JOB0002")
+    r.hset(keys.job("JOB0002"), "state", "active")  # listed as dead, the row says otherwise
+    r.set(keys.ring, "oops")
+    ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}, rv="9"), "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["lastReplay"]["replayed"] == 1
+    [(_, kind, reason, message)] = [e for e in recorder.events if e[2] == "ReplayIncomplete"]
+    assert kind == "Warning"
+    assert "1 job left in the morgue" in message and "JOB0002: state is 'active', not dead" in message
+    assert f"{keys.ring} is a string, not a list" in message
+    assert r.zrange(keys.dead, 0, -1) == ["JOB0002"]
+
+
 class LostStatus(StatusSink):
     """An API server that never takes the status write (the operator dies before it lands)."""
 

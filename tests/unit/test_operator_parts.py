@@ -18,7 +18,9 @@ from stalledpolicy.controller.events import (budget_change_message, build_event,
                                              dead_letter_growth_message)
 from stalledpolicy.controller.logfilter import KopfRecordFilter
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
-from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, requested_replay
+from stalledpolicy.controller.replay import (InvalidReplayRequest, ReplayRequest, replay_warning,
+                                               requested_replay)
+from stalledpolicy.engine import ReplayResult
 from stalledpolicy.controller.runtime import safe_error
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
@@ -44,6 +46,16 @@ def test_replay_lane_is_taken_and_checked():
     assert requested_replay(annotations, None) == ReplayRequest("t", "imports")
     with pytest.raises(InvalidReplayRequest, match=REPLAY_LANE_ANNOTATION):
         requested_replay({REPLAY_ANNOTATION: "t", REPLAY_LANE_ANNOTATION: "a:b"}, None)
+
+
+def test_a_replay_that_left_jobs_or_met_a_bad_key_is_a_warning_naming_them():
+    clean = ReplayResult(replayed=2, ids=["JOB1", "JOB2"], lanes={"": 2}, missing=[])
+    assert replay_warning("orders", clean) is None
+    left = {f"JOB{i}": "job row is missing" for i in range(5)}
+    text = replay_warning("orders", ReplayResult(0, [], {}, [], unreplayable=left, problems=["ring is a string"]))
+    assert text.startswith("5 jobs left in the morgue of queue orders (JOB0: job row is missing; ")
+    assert "JOB2: job row is missing; and 2 more; `stalledpolicy morgue list` shows them)" in text
+    assert "JOB3" not in text and text.endswith(". ring is a string")
 
 
 # -- events ---------------------------------------------------------------------

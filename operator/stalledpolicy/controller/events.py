@@ -28,6 +28,7 @@ REDIS_UNREACHABLE = "RedisUnreachable"
 REDIS_REACHABLE = "RedisReachable"
 REPLAYED = "Replayed"
 REPLAY_FAILED = "ReplayFailed"
+REPLAY_INCOMPLETE = "ReplayIncomplete"
 NAME_CONFLICT = "NameConflict"
 INVALID_SPEC = "InvalidSpec"
 

@@ -54,14 +54,15 @@ def requested_replay(annotations: Mapping[str, str] | None,
 
 
 def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
-               replay_fn: Callable[..., Any] | None = None) -> dict:
-    """Replay (unless this token was served already) and return the ``status.lastReplay`` record."""
+               replay_fn: Callable[..., Any] | None = None) -> tuple[dict, str | None]:
+    """Replay (unless this token was served already): the ``status.lastReplay``
+    record, and what did not go as asked (:func:`replay_warning`) or None."""
     from stalledpolicy.keyspace import QueueKeys
 
     record_key = QueueKeys(queue).sweeper_last_replay
     served = _served_record(client.get(record_key), request.token)
     if served is not None:
-        return served
+        return served, None
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
     result = replay_fn(client, queue, lane=request.lane)
@@ -69,7 +70,24 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     if request.lane:
         record["lane"] = request.lane
     client.set(record_key, json.dumps(record, sort_keys=True))
-    return record
+    return record, replay_warning(queue, result)
+
+
+# ids named in the warning; the rest are counted (`stalledpolicy morgue list` shows them all)
+_NAMED_LEFT = 3
+
+
+def replay_warning(queue: str, result: Any) -> str | None:
+    """Jobs the replay left in the morgue (with why) and keys it found malformed, or None."""
+    parts = []
+    left = dict(getattr(result, "unreplayable", None) or {})
+    if left:
+        named = "; ".join(f"{job_id}: {why}" for job_id, why in list(left.items())[:_NAMED_LEFT])
+        more = f"; and {len(left) - _NAMED_LEFT} more" if len(left) > _NAMED_LEFT else ""
+        parts.append(f"{len(left)} job{'s' if len(left) != 1 else ''} left in the morgue of queue {queue} "
+                     f"({named}{more}; `stalledpolicy morgue list` shows them)")
+    parts += list(getattr(result, "problems", None) or [])
+    return ". ".join(parts) or None
 
 
 def _served_record(raw: Any, token: str) -> dict | None:

@@ -80,6 +80,7 @@ class PolicyState:
     logged_problem: Problem | None = None
     served_token: str | None = None
     unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
+    replay_warning: str | None = None  # what that replay left undone, announced with it
 
 
 class Controller:
@@ -262,8 +263,8 @@ class Controller:
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = desired
             if state.unwritten_replay is not None:
-                self._announce_replay(state, spec, state.unwritten_replay)
-                state.unwritten_replay = None
+                self._announce_replay(state, spec, state.unwritten_replay, state.replay_warning)
+                state.unwritten_replay = state.replay_warning = None
             self._announce_changes(state, previous, desired, spec)
         self._log_problem(state, problem)
         return problem
@@ -283,14 +284,14 @@ class Controller:
         import redis
 
         try:
-            record = run_replay(client, spec.get("queue"), request, now, self.replay_fn)
+            record, warning = run_replay(client, spec.get("queue"), request, now, self.replay_fn)
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
             return Problem("RedisUnreachable",
                            f"replay of queue {spec.get('queue')} failed: {safe_error(exc, None)}"), snapshot
         # Served from now on, whatever happens to the status write.
         state.served_token = request.token
-        state.unwritten_replay = record
+        state.unwritten_replay, state.replay_warning = record, warning
         try:
             lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
             snapshot = self.snapshot_fn(client, spec.get("queue"), lanes)
@@ -318,11 +319,14 @@ class Controller:
             self._log_problem(state, Problem("StatusWriteFailed", f"status patch failed: {type(exc).__name__}"))
             return False
 
-    def _announce_replay(self, state: PolicyState, spec, record: dict) -> None:
+    def _announce_replay(self, state: PolicyState, spec, record: dict, warning: str | None) -> None:
         message = replay_message(spec.get("queue"), record)
-        log.info(message, extra={"namespace": state.key[0], "policy": state.key[1],
-                                 "replayed": record["replayed"]})
+        where = {"namespace": state.key[0], "policy": state.key[1]}
+        log.info(message, extra={**where, "replayed": record["replayed"]})
         self.recorder.post(state.body, events.NORMAL, events.REPLAYED, message)
+        if warning:
+            log.warning(warning, extra=where)
+            self.recorder.post(state.body, events.WARNING, events.REPLAY_INCOMPLETE, warning)
 
     def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec) -> None:
         before = condition_of(previous, REDIS_REACHABLE)
