@@ -1,20 +1,31 @@
-"""Everything we do with a Redis URL: show it, keep its secrets out of text, connect to it.
+"""Everything we do with a Redis URL: check it, show it, keep its secrets out of text, connect to it.
 
 A Redis URL carries the password (``redis://user:pw@host/0`` or
-``?password=pw``), so the sweeper, the morgue CLI and the operator all show a
-URL through :func:`redact_url`, pass library error text through :func:`scrub`
-and open clients with :func:`connect`. redis-py is imported inside the
-functions: commands that never talk to Redis stay light.
+``?password=pw``), so the sweeper, the morgue CLI and the operator all check a
+URL with :func:`check_redis_url` (whose messages never hold a value), show it
+through :func:`redact_url`, pass library error text through :func:`scrub` and
+open clients with :func:`connect`. redis-py is imported inside the functions:
+commands that never talk to Redis stay light.
+
+Masking never parses the URL: urlsplit ends the userinfo at the first '/', '?'
+or '#', so a password holding one of those (written unencoded, a common slip)
+would be shown in part. Everything between ``//`` and the last ``@`` is taken
+for the credentials instead; when in doubt we mask too much, never too little.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
 MASK = "***"
 UNPARSEABLE = "<unparseable URL>"
+SCHEMES = ("redis://", "rediss://", "unix://")
+_WRITE = "write redis://[:password@]host[:port][/db]"
+_ENCODE = ("percent-encode a '/', '?', '#' or '@' in the user or password "
+           "as %2F, %3F, %23 or %40")
+_DB_PATH = re.compile(r"/?|/[0-9]+/?")
 
 
 def _is_password_key(name: str) -> bool:
@@ -27,49 +38,72 @@ def _is_secret_query_key(name: str) -> bool:
     return _is_password_key(name) or name.lower() == "username"
 
 
+def _split_credentials(url: str) -> tuple[str, str | None, str]:
+    """``(head, credentials, rest)`` without parsing: ``credentials`` is all
+    between ``//`` (or the start, when there is none) and the last ``@`` of the
+    whole URL, None when no '@' follows; ``head`` ends with the ``//``."""
+    slashes = url.find("//")
+    start = slashes + 2 if slashes >= 0 else 0
+    at = url.rfind("@")
+    if at < start:
+        return url[:start], None, url[start:]
+    return url[:start], url[start:at], url[at + 1:]
+
+
+def _query_pairs(text: str) -> list[tuple[str, str | None]]:
+    """``(key, value)`` of each ``&``-separated argument after the first '?' of
+    ``text``, as written; a value runs to the next '&' or the end ('#' ends no
+    value: a password may hold one). ``value`` is None without an '='."""
+    query = text.partition("?")[2]
+    pairs: list[tuple[str, str | None]] = []
+    for pair in query.split("&") if query else ():
+        key, equals, value = pair.partition("=")
+        pairs.append((key, value if equals else None))
+    return pairs
+
+
 def redact_url(url: str) -> str:
-    """``url`` safe to show: the user and password become ``:***@`` and secret
-    query values (``password=``, ``username=``, ``ssl_password=``) become ``***``;
-    scheme, host, port, database and other options stay readable."""
+    """``url`` safe to show: the credentials (all between ``//`` and the last
+    ``@``) become ``:***@`` and secret query values (``password=``,
+    ``username=``, ``ssl_password=``, the key read percent-decoded) become
+    ``***``; scheme, host, port, database and other options stay as written.
+    A URL urlsplit refuses (an unclosed '[') is not shown at all."""
     try:
-        parts = urlsplit(url)
+        urlsplit(url)
     except ValueError:
         return UNPARSEABLE
-    netloc = parts.netloc
-    if "@" in netloc:
-        # rpartition: an unencoded '@' in a password belongs to the userinfo
-        netloc = f":{MASK}@{netloc.rpartition('@')[2]}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if _is_secret_query_key(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _netloc_and_query(url: str) -> tuple[str, str]:
-    try:
-        parts = urlsplit(url)
-        return parts.netloc, parts.query
-    except ValueError:
-        # urlsplit refuses a malformed host (an unclosed '['), but the password
-        # beside it is still a secret: split by hand the way urlsplit would.
-        rest = url.partition("//")[2] or url
-        netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
-        query = url.partition("?")[2].partition("#")[0]
-        return netloc, query
+    head, credentials, rest = _split_credentials(url)
+    if credentials is not None:
+        head = f"{head}:{MASK}@"
+    before, question, _ = rest.partition("?")
+    if not question:
+        return head + rest
+    query = "&".join(
+        f"{key}={MASK}" if value is not None and _is_secret_query_key(unquote_plus(key))
+        else key if value is None else f"{key}={value}"
+        for key, value in _query_pairs(rest)
+    )
+    return f"{head}{before}?{query}"
 
 
 def secrets_of(url: str) -> list[str]:
-    """Every form a password of ``url`` may take in someone's message: as
-    written and percent-decoded, from the userinfo and from password query
-    arguments; longest first, so no form is left half-masked."""
-    netloc, query = _netloc_and_query(url)
+    """Every form a password of ``url`` may take in someone's message: the
+    whole credential part (``user:password``) and the password alone, as written
+    and percent-decoded, and the values of password query arguments found
+    anywhere in the URL; longest first, so no form is left half-masked.
+    A user without a password is no secret (it would mask common words)."""
+    _, credentials, _ = _split_credentials(url)
     written = []
-    if "@" in netloc:
-        written.append(netloc.rpartition("@")[0].partition(":")[2])
-    for pair in query.split("&"):
-        key, _, value = pair.partition("=")
-        if _is_password_key(unquote_plus(key)):
+    if credentials is not None:
+        user, colon, password = credentials.partition(":")
+        if colon and password:
+            written.append(password)
+            if user:
+                written.append(credentials)
+    # the whole URL, not only what follows the last '@': a '@' in a query
+    # value (?password=a@b) is no end of credentials to redis-py
+    for key, value in _query_pairs(url):
+        if value and _is_password_key(unquote_plus(key)):
             written.append(value)
     forms = {form for raw in written for form in (raw, unquote(raw), unquote_plus(raw)) if form}
     return sorted(forms, key=lambda form: (-len(form), form))
@@ -84,6 +118,77 @@ def scrub(text: str, url: str | None) -> str:
     for secret in secrets_of(url):
         text = text.replace(secret, MASK)
     return text
+
+
+def check_redis_url(url: str) -> str | None:
+    """What is wrong with ``url`` as a Redis URL, or None when redis-py will
+    read it as written.
+
+    The contract: the problem is a phrase to follow the name of the setting
+    (``f"--redis-url: {problem}"``, ``f"spec.redis.url {problem}"``); it says
+    which part is wrong and how to fix it and never holds any part of ``url``
+    (nor a library's error text, which may quote it), so it is safe in logs,
+    events and status. Checked: the scheme (redis://, rediss:// or unix://, as
+    redis-py wants them, lower case), a host, a port from 1 to 65535, a path
+    that is a database number (redis-py would silently take ``/1x`` for DB 0),
+    the query options redis-py converts (``db=``, ``socket_timeout=``, ...), and
+    delimiters left unencoded in a password (urlsplit and redis-py cut the URL
+    there and would connect elsewhere, or show the rest of the password).
+    Unknown query options are not checked: redis-py refuses them on connect.
+    """
+    if not url.strip():
+        return f"is empty; {_WRITE}"
+    if not url.startswith(SCHEMES):
+        return f"must start with redis://, rediss:// (TLS) or unix://; {_WRITE}"
+    if "#" in url:
+        return f"holds a '#', which ends the URL for redis-py; {_ENCODE}"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ("has a malformed host: close the [brackets] of an IPv6 address, and "
+                "percent-encode characters of the host, user or password that change "
+                "under Unicode (NFKC) normalization")
+    if "@" in parts.path or any("@" in key for key, _ in parse_qsl(parts.query, keep_blank_values=True)):
+        return f"has an '@' after the host, which redis-py does not read as the password; {_ENCODE}"
+    if parts.scheme == "unix":
+        return None if parts.path else "has no socket path; write unix:///path/to/redis.sock?db=0"
+    return _check_host_and_path(parts) or _check_query(url)
+
+
+def _check_host_and_path(parts: Any) -> str | None:
+    try:
+        port = parts.port  # raises on a non-numeric or out-of-range port
+    except ValueError:
+        # an '@' past the host: most likely a password cut short by a delimiter
+        hint = f"; {_ENCODE}" if "@" in parts.geturl() and "@" not in parts.netloc else ""
+        return f"has a port that is not a number from 1 to 65535; {_WRITE}{hint}"
+    if not parts.hostname:
+        return f"has no host; {_WRITE}"
+    if port == 0:
+        return "has port 0; use the server's port (6379 by default)"
+    if not _DB_PATH.fullmatch(unquote(parts.path)):
+        return "has a path that is not a database number; write /0, /1, ... after the host (or no path for 0)"
+    return None
+
+
+def _check_query(url: str) -> str | None:
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
+
+    try:
+        options = parse_url(url)
+    except ValueError as exc:
+        # "Invalid value for 'db' in connection URL.": the name is one of
+        # redis-py's own options (so no secret); the value is never taken.
+        named = re.search(r"'([a-z_]+)'", str(exc))
+        name = named.group(1) if named and named.group(1) in URL_QUERY_ARGUMENT_PARSERS else None
+        if name is None:
+            return "has a query option redis-py cannot read; check the options after '?'"
+        kind = {int: "a whole number", float: "a number"}.get(URL_QUERY_ARGUMENT_PARSERS[name],
+                                                               "a value redis-py accepts")
+        return f"has query option {name} with a value that is not {kind}"
+    if options.get("db", 0) < 0:
+        return "has query option db below 0; use a database number such as db=0"
+    return None
 
 
 def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:

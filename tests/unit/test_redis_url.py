@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stalledpolicy.redis_url import redact_url, scrub, secrets_of
+from stalledpolicy.redis_url import check_redis_url, redact_url, scrub, secrets_of
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -36,7 +36,7 @@ def test_an_unparseable_url_is_not_shown_at_all():
 @pytest.mark.parametrize(("url", "forms"), [
     ("redis://:pa%24%24word@db/0", {"pa%24%24word", "pa$$word"}),
     ("redis://db/0?password=a+b%21", {"a+b%21", "a+b!", "a b!"}),
-    ("redis://user:one@db/0?ssl_password=two", {"one", "two"}),
+    ("redis://user:one@db/0?ssl_password=two", {"user:one", "one", "two"}),
     ("redis://user@db/0?username=alice", set()),
     ("redis://db:6379/0", set()),
     # urlsplit refuses the host, but the password beside it is still found
@@ -67,3 +67,95 @@ def test_scrub_leaves_text_alone_without_a_url_or_a_password():
     assert scrub("Connection refused", None) == "Connection refused"
     assert scrub("Connection refused", "") == "Connection refused"
     assert scrub("Connection refused to db:6379", "redis://db:6379/0") == "Connection refused to db:6379"
+
+
+# -- passwords urlsplit cuts short: '/', '?' and '#' end its netloc ------------------
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://user:pa/ss?#word@host:6379/0", "redis://:***@host:6379/0"),
+    ("redis://:s3cr/et@host:6379/0", "redis://:***@host:6379/0"),
+    ("redis://:s3cr?et@host:6379/0?socket_timeout=5", "redis://:***@host:6379/0?socket_timeout=5"),
+    ("rediss://:s3cr#et@host/2", "rediss://:***@host/2"),
+    ("redis://:s3cr/et?x#y@host:6379/0x", "redis://:***@host:6379/0x"),
+    # no '//': whatever comes before the last '@' may be a password
+    ("user:s3cret@host:6379", ":***@host:6379"),
+    # a '#' ends no query value: the whole value is masked
+    ("redis://host/0?password=s3c#ret&db=1", "redis://host/0?password=***&db=1"),
+    # the key is read the way redis-py reads it: percent-decoded
+    ("redis://host/0?pass%77ord=s3cret", "redis://host/0?pass%77ord=***"),
+])
+def test_redact_url_masks_up_to_the_last_at_without_parsing(url, shown):
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(("url", "forms"), [
+    ("redis://user:pa/ss?#word@host:6379/0", {"user:pa/ss?#word", "pa/ss?#word"}),
+    ("redis://:s3cr/et?x#y@host:6379/0x", {"s3cr/et?x#y"}),
+    ("redis://app:pa%2Fss@host/0", {"app:pa%2Fss", "app:pa/ss", "pa%2Fss", "pa/ss"}),
+    ("redis://host/0?password=s3c#ret", {"s3c#ret"}),
+    ("redis://host/0?pass%77ord=s3cret", {"s3cret"}),
+])
+def test_secrets_of_returns_the_whole_credential_part(url, forms):
+    assert set(secrets_of(url)) == forms
+
+
+def test_scrub_masks_a_password_holding_url_delimiters():
+    url = "redis://user:pa/ss?#word@host:6379/0"
+    text = scrub("AUTH user:pa/ss?#word failed; password pa/ss?#word; port 'pa'", url)
+    assert "pa/ss" not in text and "#word" not in text and "user:" not in text
+    assert text == "AUTH *** failed; password ***; port 'pa'"
+
+
+# -- check_redis_url: what is wrong, in our words, without a value -------------------
+
+@pytest.mark.parametrize("url", [
+    "redis://h", "redis://h:6380", "redis://h/", "redis://:pw@h:6380/15", "rediss://user:pw@h/0",
+    "redis://[::1]:6379/0", "redis://h/0/", "redis://:p%2Fa%3Fs%23s%40@h/0",
+    "redis://h/0?socket_timeout=2.5&db=3&ssl_check_hostname=false&password=a%26b",
+    "redis://h/0?password=me@corp", "unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock",
+])
+def test_check_redis_url_accepts_what_redis_py_reads_as_written(url):
+    assert check_redis_url(url) is None
+
+
+SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("", "is empty"),
+    ("http://:s3cr@h:6379/0", "must start with redis://"),
+    ("REDIS://:s3cr@h/0", "must start with redis://"),
+    ("s3cr@h:6379", "must start with redis://"),
+    ("redis://:s3cr@/0", "has no host"),
+    ("redis://:s3cr@h:99999/0", "port"),
+    ("redis://:s3cr@h:0/0", "port 0"),
+    ("redis://:s3cr@h:6s3cr/0", "port"),
+    ("redis://:s3cr@[::1/0", "malformed host"),
+    ("redis://:s3cr\u2100x@h/0", "malformed host"),
+    ("redis://:s3cr@h:6379/1x", "database number"),
+    ("redis://:s3cr@h:6379/s3cr", "database number"),
+    ("redis://:s3cr@h:6379/1/2", "database number"),
+    ("redis://:s3cr@h:6379//", "database number"),
+    ("redis://:s3cr@h/0?db=s3cr", "query option db"),
+    ("redis://:s3cr@h/0?db=-1", "query option db"),
+    ("redis://:s3cr@h/0?socket_timeout=s3cr", "query option socket_timeout"),
+    ("redis://:s3cr@h/0?protocol=two", "query option protocol"),
+    ("unix://:s3cr@", "socket path"),
+    # a delimiter left unencoded in the password: urlsplit (and redis-py) cut the URL there
+    ("redis://:s3cr/et@h:6379/0", "%2F"),
+    ("redis://:s3cr?et@h:6379/0", "%3F"),
+    ("redis://:s3cr#et@h:6379/0", "%23"),
+    ("redis://:s3cr/et?x#y@host:6379/0x", "%23"),
+    ("redis://u:1234?s3cr@h/0", "%3F"),
+    ("redis://u:s3cr@h/0#frag", "#"),
+])
+def test_check_redis_url_names_the_problem_without_any_value(url, words):
+    problem = check_redis_url(url)
+    assert problem is not None and words in problem
+    for fragment in (SECRET, "s3", "frag", "1234", "99999", "1x", "two", "::1", "\u2100"):
+        assert fragment not in problem, (fragment, problem)
+
+
+def test_a_port_cut_short_by_an_unencoded_password_says_to_encode():
+    assert "%3F" in check_redis_url("redis://u:pa?password=x@h:6379/0")
+    assert "%3F" not in check_redis_url("redis://h:99999/0")
