@@ -7,17 +7,32 @@ them all. See ``shared/echomq-wire.md`` (the contract).
 
 from __future__ import annotations
 
-import re
+import unicodedata
 from dataclasses import dataclass
 
 QUEUE_NAME_MAX = 128
-# No hash-tag braces, no key separator, no whitespace: these would let a queue
-# name escape its slot or forge another queue's keys.
-_FORBIDDEN = re.compile(r"[{}:\s]")
+# The CRD's rule (crds/stalledpolicies.yaml, spec.queue): ^[^{}:\s\p{Z}\p{Cc}]+$.
+# No hash-tag braces and no key separator (they would let a queue name escape
+# its slot or forge another queue's keys), no whitespace, no Unicode separator
+# (category Z: spaces, line and paragraph separators) and no control character
+# (Cc). Every character Python calls whitespace is in Z or Cc, and so is every
+# one of RE2's \s, so this is the CRD's set exactly. Lone surrogates (Cs, what
+# undecodable bytes of a command line become) are refused too: they are not
+# text, so no CRD value can hold one.
+_FORBIDDEN_CHARACTERS = "{}:"
+_FORBIDDEN_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cs")
 
 
 class InvalidQueueName(ValueError):
     pass
+
+
+def _describe(ch: str) -> str:
+    category = unicodedata.category(ch)
+    if ch in _FORBIDDEN_CHARACTERS:
+        return repr(ch)
+    kind = {"Cc": "a control character", "Cs": "an undecodable byte"}.get(category, "whitespace")
+    return f"{ch!r} (U+{ord(ch):04X}, {kind})"
 
 
 def validate_queue_name(name: str) -> str:
@@ -25,12 +40,12 @@ def validate_queue_name(name: str) -> str:
         raise InvalidQueueName("queue: must be a non-empty string")
     if len(name) > QUEUE_NAME_MAX:
         raise InvalidQueueName(f"queue: at most {QUEUE_NAME_MAX} characters (got {len(name)})")
-    bad = _FORBIDDEN.search(name)
-    if bad:
-        raise InvalidQueueName(
-            f"queue: {name!r} contains {bad.group()!r}; EchoMQ queue names may not contain "
-            "'{', '}', ':' or whitespace"
-        )
+    for ch in name:
+        if ch in _FORBIDDEN_CHARACTERS or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            raise InvalidQueueName(
+                f"queue: {name!r} contains {_describe(ch)}; EchoMQ queue names may not contain "
+                "'{', '}', ':', whitespace or control characters"
+            )
     return name
 
 
