@@ -21,12 +21,27 @@ def parse_duration(text: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    whole = int(seconds)
+    """``seconds`` written the way :func:`parse_duration` reads it, exactly to
+    the microsecond: ``1.5s``, ``1m30.25s``, ``500ms``, ``1.5ms``, ``7d``.
+    Nothing is cut off: ``1.5`` is ``1.5s``, never ``1s``."""
+    micros = max(0, round(seconds * 1_000_000))
+    if micros < 1_000_000:
+        return _with_fraction(micros, 1000) + "ms"
+    whole, fraction = divmod(micros, 1_000_000)
     parts = []
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if whole >= size:
             parts.append(f"{whole // size}{unit}")
             whole %= size
+    if whole or fraction:
+        parts.append(_with_fraction(whole * 1_000_000 + fraction, 1_000_000) + "s")
     return "".join(parts)
+
+
+def _with_fraction(amount: int, per_unit: int) -> str:
+    """``amount / per_unit`` in decimal, without trailing zeros: 1500/1000 -> ``1.5``."""
+    units, rest = divmod(amount, per_unit)
+    if not rest:
+        return str(units)
+    digits = len(str(per_unit)) - 1
+    return f"{units}.{rest:0{digits}d}".rstrip("0")

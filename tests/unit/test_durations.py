@@ -1,0 +1,32 @@
+"""Durations as users write them, and back."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalledpolicy.durations import format_duration, parse_duration
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (1.5, "1.5s"),
+    (1, "1s"),
+    (0.5, "500ms"),
+    (0.0015, "1.5ms"),
+    (0, "0ms"),
+    (30, "30s"),
+    (90.25, "1m30.25s"),
+    (3600, "1h"),
+    (5400.5, "1h30m0.5s"),
+    (3601, "1h1s"),
+    (7 * 86400, "7d"),
+    (2 * 86400 + 3600, "2d1h"),
+])
+def test_format_duration_is_exact(seconds, text):
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("text", ["1.5s", "500ms", "1.5ms", "1m30.25s", "1h30m", "7d", "2.5h", "0.001s",
+                                  "12h0.75s"])
+def test_what_is_formatted_parses_back_to_the_same_time(text):
+    seconds = parse_duration(text)
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, abs=1e-9)
