@@ -127,10 +127,14 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepR
         args += [lane, budget]
     reply = script("sweep")(client, _sweep_keys(keys), args)
     recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems = reply
-    lanes = {
-        _text(flat_lanes[i]): LaneCounts(int(flat_lanes[i + 1]), int(flat_lanes[i + 2]))
-        for i in range(0, len(flat_lanes), 3)
-    }
+    # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
+    # two distinct lanes can end up under one name: their counts add up rather
+    # than one lane's replacing the other's (the totals must match the jobs moved).
+    lanes: dict[str, LaneCounts] = {}
+    for i in range(0, len(flat_lanes), 3):
+        counts = lanes.setdefault(_text(flat_lanes[i]), LaneCounts())
+        counts.recovered += int(flat_lanes[i + 1])
+        counts.dead_lettered += int(flat_lanes[i + 2])
     return SweepResult(
         recovered=int(recovered),
         dead_lettered=int(dead_lettered),

@@ -696,3 +696,24 @@ def test_large_batch_crosses_the_unpack_chunk(r, keys):
     assert result.recovered == 9000 and result.more is False
     assert r.zcard(keys.pending) == 4500 and r.zcard(keys.lane_pending("g")) == 4500
     assert r.hget(keys.gactive, "g") is None
+
+
+# --------------------------------------------------------- lane names that are not UTF-8
+
+
+def test_two_lanes_that_decode_to_one_name_add_up_instead_of_overwriting(redis_server, keys):
+    """Lane names are EchoMQ's bytes; decoded for people, b'L\\xfe' and b'L\\xff'
+    both read 'L\\ufffd'. The sweeper's client is not decoding: its counts for
+    that name must be the sum of both lanes, not whichever came last."""
+    raw = redis_server.client()  # bytes in, bytes out, as the sweeper's client
+    raw.flushall()
+    prefix = keys.prefix.encode()
+    for job_id, lane in ((b"JOB1", b"L\xfe"), (b"JOB2", b"L\xff"), (b"JOB3", b"L\xff")):
+        raw.hset(prefix + b"job:" + job_id, mapping={b"state": b"active", b"attempts": b"1",
+                                                     b"payload": b"p", b"group": lane})
+        raw.zadd(prefix + b"active", {job_id: EXPIRED})
+        raw.hincrby(prefix + b"gactive", lane, 1)
+    result = sweep(raw, keys, default=2, limit=100)
+    assert (result.recovered, result.dead_lettered) == (3, 0)
+    assert result.lanes == {"L\ufffd": engine.LaneCounts(recovered=3, dead_lettered=0)}
+    raw.close()
