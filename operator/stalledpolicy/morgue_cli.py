@@ -1,16 +1,20 @@
 """``stalledpolicy morgue stats|list|replay|purge``: the on-call tool for dead letters.
 
 Readable tables by default, ``-o json`` for scripts. ``replay`` and ``purge``
-change the morgue, so they show a preview (``--dry-run`` stops there) and ask
-for confirmation unless ``--yes`` is given; without a terminal to ask on and
-without ``--yes`` they refuse rather than guess.
+change the morgue, so they show a preview (count, lanes, first ids, what would
+be left alone; ``--dry-run`` stops there) and ask for confirmation unless
+``--yes`` is given; without a terminal to ask on and without ``--yes`` they
+refuse rather than guess.
 
 What is confirmed is what runs: the preview's ids are pinned and the change is
 applied to exactly those ids, so jobs dead-lettered while the prompt is open
 are never swept up by a ``--lane`` or ``--all`` approved for fewer. An age
 purge (``--older-than``) is the exception: it applies its rule when it runs
 (a job can only join it by growing older, and the engine then records a time
-of death on undated entries so that a later age purge can remove them).
+of death on undated entries so that a later age purge can remove them). That
+dating is a write too: when no job is old enough but some are undated, the real
+call still runs, with the same consent (``--yes`` or the prompt); without
+either, nothing is written and the note says so.
 """
 
 from __future__ import annotations
@@ -18,17 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Sequence
-from urllib.parse import urlsplit
 
 from stalledpolicy import tables
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, QueueKeys, validate_queue_name
 from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
+from stalledpolicy.url_check import redis_url_problem
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -43,6 +48,10 @@ ENV_QUEUE = "STALLEDPOLICY_QUEUE"
 # ids printed in a table-mode preview before "... and N more"
 PREVIEW_IDS = 20
 LIST_DEFAULT_LIMIT = 50
+# rows read per pipeline for the lanes of a purge preview
+MORGUE_BATCH_READ = 500
+# --limit and --offset count members of one sorted set, which holds at most 2**32 - 1
+ROWS_MAX = 2**32 - 1
 LAST_ERROR_MIN_WIDTH = 20
 LAST_ERROR_DEFAULT_WIDTH = 60
 CONNECT_TIMEOUT_S = 5.0
@@ -58,8 +67,10 @@ exit codes:
        (the reasons are printed), jobs changed by someone else meanwhile, or
        a key of the queue of the wrong type kept the lanes or the totals
        from being updated (the jobs moved; the key is named)
-  2    bad usage: unknown option, bad --queue, --redis-url or duration, or a
-       change refused because stdin is not a terminal and --yes was not given
+  2    bad usage: unknown option, bad --queue, --redis-url (scheme, host,
+       port, database or query option) or duration, --limit/--offset out of
+       range, or a change refused because stdin is not a terminal and --yes
+       was not given
   3    Redis unreachable or refused our credentials (or the connection was
        lost during the operation)
   4    aborted at the confirmation prompt (nothing changed)
@@ -78,19 +89,39 @@ class UsageError(Exception):
 # ---------------------------------------------------------------- arguments
 
 
-def _int_at_least(minimum: int):
-    """An argparse type: a whole number no smaller than ``minimum``."""
+def _int_between(minimum: int, maximum: int):
+    """An argparse type: a whole number from ``minimum`` to ``maximum`` (>= 0).
+    A number of any length is judged by its digits (int() refuses 4,300 digits
+    and more) and never echoed whole."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        number = re.fullmatch(r"\s*([+-]?)([0-9]+)\s*", text)
+        if number is None:
+            raise argparse.ArgumentTypeError(f"{_shown_number(text)} is not a whole number")
+        sign, digits = number.groups()
+        digits = digits.lstrip("0") or "0"
+        if len(digits) > len(str(maximum)):
+            if sign == "-":
+                raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {_shown_number(text)})")
+            value = maximum + 1
+        else:
+            value = int(sign + digits)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {value})")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum}, the most jobs a Redis sorted set holds "
+                f"(got {_shown_number(text)})")
         return value
 
     return parse
+
+
+def _shown_number(text: str) -> str:
+    """``text`` quoted, or its start and length when it is too long to show."""
+    if len(text) <= 40:
+        return repr(text)
+    return f"{text[:20]!r}... ({len(text)} characters)"
 
 
 def _duration(text: str) -> float:
@@ -151,10 +182,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--lane", metavar="GROUP",
                          help="only jobs of this lane (group); --lane '' lists jobs without a lane")
     listing.add_argument(
-        "--limit", type=_int_at_least(1), default=LIST_DEFAULT_LIMIT,
+        "--limit", type=_int_between(1, ROWS_MAX), default=LIST_DEFAULT_LIMIT,
         help=f"at most this many rows (default {LIST_DEFAULT_LIMIT})",
     )
-    listing.add_argument("--offset", type=_int_at_least(0), default=0, help="skip this many rows first")
+    listing.add_argument("--offset", type=_int_between(0, ROWS_MAX), default=0, help="skip this many rows first")
 
     replay = leaf(
         "replay",
@@ -175,13 +206,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_client(url: str) -> Any:
-    """A decoded client for ``url`` (a RedisCluster on a cluster node)."""
+    """A decoded client for ``url`` (a RedisCluster on a cluster node).
+
+    Job ids, lanes and errors are written by other programs and need not be
+    UTF-8. ``surrogateescape`` decodes every byte (an undecodable one becomes a
+    lone surrogate, which ``tables.printable`` shows as ``\\xNN`` and JSON as
+    ``\\udcNN``) and encodes it back to the same byte, so such a job can be
+    listed, replayed and purged by the id the preview pinned (``errors="replace"``
+    would turn it into another id, not in the morgue)."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     # One quick retry replaces a stale pooled connection; an on-call engineer
     # facing an outage wants exit 3 now, not after a backoff schedule.
     return connect(url, retry=Retry(NoBackoff(), 1), decode_responses=True,
+                   encoding_errors="surrogateescape",
                    socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
 
 
@@ -243,7 +282,7 @@ def _age_s(now_ms: int, then_ms: int | None) -> float | None:
 
 
 def _lane_label(lane: str | None) -> str:
-    return lane if lane else tables.EMPTY
+    return tables.printable(lane) if lane else tables.EMPTY
 
 
 def _lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
@@ -321,7 +360,7 @@ def _list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> i
             ],
         }, out)
         return EXIT_OK
-    where = f"queue {args.queue}" + (f", lane {args.lane}" if args.lane is not None else "")
+    where = f"queue {args.queue}" + (f", lane {_lane_label(args.lane)}" if args.lane is not None else "")
     if not jobs:
         note = "the morgue is empty" if total == 0 else f"no jobs at offset {args.offset} (total {total})"
         out.write(f"{where}: {note}\n")
@@ -403,6 +442,43 @@ def _engine_call(engine: Any, client: Any, args: argparse.Namespace, selection: 
                    problems=list(getattr(result, "problems", []) or []))
 
 
+def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:
+    """Jobs per lane among ``ids`` (the purge script reports ids only): for the
+    preview shown before the question. A row that is gone or not a hash counts
+    as no lane."""
+    keys = QueueKeys(queue)
+    lanes: dict[str, int] = {}
+    for start in range(0, len(ids), MORGUE_BATCH_READ):
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids[start:start + MORGUE_BATCH_READ]:
+            pipe.hget(keys.job(job_id), "group")
+        for group in pipe.execute(raise_on_error=False):
+            name = group if isinstance(group, str) else ""
+            lanes[name] = lanes.get(name, 0) + 1
+    return lanes
+
+
+def _show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes: dict[str, int], *,
+                  older_than: float | None) -> None:
+    """What the question is about, on stderr before it: count, lanes, first ids,
+    and what would be left alone."""
+    verb = args.morgue_action
+    age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
+    err.write(f"{verb} preview for queue {args.queue}{age}: {_jobs(len(preview.ids))}\n")
+    if preview.ids:
+        if lanes:
+            err.write(tables.render_table(("LANE", "JOBS"), _lane_rows(lanes), right=("JOBS",)) + "\n")
+        err.write(f"ids: {_ids_preview(preview.ids)}\n")
+    if preview.refused:
+        err.write(f"{_jobs(len(preview.refused))} would be left in the morgue (the reasons follow the "
+                  f"{verb}): {_ids_preview(list(preview.refused))}\n")
+    if preview.missing:
+        err.write(f"requested ids not in the morgue: {_ids_preview(preview.missing)}\n")
+    if preview.undated:
+        err.write(f"{_jobs(preview.undated)} without a recorded time of death would be kept and get "
+                  "now as their time of death\n")
+
+
 def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
             out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     replaying = args.morgue_action == "replay"
@@ -411,28 +487,40 @@ def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], en
     older_than = selection.get("older_than_s")
 
     preview = _engine_call(engine, client, args, selection, ids=selection["ids"], dry_run=True)
-    if args.dry_run or not preview.ids:
+    # An age purge writes even when no job is old enough: it records a time of
+    # death on the undated entries (so a later age purge can remove them). That
+    # write needs the real call, and the same consent as any change.
+    dating_only = not preview.ids and older_than is not None and preview.undated > 0
+    if args.dry_run or not (preview.ids or dating_only):
         return _report(args, out, err, preview, dry_run=args.dry_run, verb=verb, past=past)
 
     count = len(preview.ids)
     if not args.yes:
         if not is_interactive(stdin):
+            if dating_only:
+                # Nothing to purge, which is what was asked; the dating is left
+                # undone, and the report says so.
+                return _report(args, out, err, preview, dry_run=False, verb=verb, past=past, dated=False)
             err.write(
                 f"stalledpolicy morgue {verb}: refusing to {verb} {_jobs(count)} of queue {queue} "
                 "without confirmation: stdin is not a terminal; pass --yes to confirm "
                 "(or --dry-run to preview)\n"
             )
             return EXIT_USAGE
-        if replaying:
+        lanes = preview.lanes if replaying else _purge_lanes(client, queue, preview.ids)
+        _show_preview(err, args, preview, lanes, older_than=older_than)
+        if dating_only:
+            question = (f"Nothing to purge. Record now as the time of death of the {_jobs(preview.undated)} "
+                        "that have none, so a later --older-than purge can remove them? (The purge runs "
+                        "its age rule: a job that grew old enough meanwhile is purged.)")
+        elif replaying:
             question = f"Replay {_jobs(count)} of queue {queue}?"
         else:
             age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
             question = (f"Purge {_jobs(count)} of queue {queue}{age}? This permanently deletes "
                         f"{'it' if count == 1 else 'them'} and cannot be undone.")
-        if preview.missing:
-            err.write(f"note: requested ids not in the morgue: {_ids_preview(preview.missing)}\n")
         if not confirm(question, stdin=stdin, stderr=err):
-            err.write(f"aborted: nothing {past}\n")
+            err.write(f"aborted: nothing {'dated or ' if preview.undated else ''}{past}\n")
             return EXIT_ABORTED
 
     if older_than is not None:
@@ -451,7 +539,10 @@ def _change(client: Any, args: argparse.Namespace, selection: dict[str, Any], en
 
 
 def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
-            verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None) -> int:
+            verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None,
+            dated: bool = True) -> int:
+    """``dated``: in a real run, whether the call that ran recorded a time of
+    death on the undated entries (False: only the preview ran)."""
     queue = args.queue
     ids = outcome.ids
     code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
@@ -468,6 +559,7 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
         document["problems"] = outcome.problems
         if verb == "purge":
             document["undated"] = outcome.undated
+            document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
         _emit_json(document, out)
     else:
         if dry_run:
@@ -483,11 +575,20 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
     if previewed is not None and previewed != len(ids):
         err.write(f"note: the preview counted {_jobs(previewed)}; the morgue changed before the purge ran\n")
     if outcome.undated:
-        then = "would be kept" if dry_run else "were kept"
-        err.write(f"note: {_jobs(outcome.undated)} without a recorded time of death {then}; "
-                  + ("a real run records now as their time of death, so a later --older-than purge "
-                     "can remove them\n" if dry_run else
-                     "their time of death is now recorded, so a later --older-than purge can remove them\n"))
+        one = outcome.undated == 1
+        was, its = ("was", "its") if one else ("were", "their")
+        if dry_run:
+            note = (f"would be kept; a real run records now as {its} time of death, so a later "
+                    f"--older-than purge can remove {'it' if one else 'them'}")
+        elif dated:
+            note = (f"{was} kept; {its} time of death is now recorded (the time of this run; not on a "
+                    "row that is missing or unreadable), so a later --older-than purge can remove "
+                    f"{'it' if one else 'them'}")
+        else:
+            note = (f"{was} kept and not dated (nothing was written); run again with --yes to record "
+                    f"now as {its} time of death, so a later --older-than purge can remove "
+                    f"{'it' if one else 'them'}")
+        err.write(f"note: {_jobs(outcome.undated)} without a recorded time of death {note}\n")
     if outcome.missing:
         err.write(f"requested ids not in the morgue of queue {queue}: {_ids_preview(outcome.missing)}\n")
     if outcome.refused:
@@ -498,7 +599,7 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outco
         if len(outcome.refused) > PREVIEW_IDS:
             err.write(f"... and {len(outcome.refused) - PREVIEW_IDS} more (-o json lists all)\n")
     for problem in outcome.problems:
-        err.write(f"warning: {problem}\n")
+        err.write(f"warning: {tables.printable(problem)}\n")
     if vanished:
         err.write(f"{_jobs(len(vanished))} left the morgue between the preview and the change "
                   f"(replayed or purged by someone else meanwhile): {_ids_preview(vanished)}\n")
@@ -517,10 +618,10 @@ def _resolve(args: argparse.Namespace) -> None:
     queue = args.queue if args.queue is not None else os.environ.get(ENV_QUEUE)
     if not args.redis_url:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
-    if urlsplit(args.redis_url).scheme not in ("redis", "rediss", "unix"):
-        raise UsageError(
-            f"--redis-url {redact_url(args.redis_url)!s}: the scheme must be redis://, rediss:// or unix://"
-        )
+    problem = redis_url_problem(args.redis_url)
+    if problem is not None:
+        # the problem names the part that is wrong and never holds the password
+        raise UsageError(f"--redis-url (or {ENV_REDIS_URL}) {redact_url(args.redis_url)}: {problem}")
     if queue is None:
         raise UsageError(f"--queue is required (or set {ENV_QUEUE})")
     try:
@@ -534,6 +635,11 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    for stream in (out, err):
+        if stream in (sys.stdout, sys.stderr) and hasattr(stream, "reconfigure"):
+            # the last guard for text from Redis that is not UTF-8 (kept as lone
+            # surrogates, see open_client): shown escaped, never a UnicodeEncodeError
+            stream.reconfigure(errors="backslashreplace")
     prog = f"stalledpolicy morgue {args.morgue_action}"
     changing = args.morgue_action not in ACTIONS
     try:

@@ -17,7 +17,8 @@ GAP = "  "
 
 def printable(value: object) -> str:
     """``value`` as one printable line: None -> ``-``, whitespace runs (newlines
-    included) -> one space, other control characters -> ``\\xNN`` escapes."""
+    included) -> one space, other control characters -> ``\\xNN`` escapes, and
+    bytes that were not UTF-8 (decoded with ``surrogateescape``) -> ``\\xNN``."""
     if value is None:
         return EMPTY
     text = str(value)
@@ -26,6 +27,10 @@ def printable(value: object) -> str:
         if ch in " \t\n\r\v\f":
             if out and out[-1] != " ":
                 out.append(" ")
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:
+            # a byte that is not UTF-8, kept as a lone surrogate (surrogateescape):
+            # shown as the byte it stands for
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):
             out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
         else:

@@ -698,3 +698,200 @@ def test_morgue_on_a_three_node_cluster(redis_cluster, queue_name):
     assert json.loads(result.stdout)["ids"] == ["JOB001"]
     assert client.zcard(QueueKeys(queue_name).dead) == 2
     client.close()
+
+
+# ------------------------------------------------- an age purge with only undated entries
+
+
+def test_an_age_purge_with_nothing_old_enough_still_dates_the_undated_entries(r, url, queue_name):
+    """The preview finds no job to purge; the real call must still run, or the
+    undated entries never get a time of death (and the note must not say they did)."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", age_ms=60_000)   # too young
+    bury(r, queue_name, "JOB002", dead_at=False)   # undated
+
+    # no terminal and no --yes: nothing written, and the note says so
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h")
+    assert result.returncode == 0, result.stderr
+    assert "nothing to purge" in result.stdout
+    assert r.hget(keys.job("JOB002"), "dead_at") is None
+    assert "now recorded" not in result.stderr
+    assert "not dated" in result.stderr and "--yes" in result.stderr
+
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["ids"] == [] and doc["undated"] == 1 and doc["undated_dated"] is True
+    assert abs(int(r.hget(keys.job("JOB002"), "dead_at")) - server_ms(r)) < 60_000
+    assert_still_dead(r, queue_name, "JOB001")
+    assert_still_dead(r, queue_name, "JOB002")
+
+
+def test_dating_the_undated_entries_is_asked_at_a_terminal(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB002", dead_at=False)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--older-than", "1h", answer="n\n")
+    assert code == 4, err
+    assert "Record now as the time of death of the 1 job" in err and "[y/N]" in err
+    assert dump(r) == before
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--older-than", "1h", answer="y\n")
+    assert code == 0, err
+    assert r.hget(keys.job("JOB002"), "dead_at") is not None
+    assert "now recorded" in err
+
+
+# ------------------------------------------------------------ the preview before the question
+
+
+def test_the_question_comes_after_a_preview_of_count_lanes_and_ids(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "replay", "--queue", queue_name, "--lane", "tenant-a", answer="n\n")
+    assert code == 4
+    preview, question = err.split("Replay 3 jobs of queue", 1)
+    assert f"replay preview for queue {queue_name}: 3 jobs" in preview
+    assert "ids: JOB003, JOB004, JOB005" in preview
+    lanes = {line.split()[0]: line.split()[1] for line in table_rows(preview, "LANE")[1:]
+             if not line.startswith("ids:")}
+    assert lanes == {"tenant-a": "3"}
+
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--all", "--id", "JOB404",
+                                   answer="n\n")
+    assert code == 2  # --all with --id: refused before any preview
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--all", answer="n\n")
+    assert code == 4
+    preview = err.split("Purge 6 jobs of queue", 1)[0]
+    assert f"purge preview for queue {queue_name}: 6 jobs" in preview
+    assert "ids: JOB001, JOB002, JOB003, JOB004, JOB005, JOB006" in preview
+    lanes = {line.split()[0]: line.split()[1] for line in table_rows(preview, "LANE")[1:]
+             if not line.startswith("ids:")}
+    assert lanes == {"tenant-a": "3", "-": "2", "tenant-b": "1"}
+    assert dump(r) == before
+
+
+def test_the_preview_names_what_would_be_left_in_the_morgue(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001")
+    bury(r, queue_name, "JOB002")
+    r.hset(keys.job("JOB002"), "state", "active")
+    code, out, err = morgue_in_pty(url, "replay", "--queue", queue_name, "--all", "--id", "x", answer="n\n")
+    assert code == 2
+    code, out, err = morgue_in_pty(url, "replay", "--queue", queue_name, "--all", answer="n\n")
+    assert code == 4
+    preview = err.split("Replay 1 job of queue", 1)[0]
+    assert "ids: JOB001" in preview
+    assert "1 job would be left in the morgue" in preview and "JOB002" in preview
+
+
+# ------------------------------------------------------------- the URL, checked at start
+
+
+@pytest.mark.parametrize(("suffix", "needle"), [
+    ("/1x", "database number"),                 # redis-py would silently use DB 0
+    ("/0?socket_timeout=abc", "socket_timeout"),
+    ("/0?db=x", "db"),
+    ("/0?protocol=9", "protocol"),              # refused by redis-py only on connect: was exit 3
+    ("/0?no_such_option=1", "no_such_option"),  # a TypeError at the first command: was a traceback
+])
+def test_a_bad_redis_url_is_bad_usage_naming_the_flag(redis_server, suffix, needle):
+    bad = f"redis://:hunter2@127.0.0.1:{redis_server.port}{suffix}"
+    result = morgue(bad, "stats", "--queue", "q")
+    assert result.returncode == 2, result.stderr
+    assert "--redis-url" in result.stderr and needle in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unparseable_redis_url_is_bad_usage_without_a_traceback():
+    result = morgue("redis://:hunter2@[::1/0", "stats", "--queue", "q")
+    assert result.returncode == 2, result.stderr
+    assert "--redis-url" in result.stderr and "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
+    result = morgue(None, "stats", "--queue", "q", env={"STALLEDPOLICY_REDIS_URL": "redis://h:6379/1x"})
+    assert result.returncode == 2 and "STALLEDPOLICY_REDIS_URL" in result.stderr
+
+
+# ------------------------------------------------------------ numbers too large for Redis
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--limit", str(10**30)),
+    ("--offset", str(10**30)),
+    ("--limit", "9" * 5000),     # past int()'s 4,300-digit limit
+    ("--offset", "4294967296"),
+])
+def test_a_huge_limit_or_offset_is_bad_usage(r, url, queue_name, flag, value):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "list", "--queue", queue_name, flag, value)
+    assert result.returncode == 2, result.stderr
+    assert flag in result.stderr and "at most 4294967295" in result.stderr
+    assert "Traceback" not in result.stderr and "4300" not in result.stderr
+    assert len(result.stderr) < 2000  # the number is not echoed whole
+
+
+def test_the_largest_offset_is_accepted(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "list", "--queue", queue_name, "--offset", "4294967295", "--limit", "4294967295")
+    assert result.returncode == 0, result.stderr
+    assert "no jobs at offset 4294967295 (total 6)" in result.stdout
+
+
+# ------------------------------------------------------------ bytes that are not UTF-8
+
+
+def bury_raw(redis_server, queue: str, job_id: bytes, *, lane: bytes | None = None,
+             last_error: bytes = b"stalled") -> None:
+    raw = redis_server.client()
+    prefix = QueueKeys(queue).prefix.encode()
+    row = {b"state": b"dead", b"stalled": b"2", b"attempts": b"3", b"last_error": last_error,
+           b"dead_at": str(server_ms(raw) - 60_000).encode(), b"payload": b"{}"}
+    if lane is not None:
+        row[b"group"] = lane
+    raw.hset(prefix + b"job:" + job_id, mapping=row)
+    raw.zadd(prefix + b"dead", {job_id: 0})
+    raw.close()
+
+
+def test_ids_lanes_and_errors_that_are_not_utf8_are_listed_replayed_and_purged(r, redis_server, url,
+                                                                                queue_name):
+    bury(r, queue_name, "JOB001")
+    bury_raw(redis_server, queue_name, b"JOB\xff2", lane=b"lane\xfe", last_error=b"bad \xfd byte")
+    bury_raw(redis_server, queue_name, b"JOB\xff3", last_error=b"\xc3(")
+    raw = redis_server.client()
+    prefix = QueueKeys(queue_name).prefix.encode()
+
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    body = {line.split()[0]: line for line in table_rows(result.stdout, "ID")[1:]}
+    assert set(body) == {"JOB001", "JOB\\xff2", "JOB\\xff3"}
+    assert "lane\\xfe" in body["JOB\\xff2"] and "bad \\xfd byte" in body["JOB\\xff2"]
+
+    result = morgue(url, "list", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    jobs = {job["id"]: job for job in json.loads(result.stdout)["jobs"]}
+    assert jobs["JOB\udcff2"]["lane"] == "lane\udcfe"  # surrogateescape: the bytes, recoverable
+
+    result = morgue(url, "stats", "--queue", queue_name, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["lanes"] == {"": 2, "lane\udcfe": 1}
+    result = morgue(url, "stats", "--queue", queue_name)
+    assert result.returncode == 0 and "lane\\xfe" in result.stdout
+
+    # the pinned ids go back to Redis as the same bytes: the job really moves
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "lane\udcfe", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "replayed 1 job" in result.stdout and "JOB\\xff2" in result.stdout
+    assert raw.zscore(prefix + b"g:lane\xfe:pending", b"JOB\xff2") is not None
+    assert raw.hget(prefix + b"job:JOB\xff2", b"state") == b"pending"
+
+    # an id typed with raw bytes on the command line reaches the same job
+    argv = [sys.executable, "-m", "stalledpolicy", "morgue", "purge", "--queue", queue_name,
+            "--id", b"JOB\xff3", "--yes", "--redis-url", url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "purged 1 job" in done.stdout
+    assert not raw.exists(prefix + b"job:JOB\xff3")
+    assert raw.zrange(prefix + b"dead", 0, -1) == [b"JOB001"]
+    raw.close()

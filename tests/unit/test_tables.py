@@ -21,6 +21,14 @@ def test_printable_makes_one_safe_line():
     assert "\x1b" not in printable("a\x1b]0;title\x07b")
 
 
+def test_bytes_that_were_not_utf8_are_shown_as_the_bytes():
+    # what surrogateescape makes of b"JOB\xff1" and b"\xc3(": one escape per byte
+    assert printable(b"JOB\xff1".decode("utf-8", "surrogateescape")) == "JOB\\xff1"
+    assert printable(b"\xc3(".decode("utf-8", "surrogateescape")) == "\\xc3("
+    assert printable("\ud800") == "\\ud800"  # another lone surrogate: still escaped
+    printable(b"a\xfeb".decode("utf-8", "surrogateescape")).encode("utf-8")  # printable to any terminal
+
+
 def test_truncate_marks_the_cut_and_respects_width():
     assert truncate("short", 10) == "short"
     assert truncate("exactly10!", 10) == "exactly10!"
