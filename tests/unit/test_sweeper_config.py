@@ -149,6 +149,9 @@ BAD_VALUES = [
     (["--redis-url", "redis://h:99999/0"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "host[:port]"),
     (["--redis-url", "redis:///0"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "no host"),
     (["--redis-url", "redis://h:6379/zero"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "database number"),
+    (["--redis-url", "redis://h:6379/1x"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "database number"),
+    (["--redis-url", "redis://h:6379/0?db=x"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "query option db"),
+    ([], {"STALLEDPOLICY_REDIS_URL": "redis://:p/w@h:6379/0"}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "%2F"),
     (["--redis-url", "unix://"], {}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "socket path"),
     ([], {"STALLEDPOLICY_REDIS_URL": "h:6379"}, "--redis-url", "STALLEDPOLICY_REDIS_URL", "redis://"),
     ([], {"STALLEDPOLICY_ONCE": "maybe"}, "--once", "STALLEDPOLICY_ONCE", "true or false"),
@@ -216,12 +219,12 @@ def test_the_password_never_appears_in_messages_repr_or_description(capsys):
     assert secret not in str(config.model_dump())
     assert secret not in str(config.describe())
     assert config.describe()["redis"] == "redis://:***@redis.example:6379/0"
-    # A bad URL with a password: the error shows the URL redacted.
+    # A bad URL with a password: the error does not show the URL at all.
     bad = f"http://:{secret}@redis.example:6379/0"
     assert cli.run(parse(["--queue", "q"]), environ={"STALLEDPOLICY_REDIS_URL": bad}) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert secret not in err
-    assert "http://:***@redis.example:6379/0" in err
+    assert "redis.example" not in err and "http://" not in err
 
 
 def test_config_is_immutable_and_rejects_unknown_fields():
@@ -230,3 +233,33 @@ def test_config_is_immutable_and_rejects_unknown_fields():
         config.queue = "other"  # type: ignore[misc]
     with pytest.raises(Exception):
         SweeperConfig(queue="q", surprise=1)  # type: ignore[call-arg]
+
+
+BAD_URLS_WITH_A_PASSWORD = [
+    "redis://:s3cr/et?x#y@cache7.example:6379/0x",
+    "redis://:s3cr/et@cache7.example:6379/0",
+    "redis://user:s3cr?et@cache7.example:6379/0",
+    "redis://:s3cr#et@cache7.example:6379/0",
+    "redis://:s3cret@cache7.example:6379/0x",
+    "redis://:s3cret@cache7.example:99999/0",
+    "redis://:s3cret@[::1/0",
+    "redis://:s3cr\u2100et@cache7.example/0",
+    "http://:s3cret@cache7.example:6379/0",
+    "redis://cache7.example:6379/0?password=s3cret&db=x",
+    "redis://cache7.example:6379/0?password=s3cr#et",
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS_WITH_A_PASSWORD)
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_a_bad_url_is_refused_without_any_part_of_it(url, source, capsys):
+    flags, env = (["--redis-url", url], {}) if source == "flag" else ([], {"STALLEDPOLICY_REDIS_URL": url})
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of([*flags, "--queue", "q"]), env)
+    [problem] = caught.value.problems
+    assert problem.startswith("--redis-url (STALLEDPOLICY_REDIS_URL): ")
+    assert cli.run(parse([*flags, "--queue", "q"]), environ=env) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    for text in (problem, err):
+        for fragment in ("s3cr", "et@", "cache7", "x#y", "0x", "99999", "::1", "got "):
+            assert fragment not in text, (fragment, text)

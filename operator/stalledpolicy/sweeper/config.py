@@ -12,14 +12,13 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
-from stalledpolicy.redis_url import redact_url
+from stalledpolicy.redis_url import check_redis_url, redact_url
 
 ENV_PREFIX = "STALLEDPOLICY_"
 # Limits and the batch default of the sweeper; the policy model (and through
@@ -88,31 +87,6 @@ def _parse_int(value: Any, what: str) -> int:
     raise _fail(f"must be {what}")
 
 
-def _check_redis_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises on a non-numeric or out-of-range port
-    except ValueError as exc:
-        raise _fail(f"is not a valid URL ({exc}); write redis://[:password@]host[:port][/db]")
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise _fail("has no socket path; write unix:///path/to/redis.sock?db=0")
-        return url
-    if parts.scheme not in ("redis", "rediss"):
-        raise _fail(
-            "must start with redis:// or rediss:// (TLS); "
-            "write redis://[:password@]host[:port][/db]"
-        )
-    if not parts.hostname:
-        raise _fail("has no host; write redis://[:password@]host[:port][/db]")
-    if port == 0:
-        raise _fail("has port 0; use the server's port (6379 by default)")
-    db = unquote(parts.path).strip("/")
-    if db and not db.isdigit():
-        raise _fail(f"has database {db!r}; the path must be a database number such as /0")
-    return url
-
-
 class SweeperConfig(BaseModel):
     """Validated settings of one ``stalledpolicy sweep`` process."""
 
@@ -136,7 +110,10 @@ class SweeperConfig(BaseModel):
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
         if not isinstance(raw, str) or not raw.strip():
             raise _fail("must be a Redis URL; write redis://[:password@]host[:port][/db]")
-        return SecretStr(_check_redis_url(raw.strip()))
+        problem = check_redis_url(raw.strip())
+        if problem is not None:
+            raise _fail(problem)
+        return SecretStr(raw.strip())
 
     @field_validator("queue", mode="before")
     @classmethod
@@ -299,10 +276,7 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def _shown(field: str, value: Any) -> str:
-    if field == "redis_url":
-        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        return redact_url(raw) if isinstance(raw, str) else "<not a string>"
+def _shown(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     if isinstance(value, dict):
@@ -319,8 +293,13 @@ def _problems(error: ValidationError, given: Mapping[str, Any]) -> list[str]:
             problems.append(f"{setting.names}: is required; set {setting.flag} or {setting.env}")
             continue
         names = setting.names if setting else field or "settings"
+        if field == "redis_url":
+            # Never the URL, not even redacted: a malformed one may hide its
+            # password from the redaction. The message says what part is wrong.
+            problems.append(f"{names}: {item['msg']}")
+            continue
         value = given.get(field, item.get("input"))
-        shown = _shown(field, value)
+        shown = _shown(value)
         if not shown or any(c.isspace() for c in shown):
             shown = repr(shown)
         problems.append(f"{names}: {item['msg']}, got {shown}")
