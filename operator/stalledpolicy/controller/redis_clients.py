@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
 
 from stalledpolicy import redis_url
 
@@ -35,17 +34,12 @@ def url_digest(url: str) -> str:
 
 
 def check_url(url: str, where: str) -> str:
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise RedisConfigError("InvalidRedisURL", f"{where} is not a valid URL ({exc}); "
-                               "write redis://[:password@]host[:port][/db]") from None
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise RedisConfigError("InvalidRedisURL", f"{where} must start with redis:// or rediss:// "
-                               "(write redis://[:password@]host[:port][/db])")
-    if parts.scheme != "unix" and not parts.hostname:
-        raise RedisConfigError("InvalidRedisURL", f"{where} has no host")
+    """``url`` when redis-py can use it; else RedisConfigError naming ``where``
+    and the wrong part in our own words (check_redis_url's), never urllib's or
+    redis-py's error text: theirs quotes the URL, password included."""
+    problem = redis_url.check_redis_url(url)
+    if problem is not None:
+        raise RedisConfigError("InvalidRedisURL", f"{where} {problem}")
     return url
 
 

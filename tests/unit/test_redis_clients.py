@@ -1,0 +1,54 @@
+"""``stalledpolicy.controller.redis_clients``: a bad Redis URL (inline or from a
+Secret) is refused in our own words, which go to status, events and logs, so
+they may hold no part of the URL (urllib's error text quotes its netloc)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from stalledpolicy.controller.redis_clients import RedisConfigError, SecretReader, resolve_url
+
+SECRET_URL_WHERE = "the value of key 'url' in Secret ns/creds"
+
+BAD_URLS = [
+    # (url, words of the problem)
+    ("redis://:s3cr/et?x#y@cache7.example:6379/0x", "%23"),
+    ("redis://:s3cr/et@cache7.example:6379/0", "%2F"),
+    ("redis://:s3cret@cache7.example:6s3cret/0", "port"),
+    ("redis://:s3cr\u2100et@cache7.example/0", "malformed host"),
+    ("redis://:s3cret@[::1/0", "malformed host"),
+    ("redis://:s3cret@cache7.example:6379/1x", "database number"),
+    ("redis://:s3cret@cache7.example:6379/0?db=s3cret", "query option db"),
+    ("http://:s3cret@cache7.example:6379/0", "must start with redis://"),
+    ("redis://:s3cret@/0", "has no host"),
+]
+
+
+def _refusal(url: str, inline: bool) -> RedisConfigError:
+    data = {"url": base64.b64encode(url.encode()).decode()}
+    reader = SecretReader(lambda namespace, name: data if (namespace, name) == ("ns", "creds") else None, ttl=60)
+    spec = {"url": url} if inline else {"secretRef": {"name": "creds", "key": "url"}}
+    with pytest.raises(RedisConfigError) as caught:
+        resolve_url("ns", spec, reader)
+    return caught.value
+
+
+@pytest.mark.parametrize(("url", "words"), BAD_URLS)
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_bad_url_names_its_place_and_problem_and_shows_no_part_of_it(url, words, inline):
+    error = _refusal(url, inline)
+    assert error.reason == "InvalidRedisURL"
+    where = "spec.redis.url" if inline else SECRET_URL_WHERE
+    assert error.message.startswith(f"{where} ") and words in error.message
+    for fragment in ("s3cr", "et@", "cache7", "x#y", "0x", "::1", "\u2100"):
+        assert fragment not in error.message and fragment not in str(error), (fragment, error.message)
+
+
+@pytest.mark.parametrize("url", ["redis://:pw@db:6379/0", "rediss://u:p%2Fw@db/2?socket_timeout=3",
+                                 "unix://:pw@/run/redis.sock?db=1"])
+def test_a_good_url_from_a_secret_is_returned_as_written(url):
+    assert resolve_url("ns", {"secretRef": {"name": "creds"}},
+                       SecretReader(lambda namespace, name: {"url": base64.b64encode(url.encode()).decode()},
+                                    ttl=60)) == url
