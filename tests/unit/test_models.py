@@ -189,6 +189,18 @@ def test_a_missing_spec_is_a_policy_error():
         "rediss://hunter2@redis.queues.svc:6380",
         "redis://redis.queues.svc:6379/0?password=hunter2",
         "redis://redis.queues.svc:6379/0?db=1&password=hunter2",
+        # query keys redis-py reads percent-decoded, or as other password options
+        "redis://redis.queues.svc:6379/0?pass%77ord=hunter2",
+        "redis://redis.queues.svc:6379/0?%70assword=hunter2",
+        "rediss://redis.queues.svc:6380/0?ssl_password=hunter2",
+        "redis://redis.queues.svc:6379/0?PASSWORD=hunter2",
+        "redis://redis.queues.svc:6379/0?db=1&Password=hunter2",
+        "redis://redis.queues.svc:6379/0?socket%5Ftimeout=5&x=hunter2",
+        "redis://redis.queues.svc:6379/0?username=hunter2",
+        # a password holding '/', '?' or '#' ends urlsplit's userinfo early
+        "redis://:hunter2/x@redis.queues.svc:6379/0",
+        "redis://app:hun?ter2@redis.queues.svc:6379/0",
+        "redis://:hunter2#x@redis.queues.svc:6379/0",
     ],
 )
 def test_an_inline_url_with_credentials_is_refused_without_echoing_it(url):
@@ -199,7 +211,9 @@ def test_an_inline_url_with_credentials_is_refused_without_echoing_it(url):
     assert error.__cause__ is None and error.__suppress_context__
 
 
-@pytest.mark.parametrize("url", ["redis://redis.queues.svc:6379/0", "rediss://r.example:6380/2", "redis://[::1]:6379"])
+@pytest.mark.parametrize("url", ["redis://redis.queues.svc:6379/0", "rediss://r.example:6380/2", "redis://[::1]:6379",
+                                 "redis://r.example:6379/0?socket_timeout=5&db=1",
+                                 "rediss://r.example:6380/0?ssl_cert_reqs=none&client_name=a%20b"])
 def test_a_credential_free_url_is_accepted(url):
     assert StalledPolicySpec.from_k8s(spec_with(redis={"url": url})).redis.url == url
 
@@ -332,3 +346,12 @@ def test_every_crd_field_has_a_description():
     versions = crd.load_crd()["spec"]["versions"]
     walk(versions[0]["schema"]["openAPIV3Schema"], "")
     assert missing == []
+
+
+def test_the_crd_refuses_inline_credentials_with_the_model_rule():
+    from stalledpolicy.policy import models
+
+    rules = [v["rule"] for v in _spec_schema()["redis"]["x-kubernetes-validations"]]
+    [rule] = [r for r in rules if "@" in r]
+    assert f'!self.url.contains("{models.URL_CREDENTIALS_MARK}")' in rule
+    assert f'!self.url.matches(r"{models.URL_SECRET_QUERY_KEY_PATTERN}")' in rule

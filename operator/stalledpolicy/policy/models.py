@@ -9,9 +9,10 @@ Python attribute names are snake_case; the CRD's camelCase names are aliases
 and either form is accepted (``populate_by_name``).
 
 One rule goes further than a plain URL check: an inline ``redis.url`` may not
-carry credentials (a user, a password, or a ``password=`` query parameter),
-because the URL would be readable in the sweeper Deployment. Such a URL is
-refused with a message pointing at ``redis.secretRef``; the CRD refuses it too.
+carry credentials (an '@' with a user or password before it, or a query option
+such as ``password=``, ``ssl_password=`` or ``pass%77ord=``), because the URL
+would be readable in the sweeper Deployment. Such a URL is refused with a
+message pointing at ``redis.secretRef``; the CRD refuses it too.
 
 Entry point: :meth:`StalledPolicySpec.from_k8s`. The sweeper's configuration
 is :meth:`StalledPolicySpec.sweeper_env` (the env var names are the contract
@@ -75,8 +76,17 @@ _QUANTITY = re.compile(QUANTITY_PATTERN)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _URL_SCHEME = re.compile(r"^rediss?://")
-_URL_USERINFO = re.compile(r"^rediss?://[^/?#]*@")
-_URL_PASSWORD_QUERY = re.compile(r"[?&]password=")
+# No '@' anywhere, not only before the first '/', '?' or '#': a password
+# holding one of those ends urlsplit's userinfo early and would slip past a
+# userinfo check (redact_url likewise takes all before the last '@' for
+# credentials).
+URL_CREDENTIALS_MARK = "@"
+# A query key that is, or may decode to, a credential: redis-py reads keys
+# percent-decoded (pass%77ord=) and passes password=, ssl_password=, ... to the
+# connection; its own option names need no '%'. The CRD's CEL rule uses this
+# very pattern (RE2 and Python read it alike; a unit test compares).
+URL_SECRET_QUERY_KEY_PATTERN = r"[?&][^=&]*(%|(?i:password|username))"
+_URL_SECRET_QUERY_KEY = re.compile(URL_SECRET_QUERY_KEY_PATTERN)
 # Lane names are joined as "name=budget,name=budget" in STALLEDPOLICY_LANES.
 _LANE_EXTRA_FORBIDDEN = ",="
 
@@ -220,9 +230,10 @@ class RedisSource(_Model):
             return value
         if not _URL_SCHEME.match(value):
             raise _problem("must start with redis:// or rediss:// (TLS)")
-        if _URL_USERINFO.match(value) or _URL_PASSWORD_QUERY.search(value):
+        if URL_CREDENTIALS_MARK in value or _URL_SECRET_QUERY_KEY.search(value):
             raise _problem(
-                "carries credentials, which would be readable in the sweeper Deployment; "
+                "carries credentials (an '@', or a query option whose name holds 'password', "
+                "'username' or '%'), which would be readable in the sweeper Deployment; "
                 "put the URL in a Secret and use spec.redis.secretRef instead"
             )
         return value
