@@ -31,6 +31,7 @@ pytestmark = pytest.mark.redis
 
 SWEEP = [sys.executable, "-m", "stalledpolicy", "sweep"]
 OUTAGE_LINE = "redis unreachable; retrying with backoff"
+ONCE_OUTAGE_LINE = "redis unreachable; the pass failed and --once exits 1"
 RECOVERY_LINE = "redis reachable again"
 
 
@@ -207,7 +208,8 @@ def test_once_exits_1_when_redis_is_unreachable(queue_name, sweepers):
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     sweeper = sweepers("--redis-url", nobody, "--queue", queue_name, "--once")
     assert sweeper.wait(60) == 1
-    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
+    assert len(sweeper.lines_with(ONCE_OUTAGE_LINE)) == 1
+    assert "retrying" not in sweeper.stderr
     assert sweeper.stdout == ""
 
 
@@ -228,7 +230,8 @@ def test_once_exits_1_on_a_script_error(redis_server, r, queue_name, sweepers):
     r.set(QueueKeys(queue_name).active, "not a sorted set")
     sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--once")
     assert sweeper.wait(60) == 1
-    assert len(sweeper.lines_with("sweep pass failed")) == 1
+    assert len(sweeper.lines_with("sweep pass failed; --once exits 1")) == 1
+    assert "retrying" not in sweeper.stderr
     assert sweeper.stdout == ""
 
 
@@ -242,7 +245,88 @@ def test_a_metrics_port_in_use_is_refused_with_exit_2(redis_server, queue_name, 
         sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name,
                            "--metrics-port", str(port))
         assert sweeper.wait(30) == 2
-    assert f"--metrics-port (STALLEDPOLICY_METRICS_PORT): cannot listen on 127.0.0.1:{port}" in sweeper.stderr
+    assert (f"--metrics-port (STALLEDPOLICY_METRICS_PORT): port {port} is already in use on 127.0.0.1"
+            in sweeper.stderr)
+
+
+def test_an_address_not_of_this_host_blames_the_address_not_the_port(redis_server, queue_name, sweepers):
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name,
+                       env={"STALLEDPOLICY_METRICS_ADDRESS": "192.0.2.7"})  # TEST-NET-1: never local
+    assert sweeper.wait(30) == 2
+    assert ("--metrics-address (STALLEDPOLICY_METRICS_ADDRESS): 192.0.2.7 is not an address of this host"
+            in sweeper.stderr)
+    assert "--metrics-port" not in sweeper.stderr
+
+
+@pytest.mark.parametrize("address", ["::", "::1"])
+def test_the_metrics_server_listens_on_ipv6(redis_server, queue_name, sweepers, address):
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h",
+                       env={"STALLEDPOLICY_METRICS_ADDRESS": address})
+
+    def ready() -> int:
+        try:
+            with urllib.request.urlopen(f"http://[::1]:{sweeper.metrics_port}/readyz", timeout=5) as response:
+                return response.status
+        except (urllib.error.URLError, ConnectionError):
+            return 0
+
+    eventually(lambda: ready() == 200, what="/readyz 200 on [::1]")
+    assert sweeper.terminate() == 0, sweeper.stderr
+
+
+def fill_active(r, queue: str, total: int) -> None:
+    keys = QueueKeys(queue)
+    pipe = r.pipeline(transaction=False)
+    for n in range(total):
+        job_id = f"JOB{n:06d}"
+        pipe.hset(keys.job(job_id), mapping={"state": "active", "attempts": 1, "payload": "p"})
+        pipe.zadd(keys.active, {job_id: 1000 + n})
+        if n % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_once_stopped_by_a_signal_mid_drain_exits_non_zero(redis_server, r, queue_name, sweepers, sig, code):
+    """The pass did not finish: --once must not report success."""
+    keys = QueueKeys(queue_name)
+    total = 20_000
+    fill_active(r, queue_name, total)
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--once",
+                       "--batch-size", "1", "--max-stalled", "0")
+    eventually(lambda: r.zcard(keys.pending) >= 100, what="the drain under way")
+    sweeper.process.send_signal(sig)
+    assert sweeper.wait(15) == code, sweeper.stderr
+    assert r.zcard(keys.active) > 0, "the drain finished before the signal; nothing was proven"
+    assert r.zcard(keys.pending) + r.zcard(keys.active) == total
+    summary = json.loads(sweeper.stdout.strip().splitlines()[-1])
+    assert summary["stopped_early"] is True and summary["recovered"] == r.zcard(keys.pending)
+    assert sweeper.lines_with("stopped by a signal before the pass finished")
+
+
+def test_once_into_a_closed_pipe_is_quiet(redis_server, r, queue_name):
+    """`sweep --once | head -c0`: the reader left; no traceback for it."""
+    add_active(r, queue_name, "JOB0001")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # gone before the first byte: a certain EPIPE
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    try:
+        done = subprocess.run([*SWEEP, "--redis-url", redis_server.url, "--queue", queue_name, "--once"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+    assert r.zcard(QueueKeys(queue_name).dead) == 1  # the pass itself ran
+
+
+@pytest.mark.parametrize(("query", "needle"), [("?protocol=9", "protocol"), ("?socket_timeout=abc", "socket_timeout")])
+def test_a_redis_url_option_redis_py_refuses_is_bad_usage_at_start(redis_server, queue_name, sweepers,
+                                                                   query, needle):
+    # before: protocol=9 read as an outage (retried forever), socket_timeout=abc as a failed pass
+    sweeper = sweepers("--queue", queue_name, env={"STALLEDPOLICY_REDIS_URL": redis_server.url + query})
+    assert sweeper.wait(30) == 2, sweeper.stderr
+    assert "--redis-url (STALLEDPOLICY_REDIS_URL): " in sweeper.stderr and needle in sweeper.stderr
 
 
 def test_bad_settings_exit_2_before_touching_redis(queue_name, sweepers):
@@ -464,7 +548,7 @@ def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name,
     sweeper = sweepers("--queue", queue_name, "--once",
                        env={"STALLEDPOLICY_REDIS_URL": f"redis://:{wrong}@127.0.0.1:{server.port}/0"})
     assert sweeper.wait(60) == 1
-    assert len(sweeper.lines_with(OUTAGE_LINE)) == 1
+    assert len(sweeper.lines_with(ONCE_OUTAGE_LINE)) == 1
     assert re.search(r"error_type=\w*Auth", sweeper.stderr), sweeper.stderr
     assert wrong not in sweeper.stderr + sweeper.stdout
 

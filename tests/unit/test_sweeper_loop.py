@@ -6,7 +6,11 @@ The engine is replaced by fakes here; the real engine and a real Redis are in
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import urllib.error
+import urllib.request
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +19,7 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
-from stalledpolicy.sweeper.metrics import Health, SweeperMetrics
+from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
 
 
 class FakeClock:
@@ -280,3 +284,126 @@ def test_an_engine_that_lists_flat_jobs_under_the_empty_lane_is_not_double_count
     metrics.count_call(result, 0.001)
     assert metrics.recovered.labels("orders", "")._value.get() == 2
     assert metrics.recovered.labels("orders", "a")._value.get() == 1
+
+
+# ------------------------------------------------------- redis_up follows round trips only
+
+
+def redis_up(sweeper) -> float:
+    return sweeper.metrics.redis_up.labels("orders")._value.get()
+
+
+def test_a_bug_before_any_round_trip_does_not_claim_redis_up(monkeypatch, clock, caplog):
+    script_engine(monkeypatch, clock, [KeyError("surprise")])
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is False
+    assert redis_up(sweeper) == 0 and sweeper.health.redis_up is False
+
+
+def test_a_bug_during_an_outage_neither_ends_nor_extends_it(monkeypatch, clock, caplog):
+    down = redis.ConnectionError("Connection refused")
+    script_engine(monkeypatch, clock, [down, KeyError("surprise"), 0.0])
+    sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+        assert sweeper.sweep_pass() is False  # the bug: nothing learnt about Redis
+        assert redis_up(sweeper) == 0 and sweeper.redis_down
+        assert not [r for r in caplog.records if r.getMessage() == "redis reachable again"]
+        assert sweeper.sweep_pass() is True
+    assert redis_up(sweeper) == 1 and not sweeper.redis_down
+    [recovery] = [r for r in caplog.records if r.getMessage() == "redis reachable again"]
+    assert recovery.attempts == 1
+
+
+def test_an_error_reply_is_a_round_trip(monkeypatch, clock):
+    down = redis.ConnectionError("Connection refused")
+    script_engine(monkeypatch, clock, [down, redis.ResponseError("ERR script error")])
+    sweeper = make_sweeper(clock)
+    sweeper.sweep_pass()
+    assert sweeper.sweep_pass() is False
+    assert redis_up(sweeper) == 1 and sweeper.health.redis_up and not sweeper.redis_down
+    assert sweeper.health.ready()[0] is False  # the pass still failed
+
+
+def test_a_bug_after_a_successful_call_counts_that_call_as_a_round_trip(monkeypatch, clock):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        on_call(engine.SweepResult(recovered=1, calls=1), 0.001)
+        raise KeyError("surprise after the first call")
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is False
+    assert redis_up(sweeper) == 1
+
+
+# ------------------------------------------------------------------ --once wording
+
+
+def test_once_log_lines_do_not_promise_a_retry(monkeypatch, clock, caplog):
+    script_engine(monkeypatch, clock, [redis.ResponseError("ERR boom"), redis.ConnectionError("refused")])
+    sweeper = make_sweeper(clock, once=True)
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        sweeper.sweep_pass()
+        sweeper.sweep_pass()
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert messages == ["sweep pass failed; --once exits 1", "redis unreachable; the pass failed and --once exits 1"]
+    assert not any("retrying" in m for m in messages)
+
+
+def test_the_long_running_log_lines_still_say_they_retry(monkeypatch, clock, caplog):
+    script_engine(monkeypatch, clock, [redis.ResponseError("ERR boom")])
+    sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        sweeper.sweep_pass()
+    assert "retrying next interval" in caplog.records[-1].getMessage()
+
+
+# ------------------------------------------------------------------ stopped early
+
+
+@pytest.mark.parametrize(("more", "calls", "early"), [(True, 3, True), (False, 3, False), (False, 0, True)])
+def test_stopped_early_means_work_was_left(monkeypatch, clock, more, calls, early):
+    ref: list = [None]
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        ref[0].stop.set()  # the signal lands during the drain
+        return engine.SweepResult(recovered=calls, calls=calls, more=more)
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    ref[0] = sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is True
+    assert sweeper.last_stopped_early is early
+    assert json.loads(loop.result_summary("orders", sweeper.last_result, sweeper.last_stopped_early))[
+        "stopped_early"] is early
+
+
+# ------------------------------------------------------------------ the status server on IPv6
+
+
+def get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("address", ["::1", "[::1]", "::"])
+def test_the_status_server_listens_on_ipv6(clock, address):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    server = StatusServer(address, 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
+    try:
+        assert get(f"http://[::1]:{server.port}/healthz") == 200
+        if address == "::" and socket.has_dualstack_ipv6():
+            assert get(f"http://127.0.0.1:{server.port}/healthz") == 200  # and IPv4 too
+    finally:
+        server.stop()
+
+
+def test_the_status_server_still_listens_on_ipv4(clock):
+    server = StatusServer("127.0.0.1", 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
+    try:
+        assert get(f"http://127.0.0.1:{server.port}/readyz") == 503  # no pass yet
+    finally:
+        server.stop()

@@ -7,11 +7,14 @@ Kept light at import time: the loop, redis-py and prometheus_client load in
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import re
 import signal
+import socket
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 from stalledpolicy.sweeper.config import (
     BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
@@ -20,6 +23,15 @@ from stalledpolicy.sweeper.config import (
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# --once stopped by a signal before its pass finished: the shell's 128 + signal
+# number (130 for SIGINT, 143 for SIGTERM). The long-running mode exits 0 on
+# either: stopping it is its normal end.
+EXIT_SIGNALLED_BASE = 128
+
+# The CRD's maximum for spec.maxStalled and a lane's maxStalled (int32).
+BUDGET_MAX = 2_147_483_647
+PORT_MAX = 65_535
+_WHOLE_NUMBER = re.compile(r"\s*([+-]?)([0-9]+)\s*")
 
 log = logging.getLogger("stalledpolicy.sweeper")
 
@@ -41,10 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "(default redis://127.0.0.1:6379/0)")
     add("--queue", metavar="NAME", help=f"the EchoMQ queue to sweep [{_env('queue')}] (required)")
     add("--max-stalled", metavar="N",
-        help=f"stall budget: dead-letter on the stall that reaches N; 0 = never [{_env('max_stalled')}] "
+        help=f"stall budget, 0..{BUDGET_MAX}: dead-letter on the stall that reaches N; 0 = never "
+             f"[{_env('max_stalled')}] "
              "(default 1)")
-    add("--lane", dest="lanes", metavar="NAME=BUDGET", action="append",
-        help=f"a lane's own budget; repeat for more lanes [{_env('lanes')} as a=3,b=0]")
+    add("--lane", dest="lanes", metavar="NAME=BUDGET", action="append", type=_one_lane,
+        help=f"a lane's own budget; repeat for more lanes: --lane a=3 --lane b=0 "
+             f"[{_env('lanes')} as a=3,b=0]")
     add("--interval", metavar="DURATION",
         help=f"time between passes, 1s..1h, e.g. 30s or 2m [{_env('interval')}] (default 30s)")
     add("--batch-size", metavar="N",
@@ -52,19 +66,116 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--metrics-port", metavar="PORT",
         help=f"port of /metrics, /healthz and /readyz; 0 disables [{_env('metrics_port')}] (default 9090)")
     add("--metrics-address", metavar="ADDR",
-        help=f"address the metrics server listens on [{_env('metrics_address')}] (default 0.0.0.0)")
+        help=f"address the metrics server listens on: IPv4 (0.0.0.0 = all) or IPv6 (:: = all, "
+             f"IPv4 too where the host allows) [{_env('metrics_address')}] (default 0.0.0.0)")
     add("--once", action="store_true", default=None,
-        help=f"one pass (drain), print its result, exit [{_env('once')}=true]")
+        help=f"one pass (drain), print its result, exit: 0 done, 1 the pass failed, "
+             f"130/143 stopped by SIGINT/SIGTERM before it finished [{_env('once')}=true]")
     add("--log-format", choices=LOG_FORMATS, help=f"[{_env('log_format')}] (default text)")
     add("--log-level", choices=LOG_LEVELS, help=f"[{_env('log_level')}] (default info)")
 
 
+def _one_lane(text: str) -> str:
+    """--lane takes one NAME=BUDGET (lane names cannot hold a comma)."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} holds more than one lane; --lane takes one NAME=BUDGET and is repeatable: "
+            f"--lane a=1 --lane b=2 ({_env('lanes')} takes the comma list a=1,b=2)")
+    return text
+
+
+def _shown_number(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
+
+
+def _out_of_range(text: Any, maximum: int, *, whole_value: bool) -> bool:
+    """``text`` is a whole number past ``maximum`` (or below -``maximum``), judged
+    by its digits before int() could refuse it; with ``whole_value`` also any
+    value past ``maximum``. Anything else is for the settings model to judge."""
+    if not isinstance(text, str):
+        return False
+    number = _WHOLE_NUMBER.fullmatch(text)
+    if number is None:
+        return False
+    sign, digits = number.groups()
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)):
+        return True
+    return whole_value and sign != "-" and int(digits) > maximum
+
+
+# The integer settings: (largest value, checked whole here, what is accepted,
+# worded as the settings model words it). A value with more digits than the
+# largest is refused here, by its digits, before int() (which refuses 4,300
+# digits and more with its own words) or the model ever sees it.
+_INT_RULES = {
+    "max_stalled": (BUDGET_MAX, True, f"must be from 0 to {BUDGET_MAX} (the CRD's limit for maxStalled; "
+                                      "0 = never dead-letter)"),
+    "batch_size": (BATCH_MAX, False, f"must be from {BATCH_MIN} to {BATCH_MAX} (default {BATCH_DEFAULT})"),
+    "metrics_port": (PORT_MAX, False, "must be a port number from 1 to 65535, or 0 to disable the metrics server"),
+}
+
+
+def _range_problems(flags: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """Integer settings out of range, judged before the model: field -> problem.
+    The model checks ranges too, but int() refuses 4,300 digits and more with
+    its own words, the model echoes the value whole, and it has no upper bound
+    for a budget while the CRD caps budgets at 2147483647."""
+    problems: dict[str, str] = {}
+
+    def given(field: str) -> Any:
+        # as load_config merges them: a flag beats its variable; an empty variable is unset
+        if flags.get(field) not in (None, []):
+            return flags[field]
+        value = environ.get(SETTINGS[field].env)
+        return value if value is not None and value.strip() else None
+
+    for field, (maximum, whole_value, rule) in _INT_RULES.items():
+        value = given(field)
+        if _out_of_range(value, maximum, whole_value=whole_value):
+            problems[field] = f"{SETTINGS[field].names}: {rule}, got {_shown_number(value)}"
+    lanes = given("lanes")
+    entries = lanes.split(",") if isinstance(lanes, str) else list(lanes or ())
+    for entry in entries:
+        name, _, budget = str(entry).partition("=")
+        if _out_of_range(budget, BUDGET_MAX, whole_value=True):
+            problems["lanes"] = (f"{SETTINGS['lanes'].names}: lane {name.strip()!r} has budget "
+                                 f"{_shown_number(budget)}; a budget must be from 0 to {BUDGET_MAX} "
+                                 "(the CRD's limit for a lane's maxStalled)")
+            break
+    return problems
+
+
+def _url_problem(config: Any) -> str | None:
+    from stalledpolicy.url_check import redis_url_problem
+
+    problem = redis_url_problem(config.redis_url.get_secret_value())
+    if problem is None:
+        return None
+    # no part of the URL: a malformed one cannot be trusted to redact cleanly
+    return f"{SETTINGS['redis_url'].names}: {problem}"
+
+
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
     flags = {field: getattr(args, field, None) for field in SETTINGS}
+    early = _range_problems(flags, environ)
+    # the model judges the rest; the settings refused above are left out of it
+    checked_flags = {k: (None if k in early else v) for k, v in flags.items()}
+    checked_env = {k: v for k, v in environ.items() if k not in {SETTINGS[f].env for f in early}}
+    problems = list(early.values())
+    config = None
     try:
-        config = load_config(flags, os.environ if environ is None else environ)
+        config = load_config(checked_flags, checked_env)
     except ConfigError as exc:
-        for problem in exc.problems:
+        problems += exc.problems
+    if config is not None and not problems:
+        url_problem = _url_problem(config)
+        if url_problem is not None:
+            problems.append(url_problem)
+    if problems:
+        for problem in problems:
             print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
         print("stalledpolicy sweep: see --help for every setting", file=sys.stderr)
         return EXIT_USAGE
@@ -73,6 +184,38 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 
     configure(config.log_format, config.log_level)
     return _serve(config)
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout went away (``sweep --once | head -c0``): point stdout
+    at /dev/null so neither this print nor the interpreter's final flush fails."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def _listen_problem(exc: OSError, address: str, port: int) -> str:
+    """Why the metrics server could not listen, naming the setting to change."""
+    port_names, address_names = SETTINGS["metrics_port"].names, SETTINGS["metrics_address"].names
+    where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return (f"{address_names}: {address!r} is not an IP address or a name this host can resolve; "
+                "use 0.0.0.0 (every IPv4 address), :: (every address) or one of this host's addresses")
+    if exc.errno == errno.EADDRINUSE:
+        return f"{port_names}: port {port} is already in use on {address}; choose a free port or 0 to disable"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (f"{address_names}: {address} is not an address of this host; use 0.0.0.0 "
+                "(every IPv4 address), :: (every address) or one of this host's addresses")
+    if exc.errno == errno.EAFNOSUPPORT:
+        return f"{address_names}: {address} is an IPv6 address and this host has no IPv6; use 0.0.0.0"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"{port_names}: not allowed to listen on {where} (ports below 1024 need privileges); "
+                "choose a port from 1024 to 65535")
+    return f"{address_names}/{port_names}: cannot listen on {where}: {exc.strerror or exc}"
 
 
 def _serve(config) -> int:
@@ -96,7 +239,18 @@ def _serve(config) -> int:
             sweeper.close()
             if not ok:
                 return EXIT_FAILED
-            print(result_summary(config.queue, sweeper.last_result, bool(received)), flush=True)
+            interrupted = bool(received) and sweeper.last_stopped_early
+            try:
+                print(result_summary(config.queue, sweeper.last_result, interrupted), flush=True)
+            except BrokenPipeError:
+                _quiet_stdout()
+            if interrupted:
+                code = EXIT_SIGNALLED_BASE + received[0]
+                log.warning("sweep --once stopped by a signal before the pass finished; jobs still "
+                            "expired are left for the next pass", extra={
+                                "queue": config.queue, "signal": signal.Signals(received[0]).name,
+                                "exit_code": code})
+                return code
             return EXIT_OK
 
         server = None
@@ -104,9 +258,8 @@ def _serve(config) -> int:
             try:
                 server = StatusServer(config.metrics_address, config.metrics_port, metrics, sweeper.health).start()
             except OSError as exc:
-                print(f"stalledpolicy sweep: error: --metrics-port ({SETTINGS['metrics_port'].env}): "
-                      f"cannot listen on {config.metrics_address}:{config.metrics_port}: {exc.strerror}; "
-                      "choose a free port or 0 to disable", file=sys.stderr)
+                problem = _listen_problem(exc, config.metrics_address, config.metrics_port)
+                print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
                 return EXIT_USAGE
         log.info("sweeper started", extra=_start_fields(config))
         try:

@@ -10,6 +10,12 @@ Failure policy (the process must never crash-loop):
   /readyz answers 503 meanwhile.
 - Any other error of a pass (a script error, a bug): logged once per distinct
   message until a pass succeeds again, retried on the normal interval.
+- ``stalledpolicy_redis_up`` and the readiness's Redis half follow what Redis
+  did, never a guess: a completed round trip (a script call, the snapshot, or
+  an error reply from the server) sets them up, an outage sets them down, and
+  an error that is neither (a bug in our code, a reply we could not read)
+  leaves them as they were.
+- With ``--once`` there is no retry: the log lines say the process exits 1.
 
 Stopping: a signal sets :attr:`Sweeper.stop`; the engine checks it between
 script calls (so the current call finishes) and every wait is on that Event.
@@ -87,6 +93,9 @@ class Sweeper:
         self._logged_errors: set[str] = set()
         self._reported_problems: set[str] = set()
         self.last_result: Any = None
+        #: the last successful pass stopped at a stop request before draining
+        #: everything expired (or before its first call)
+        self.last_stopped_early = False
         self.passes = 0
 
     # -- one pass -------------------------------------------------------------
@@ -104,6 +113,7 @@ class Sweeper:
             snapshot = None
             if not self.stop.is_set():
                 snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
+                self._redis_answered()
         except UNREACHABLE as exc:
             self._outage(exc)
             return False
@@ -111,7 +121,10 @@ class Sweeper:
             self._pass_error(exc)
             return False
         seconds = self._clock() - started
-        self._recovered()
+        # drain stops only between calls: stopped early = work was left (more),
+        # or the stop came before the first call
+        self.last_stopped_early = self.stop.is_set() and (result.more or result.calls == 0)
+        self._redis_answered()
         self.metrics.pass_duration.observe(seconds)
         self.metrics.last_pass.set(time.time())
         if snapshot is not None:
@@ -142,6 +155,7 @@ class Sweeper:
     def _on_call(self, result: Any, seconds: float) -> None:
         self.metrics.count_call(result, seconds)
         self.health.beat()
+        self._redis_answered()  # a script call came back: a round trip
 
     def _log_pass(self, result: Any, seconds: float, snapshot: Any) -> None:
         fields = {
@@ -159,7 +173,7 @@ class Sweeper:
             )
         if snapshot is not None:
             fields["morgue"] = snapshot.dead
-        if self.stop.is_set():
+        if self.last_stopped_early:
             fields["stopped_early"] = True
         did_work = result.recovered or result.dead_lettered or result.orphans or result.quarantined
         log.log(logging.INFO if did_work else logging.DEBUG,
@@ -176,6 +190,7 @@ class Sweeper:
         if self._down_since is None:
             self._down_since = self._clock()
             log.warning(
+                "redis unreachable; the pass failed and --once exits 1" if self.config.once else
                 "redis unreachable; retrying with backoff (logged once per outage)",
                 extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
                        "error": self._scrub(exc), "error_type": type(exc).__name__},
@@ -184,7 +199,8 @@ class Sweeper:
             log.debug("redis still unreachable", extra={
                 "queue": self.config.queue, "attempt": self._failed_attempts, "error": self._scrub(exc)})
 
-    def _recovered(self) -> None:
+    def _redis_answered(self) -> None:
+        """A Redis round trip completed: Redis is up (and an outage, if any, is over)."""
         self.metrics.set_redis_up(True)
         self.health.redis_up = True
         if self._down_since is not None:
@@ -196,11 +212,15 @@ class Sweeper:
         self._failed_attempts = 0
 
     def _pass_error(self, exc: BaseException) -> None:
-        # Redis answered (the error came from it or from our own code), so it is up.
-        self.metrics.set_redis_up(True)
-        self.health.redis_up = True
-        if self._down_since is not None:
-            self._recovered()
+        # Only a completed round trip may say Redis is up. An error reply (a
+        # ResponseError: a script error, WRONGTYPE, NOSCRIPT, ...) is one: the
+        # server read our call and answered. Anything else here (a bug in our
+        # code, a reply we could not parse, a client-side DataError) says nothing
+        # about Redis either way, so redis_up and the outage state stay as they
+        # were; a script call that succeeded earlier in this pass already set
+        # them up (see _on_call).
+        if isinstance(exc, redis.ResponseError):
+            self._redis_answered()
         message = self._scrub(exc)
         self.health.last_pass_ok = False
         self.health.reason = f"last pass failed: {message}"
@@ -211,6 +231,7 @@ class Sweeper:
         self._logged_errors.add(key)
         is_redis_error = isinstance(exc, redis.RedisError)
         log.error(
+            "sweep pass failed; --once exits 1" if self.config.once else
             "sweep pass failed; retrying next interval (logged once until a pass succeeds)",
             extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
             exc_info=None if is_redis_error else exc,

@@ -10,7 +10,9 @@ in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -175,13 +177,38 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # probes every few seconds would drown the sweep's own lines
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    """ThreadingHTTPServer on IPv6 (it is IPv4 only by default). On ``::`` it
+    serves IPv4 too where the host allows (IPV6_V6ONLY off), as
+    ``python -m http.server --bind ::`` does."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def listen_address(address: str) -> tuple[str, bool]:
+    """(host to bind, is it IPv6): an address holding ':' is IPv6, with or
+    without [brackets]; anything else (IPv4, a host name) binds as IPv4."""
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    return address, ":" in address
+
+
 class StatusServer:
-    """/metrics, /healthz and /readyz on one port; :meth:`stop` on shutdown."""
+    """/metrics, /healthz and /readyz on one port (IPv4 or IPv6); :meth:`stop` on shutdown."""
 
     def __init__(self, address: str, port: int, metrics: SweeperMetrics, health: Health):
         handler = type("Handler", (_Handler,), {"metrics": metrics, "health": health})
-        self._server = ThreadingHTTPServer((address, port), handler)
-        self._server.daemon_threads = True
+        host, ipv6 = listen_address(address)
+        self._server = (_Server6 if ipv6 else _Server)((host, port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
 
     @property
