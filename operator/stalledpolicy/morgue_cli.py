@@ -620,8 +620,9 @@ def _resolve(args: argparse.Namespace) -> None:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
     problem = redis_url_problem(args.redis_url)
     if problem is not None:
-        # the problem names the part that is wrong and never holds the password
-        raise UsageError(f"--redis-url (or {ENV_REDIS_URL}) {redact_url(args.redis_url)}: {problem}")
+        # the problem names the part that is wrong; no part of the URL is shown
+        # (a malformed one cannot be trusted to redact cleanly)
+        raise UsageError(f"--redis-url (or {ENV_REDIS_URL}): {problem}")
     if queue is None:
         raise UsageError(f"--queue is required (or set {ENV_QUEUE})")
     try:
