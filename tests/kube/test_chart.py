@@ -99,7 +99,10 @@ def test_lint_passes_strict_with_every_option(helm, shape):
     ({"operator": {"statusWorkers": "eight"}}, "statusWorkers"),
     ({"crds": {"keep": "yes"}}, "keep"),
     ({"watchNamespaces": ["team-*"]}, "watchNamespaces"),
-], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern"])
+    ({"operator": {"statusInterval": "0s"}}, "statusInterval"),
+    ({"operator": {"maxBackoff": "1ms"}}, "maxBackoff"),
+], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern",
+        "zero-status-interval", "sub-second-backoff"])
 def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))

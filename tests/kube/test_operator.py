@@ -320,3 +320,95 @@ def test_suspended_policy_scales_the_sweeper_to_zero_and_is_ready(operator, apis
                                           {"spec": {"suspend": False}})
     wait_for(lambda: read_deployment(apps, kube_namespace, "paused-sweeper").spec.replicas == 1,
              "the sweeper scaled back to one")
+
+
+def wait_for_status(custom, namespace, name):
+    return wait_for(lambda: (get_policy(custom, namespace, name).get("status") or {}).get("observedGeneration"),
+                    f"a first status of {name}")
+
+
+def test_a_sweeper_scaled_or_edited_by_hand_is_put_back(operator, control_plane, apis, kube_api, kube_namespace,
+                                                         secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("drift", queue_name, max_stalled=2))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "drift-sweeper"), "the sweeper")
+    wait_for_status(custom, kube_namespace, "drift")
+
+    apps.patch_namespaced_deployment_scale("drift-sweeper", kube_namespace, {"spec": {"replicas": 0}})
+    wait_for(lambda: read_deployment(apps, kube_namespace, "drift-sweeper").spec.replicas == 1,
+             "the sweeper scaled back to the policy's one replica", timeout=30)
+
+    control_plane.kubectl("-n", kube_namespace, "set", "env", "deployment/drift-sweeper",
+                          "STALLEDPOLICY_MAX_STALLED=99")
+    back = wait_for(lambda: (lambda d: d if env_of(d)["STALLEDPOLICY_MAX_STALLED"] == "2" else None)(
+        read_deployment(apps, kube_namespace, "drift-sweeper")), "the policy's budget back in the env", timeout=30)
+    assert back.metadata.uid == first.metadata.uid  # re-applied in place, not re-created
+    reverted = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "drift")
+                                 if e.reason == "DriftReverted"], "a DriftReverted event")
+    assert reverted[0].type == "Normal"
+
+    # No loop: our own (no-op) applies and the deployment controller's status
+    # writes do not make the operator apply again.
+    time.sleep(2)
+    settled = read_deployment(apps, kube_namespace, "drift-sweeper")
+    time.sleep(4)
+    after = read_deployment(apps, kube_namespace, "drift-sweeper")
+    assert after.metadata.generation == settled.metadata.generation
+    assert our_managed_fields(after) == our_managed_fields(settled)
+
+
+def test_an_apply_the_api_refuses_is_ready_false_with_its_message_and_an_event(operator, apis, kube_api,
+                                                                                kube_namespace, secret,
+                                                                                queue_name):
+    _, apps, custom = apis
+    manifest = policy_manifest("refused", queue_name)
+    manifest["spec"]["sweeper"] = {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+    create_policy(custom, kube_namespace, manifest)
+
+    def refused():
+        ready = condition(get_policy(custom, kube_namespace, "refused"), "Ready")
+        return ready if ready and ready["reason"] == "ApplyFailed" else None
+
+    ready = wait_for(refused, "Ready=False reason ApplyFailed")
+    assert ready["status"] == "False"
+    assert "HTTP 422" in ready["message"] and "must be less than or equal to cpu limit" in ready["message"]
+    warning = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "refused")
+                                if e.reason == "ApplyFailed"], "an ApplyFailed event")
+    assert warning[0].type == "Warning" and "cpu limit" in warning[0].message
+    assert read_deployment(apps, kube_namespace, "refused-sweeper") is None
+    time.sleep(6)  # retries (4s backoff cap here) post no second event for the same refusal
+    assert len([e for e in events_for(kube_api, kube_namespace, "refused") if e.reason == "ApplyFailed"]) == 1
+    lines = [json.loads(line) for line in operator.log().splitlines() if '"refused' in line]
+    assert lines and not [entry for entry in lines if entry.get("exc")], "a traceback was logged"
+
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "refused",
+                                          {"spec": {"sweeper": {"resources": {"limits": {"cpu": "4"}}}}})
+    wait_for(lambda: read_deployment(apps, kube_namespace, "refused-sweeper"), "the sweeper once the spec is fixed")
+    wait_for(lambda: (lambda c: c and c["reason"] != "ApplyFailed")(
+        condition(get_policy(custom, kube_namespace, "refused"), "Ready")), "Ready no longer ApplyFailed")
+
+
+def test_a_rotated_secret_rolls_the_sweeper(operator, apis, kube_namespace, redis_server, queue_name):
+    core, apps, custom = apis
+    core.create_namespaced_secret(kube_namespace, redis_secret("rotating", redis_server.url))
+    create_policy(custom, kube_namespace, policy_manifest("rotated", queue_name, secret="rotating"))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "rotated-sweeper"), "the sweeper")
+    before = first.spec.template.metadata.annotations
+    version = core.read_namespaced_secret("rotating", kube_namespace).metadata.resource_version
+    assert before["queues.emq.dev/redis-secret-version"] == version
+
+    # A new password (here: the same server written another way) is a new Secret version.
+    same_server = redis_server.url.rsplit("/", 1)[0]
+    core.patch_namespaced_secret("rotating", kube_namespace, {"stringData": {"url": same_server}})
+    rotated = core.read_namespaced_secret("rotating", kube_namespace).metadata.resource_version
+    assert rotated != version
+
+    # The operator reads the Secret again when its cache (30 s) expires.
+    rolled = wait_for(lambda: (lambda d: d if d.spec.template.metadata.annotations.get(
+        "queues.emq.dev/redis-secret-version") == rotated else None)(
+        read_deployment(apps, kube_namespace, "rotated-sweeper")), "the new Secret version in the pod template",
+        timeout=75, interval=1)
+    after = rolled.spec.template.metadata.annotations
+    assert after["queues.emq.dev/config-hash"] != before["queues.emq.dev/config-hash"]
+    assert rolled.metadata.generation > first.metadata.generation and rolled.metadata.uid == first.metadata.uid
+    assert same_server not in json.dumps(client.ApiClient().sanitize_for_serialization(rolled))

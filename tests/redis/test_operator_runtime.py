@@ -260,3 +260,72 @@ def test_an_unreadable_replay_record_does_not_block_a_replay(redis_server, r, qu
     ctl.stop()
     assert r.zscore(keys.pending, "JOB0001") is not None
     assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
+
+
+def dead_letter_raw(redis_server, queue, job_id: bytes, last_error: bytes):
+    """A dead job whose id and last_error are not UTF-8 (Redis keys and values are bytes)."""
+    raw = redis_server.client(decode_responses=False)
+    keys = QueueKeys(queue)
+    raw.hset(keys.job("").encode() + job_id, mapping={
+        b"state": b"dead", b"attempts": b"1", b"payload": b"{}", b"stalled": b"1", b"last_error": last_error})
+    raw.zadd(keys.dead, {job_id: 0})
+    raw.close()
+
+
+def test_a_replay_of_ids_that_are_not_utf8_is_served_once(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    dead_letter_raw(redis_server, queue_name, b"JOB\xff\xfe1", b"boom \xc3\x28")
+    sink = StatusSink()
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), sink)
+    recorder = ctl.recorder
+    try:
+        ctl.refresh(("ns", "p"))
+        assert r.zcard(keys.pending) == 1 and r.zcard(keys.dead) == 0
+        assert sink.patches[-1]["lastReplay"]["token"] == "t1"
+        assert sink.patches[-1]["lastReplay"]["replayed"] == 1
+        assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
+        # Served: what dies afterwards stays in the morgue on the next refreshes.
+        dead_letter_raw(redis_server, queue_name, b"JOB\xff2", b"\xff")
+        ctl.refresh(("ns", "p"))
+        ctl.refresh(("ns", "p"))
+    finally:
+        ctl.stop()
+    assert r.zcard(keys.dead) == 1
+    assert [e[2] for e in recorder.events].count("Replayed") == 1
+
+
+def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, r, queue_name):
+    from stalledpolicy.engine import morgue_replay
+
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    dead_letter(r, queue_name, "JOB0001")
+    runs = []
+
+    def replay_then_fail_to_parse(client, queue, lane=None):
+        runs.append(queue)
+        morgue_replay(client, queue, lane=lane)  # the jobs move ...
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")  # ... the reply is unreadable
+
+    ctl = make_controller(secrets, StatusSink(), NullRecorder())
+    ctl.replay_fn = replay_then_fail_to_parse
+    body = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+    ctl.observe_policy(body, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    try:
+        ctl.refresh(("ns", "p"))
+        dead_letter(r, queue_name, "JOB0002")
+        ctl.refresh(("ns", "p"))
+    finally:
+        ctl.stop()
+    assert runs == [queue_name], "the replay ran again"
+    assert r.zscore(keys.pending, "JOB0001") is not None and r.zscore(keys.dead, "JOB0002") is not None
+    last = ctl.custom.patches[-1]["lastReplay"] if "lastReplay" in ctl.custom.patches[-1] else next(
+        p["lastReplay"] for p in reversed(ctl.custom.patches) if "lastReplay" in p)
+    assert last["token"] == "t1" and last["replayed"] is None  # null: the merge patch drops an old count
+    assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
+    [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
+    assert kind == "Warning" and "could not be read" in message and "UnicodeDecodeError" in message
+    assert [e[2] for e in ctl.recorder.events].count("Replayed") == 1

@@ -120,3 +120,23 @@ def test_schema_refuses_unknown_or_mistyped_values(override, field):
     errors = list(jsonschema.Draft7Validator(load_schema()).iter_errors(values))
     assert errors, f"{override} was accepted"
     assert any(field in (e.message + " ".join(map(str, e.path))) for e in errors), [e.message for e in errors]
+
+
+@pytest.mark.parametrize("key", ["statusInterval", "maxBackoff"])
+def test_status_interval_and_max_backoff_are_at_least_a_second(key):
+    # The operator refuses less than 1s (it would spin its status loop); the
+    # schema refuses it before Helm renders a Deployment that crash-loops.
+    from stalledpolicy.durations import parse_duration
+
+    validator = jsonschema.Draft7Validator(load_schema())
+
+    def accepted(value):
+        values = load_values()
+        values["operator"] = {**values["operator"], key: value}
+        return not list(validator.iter_errors(values))
+
+    refused = ["0s", "1ms", "999ms", "1500ms", "0.5s", "0h", "00s"]
+    fine = ["1s", "1.5s", "10s", "5m", "1h30m", "0h1s"]
+    assert [v for v in refused if accepted(v)] == []
+    assert [v for v in fine if not accepted(v)] == []
+    assert all(parse_duration(v) >= 1 for v in fine)  # and the operator takes what the schema lets through

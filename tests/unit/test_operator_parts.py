@@ -4,6 +4,8 @@ ownership, the scheduler, log hygiene, and the pod runner's translation of a con
 from __future__ import annotations
 
 import base64
+import copy
+import json
 import logging
 import sys
 import threading
@@ -333,3 +335,271 @@ def test_the_api_connection_pool_fits_every_thread_that_calls_the_api():
     assert config.handler_workers == 12
     assert config.api_connections == 24
     assert OperatorConfig(status_workers=2).api_connections == 6
+
+
+# -- settings: at least a second ---------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["0s", "1ms", "999ms", "0.5s"])
+def test_the_operator_refuses_a_status_interval_or_backoff_under_a_second(text, capsys):
+    from stalledpolicy.cli import build_parser
+
+    for flag in ("--status-interval", "--max-backoff"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["operator", "-A", flag, text])
+        assert "must be at least 1s" in capsys.readouterr().err
+    seconds = str(parse_seconds(text))
+    for name in ("STATUS_INTERVAL", "MAX_BACKOFF"):
+        with pytest.raises(SystemExit, match=f"STALLEDPOLICY_OPERATOR_{name}=.*must be at least 1s"):
+            OperatorConfig.from_env({f"STALLEDPOLICY_OPERATOR_{name}": seconds})
+
+
+    # A second is enough.
+    args = build_parser().parse_args(["operator", "-A", "--status-interval", "1s", "--max-backoff", "1.5s"])
+    assert (args.status_interval, args.max_backoff) == (1.0, 1.5)
+    assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_STATUS_INTERVAL": "1"}).status_interval == 1.0
+
+
+def parse_seconds(text):
+    from stalledpolicy.durations import parse_duration
+
+    return parse_duration(text)
+
+
+# -- kopf settings ---------------------------------------------------------------------------
+
+def test_startup_asks_the_api_server_for_our_sweepers_only(monkeypatch):
+    import kopf
+
+    from stalledpolicy.controller import main, wiring
+
+    class Started:
+        def start(self):
+            pass
+
+    monkeypatch.setattr(wiring, "build_controller", lambda config: Started())
+    monkeypatch.setattr(main, "_controller", None)
+    settings = kopf.OperatorSettings()
+    main.startup(settings=settings)
+    deployments = kopf.Resource("apps", "v1", "deployments", kind="Deployment", namespaced=True)
+    policies = kopf.Resource("queues.emq.dev", "v1alpha1", "stalledpolicies", kind="StalledPolicy",
+                             namespaced=True)
+    replicasets = kopf.Resource("apps", "v1", "replicasets", kind="ReplicaSet", namespaced=True)
+    # kopf passes these as labelSelector on the list and watch requests.
+    assert settings.watching.label_selectors.collect(deployments) == [
+        "app.kubernetes.io/managed-by=stalledpolicy-operator"]
+    assert settings.watching.label_selectors.collect(policies) == []
+    assert settings.watching.label_selectors.collect(replicasets) == []
+
+
+# -- reconcile against a fake API ---------------------------------------------------------------
+
+class Response:
+    def __init__(self, obj):
+        self.data = json.dumps(obj).encode()
+
+
+def api_error(status, reason, message):
+    from kubernetes.client.exceptions import ApiException
+
+    exc = ApiException(status=status, reason=reason)
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "reason": "Invalid",
+                           "code": status})
+    return exc
+
+
+class FakeApps:
+    """AppsV1Api enough for reconcile: stores the applied Deployment, bumps its
+    generation when its spec changes, or refuses with ``refuse``."""
+
+    def __init__(self):
+        self.stored = None
+        self.applied = []
+        self.refuse = None
+        self.rv = 0
+
+    def read_namespaced_deployment(self, name, namespace, **_):
+        if self.stored is None:
+            raise api_error(404, "Not Found", "not found")
+        return Response(self.stored)
+
+    def patch_namespaced_deployment(self, name, namespace, body, **kwargs):
+        assert kwargs["field_manager"] == "stalledpolicy-operator" and kwargs["force"] is True
+        if self.refuse is not None:
+            raise self.refuse
+        self.applied.append(copy.deepcopy(body))
+        generation = int((self.stored or {}).get("metadata", {}).get("generation") or 0)
+        if self.stored is None or self.stored["spec"] != body["spec"]:
+            generation += 1
+            self.rv += 1
+        self.stored = copy.deepcopy(body)
+        self.stored["metadata"].update(generation=generation, resourceVersion=str(self.rv))
+        return Response(self.stored)
+
+    def scale_by_hand(self, replicas):
+        self.stored["spec"]["replicas"] = replicas
+        self.stored["metadata"]["generation"] += 1
+        return copy.deepcopy(self.stored)
+
+
+def fake_controller(apps, secrets=None, versions=None):
+    from stalledpolicy.controller.events import NullRecorder
+    from stalledpolicy.controller.runtime import Controller
+    from stalledpolicy.engine import QueueSnapshot
+
+    store = {} if secrets is None else secrets
+    snap = QueueSnapshot(dead=0, pending=0, active=0, recovered_total=0, dead_lettered_total=0,
+                         orphans_total=0, quarantined_total=0, lanes=[])
+
+    class Custom:
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            pass
+
+    return Controller(OperatorConfig(sweeper_image="img:1", max_backoff=60), apps=apps, core=None,
+                      custom=Custom(), recorder=NullRecorder(),
+                      secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
+                      clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
+                      snapshot_fn=lambda *a, **k: snap, secret_versions=versions)
+
+
+def policy_body(spec=None, generation=1):
+    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "generation": generation,
+                         "resourceVersion": str(generation)},
+            "spec": spec or {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}}}}
+
+
+def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
+    from stalledpolicy.controller.reconcile import RetryLater, reconcile
+
+    apps = FakeApps()
+    apps.refuse = api_error(422, "Unprocessable Entity",
+                            'Deployment.apps "p-sweeper" is invalid: spec.template.spec.containers[0]'
+                            '.resources.requests: Invalid value: "2": must be less than or equal to cpu limit of 1')
+    ctl = fake_controller(apps)
+    body = policy_body()
+    delays = []
+    for retry in range(3):
+        with pytest.raises(RetryLater) as refused:
+            reconcile(ctl, body, retry=retry)
+        delays.append(refused.value.delay)
+    assert delays == [5, 10, 20]
+    outcome = ctl.policies[("ns", "p")].outcome
+    assert (outcome.ok, outcome.reason) == (False, "ApplyFailed")
+    assert outcome.message.startswith("applying Deployment ns/p-sweeper failed: HTTP 422 Unprocessable Entity: ")
+    assert "must be less than or equal to cpu limit of 1" in outcome.message
+    warnings = [e for e in ctl.recorder.events if e[2] == "ApplyFailed"]
+    assert len(warnings) == 1 and warnings[0][1] == "Warning"  # once, not once per retry
+    assert "less than or equal to cpu limit" in warnings[0][3]
+
+    apps.refuse = None
+    assert reconcile(ctl, body).ok
+    assert ctl.policies[("ns", "p")].outcome.reason == "Applied"
+
+
+def test_a_failed_read_of_the_deployment_is_an_apply_failure_too():
+    from stalledpolicy.controller.reconcile import RetryLater, reconcile
+
+    class Forbidden(FakeApps):
+        def read_namespaced_deployment(self, name, namespace, **_):
+            raise api_error(403, "Forbidden", 'deployments.apps "p-sweeper" is forbidden')
+
+    ctl = fake_controller(Forbidden())
+    with pytest.raises(RetryLater, match="HTTP 403 Forbidden"):
+        reconcile(ctl, policy_body())
+    assert ctl.policies[("ns", "p")].outcome.reason == "ApplyFailed"
+
+
+def test_api_messages_never_show_a_password():
+    from stalledpolicy.controller.reconcile import describe_api_error
+
+    text = describe_api_error(api_error(422, "Unprocessable Entity", "bad value redis://:hunter2@db:6379/0"))
+    assert "hunter2" not in text and "redis://***@db:6379/0" in text
+
+
+def test_the_applied_template_names_the_secret_version_and_keeps_it_when_unreadable():
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, secrets, versions)
+    outcome = reconcile(ctl, policy_body())
+    annotations = apps.stored["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["queues.emq.dev/redis-secret-version"] == "7" and outcome.secret_version == "7"
+    assert "redis://db" not in json.dumps(apps.stored)
+    # The Secret is gone (or forbidden) for a moment: no rollout for that.
+    secrets.clear()
+    versions.clear()
+    reconcile(ctl, policy_body())
+    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == "7"
+    assert apps.stored["metadata"]["generation"] == 1
+
+
+def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, secrets, versions)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 1, "an unchanged Secret re-applies nothing"
+    secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
+    versions[("ns", "creds")] = "8"
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 2
+    template = apps.stored["spec"]["template"]["metadata"]["annotations"]
+    assert template["queues.emq.dev/redis-secret-version"] == "8"
+    assert apps.stored["metadata"]["generation"] == 2  # a new pod template: a rollout
+    assert "rotated" not in json.dumps(apps.applied)
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 2, "once per change"
+    # A Secret changed to something no sweeper can use rolls nothing (the pods keep the last good URL).
+    secrets[("ns", "creds")] = {"url": b64("http://not-redis")}
+    versions[("ns", "creds")] = "9"
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 2
+
+
+def test_a_failed_reapply_is_tried_again_by_the_status_loop():
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, {("ns", "creds"): {"url": b64("redis://db:6379/0")}}, versions)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    versions[("ns", "creds")] = "8"
+    apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
+    ctl.refresh(("ns", "p"))
+    assert ctl.policies[("ns", "p")].outcome.reason == "ApplyFailed"
+    apps.refuse = None
+    ctl.refresh(("ns", "p"))
+    assert ctl.policies[("ns", "p")].outcome.ok
+    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == "8"
+
+
+def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
+    from stalledpolicy.controller.reconcile import drifted_policy, reconcile, revert_drift
+
+    apps = FakeApps()
+    ctl = fake_controller(apps)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    ours = copy.deepcopy(apps.stored)
+    assert drifted_policy(ctl, ours) is None  # the generation our apply made
+    scaled = apps.scale_by_hand(0)
+    assert drifted_policy(ctl, scaled) == ("ns", "p")
+    revert_drift(ctl, scaled)
+    assert apps.stored["spec"]["replicas"] == 1
+    assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # no loop: our apply is not drift
+    [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
+    assert kind == "Normal" and "p-sweeper" in message
+    # A Deployment of another owner, or of a policy with another uid, is none of ours.
+    foreign = copy.deepcopy(scaled)
+    foreign["metadata"]["ownerReferences"][0]["uid"] = "u-2"
+    assert drifted_policy(ctl, foreign) is None

@@ -149,3 +149,49 @@ def test_lanes_and_last_replay_are_published():
 def test_deployment_state_reads_defaults():
     state = DeploymentState.from_object({"metadata": {"generation": 4}, "spec": {}, "status": {}})
     assert (state.generation, state.replicas, state.available, state.observed_generation) == (4, 1, 0, 0)
+
+
+def test_a_sweeper_scaled_to_zero_by_hand_is_not_available():
+    # kubectl scale --replicas=0: the Deployment is "0 of 0 available", which is
+    # not what the policy asks for.
+    outcome = ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=2, replicas=1)
+    scaled = DeploymentState(generation=2, observed_generation=2, replicas=0, updated=0, available=0, ready=0)
+    condition = sweeper_condition(outcome, scaled, "p-sweeper")
+    assert (condition.status, condition.reason) == (FALSE, "Progressing")
+    assert "asks for 0 replicas, the policy for 1" in condition.message
+    status = desired_status({}, outcome=outcome, deployment=scaled, deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0)
+    assert condition_of(status, READY)["status"] == FALSE
+
+
+def test_availability_is_counted_against_the_policys_replicas():
+    outcome = ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1, replicas=2)
+    # Someone scaled 2 -> 1 and the one pod is up: still short of the policy's two.
+    one = DeploymentState(generation=1, observed_generation=1, replicas=1, updated=1, available=1, ready=1)
+    assert sweeper_condition(outcome, one, "p-sweeper").status == FALSE
+    two = DeploymentState(generation=1, observed_generation=1, replicas=2, updated=2, available=2, ready=2)
+    assert sweeper_condition(outcome, two, "p-sweeper").message == "2 of 2 sweeper replicas available"
+
+
+def test_a_configuration_problem_is_ready_s_reason_before_progressing():
+    # A missing Secret keeps the new pods from starting: the rollout never ends,
+    # and the reason to show is the Secret, not the rollout.
+    starting = DeploymentState(generation=1, observed_generation=1, replicas=1, updated=1, available=0, ready=0)
+    for reason in ("SecretNotFound", "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL"):
+        status = desired_status({}, outcome=applied(), deployment=starting, deployment_name="p-sweeper",
+                                problem=Problem(reason, f"{reason} message"), now=T0)
+        ready = condition_of(status, READY)
+        assert (ready["status"], ready["reason"], ready["message"]) == (FALSE, reason, f"{reason} message")
+        assert condition_of(status, SWEEPER_AVAILABLE)["reason"] == "Progressing"
+    # An unreachable Redis is no configuration problem: the rollout still comes first.
+    status = desired_status({}, outcome=applied(), deployment=starting, deployment_name="p-sweeper",
+                            problem=Problem("RedisUnreachable", "down"), now=T0)
+    assert condition_of(status, READY)["reason"] == "Progressing"
+    # The reconcile's own failure (the API refused the Deployment) comes before all.
+    refused = ReconcileOutcome(2, False, "ApplyFailed", "applying Deployment ns/p-sweeper failed: HTTP 422 ...")
+    status = desired_status({}, outcome=refused, deployment=available(), deployment_name="p-sweeper",
+                            snapshot=snapshot(), problem=Problem("SecretNotFound", "no Secret"), now=T0)
+    ready = condition_of(status, READY)
+    assert (ready["status"], ready["reason"]) == (FALSE, "ApplyFailed") and "HTTP 422" in ready["message"]
+    # The sweeper that runs (the last applied spec) is still described as it is.
+    assert condition_of(status, SWEEPER_AVAILABLE)["status"] == TRUE

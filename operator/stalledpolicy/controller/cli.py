@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig
 
 EXIT_USAGE = 2
 
@@ -18,8 +18,9 @@ def _seconds(text: str) -> float:
         value = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be greater than zero")
+    if value < MIN_LOOP_SECONDS:
+        # 0s would spin the status loop; 1ms nearly so. (The chart's schema refuses them too.)
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1s")
     return value
 
 
@@ -36,9 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--status-interval", type=_seconds, default=None, metavar="DURATION",
-                        help="time between two status reads of a policy's queue (default 10s)")
+                        help="time between two status reads of a policy's queue "
+                             "(default 10s, at least 1s)")
     parser.add_argument("--max-backoff", type=_seconds, default=None, metavar="DURATION",
-                        help="longest retry delay after an error (default 5m)")
+                        help="longest retry delay after an error (default 5m, at least 1s)")
     parser.add_argument("--status-workers", type=int, default=None, metavar="N",
                         help="threads refreshing status (default 8)")
     parser.add_argument("--peering", metavar="NAME",

@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass
 
 ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
+# The shortest status interval and retry cap: below a second the status loop
+# would read every queue (and retry every failure) in a busy loop.
+MIN_LOOP_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class OperatorConfig:
         env = os.environ if environ is None else environ
         defaults = cls()
 
-        def number(name: str, default: float) -> float:
+        def number(name: str, default: float, minimum: float | None = None) -> float:
             raw = env.get(ENV_PREFIX + name)
             if raw in (None, ""):
                 return default
@@ -47,14 +50,16 @@ class OperatorConfig:
                 value = float(raw)
             except ValueError:
                 raise SystemExit(f"{ENV_PREFIX + name}={raw!r}: must be a number of seconds") from None
+            if minimum is not None and value < minimum:
+                raise SystemExit(f"{ENV_PREFIX + name}={raw!r}: must be at least {minimum:g}s")
             if value <= 0:
                 raise SystemExit(f"{ENV_PREFIX + name}={raw!r}: must be greater than 0")
             return value
 
         return cls(
             sweeper_image=env.get(ENV_PREFIX + "SWEEPER_IMAGE") or None,
-            status_interval=number("STATUS_INTERVAL", defaults.status_interval),
-            max_backoff=number("MAX_BACKOFF", defaults.max_backoff),
+            status_interval=number("STATUS_INTERVAL", defaults.status_interval, MIN_LOOP_SECONDS),
+            max_backoff=number("MAX_BACKOFF", defaults.max_backoff, MIN_LOOP_SECONDS),
             secret_ttl=number("SECRET_TTL", defaults.secret_ttl),
             status_workers=int(number("STATUS_WORKERS", defaults.status_workers)),
             redis_timeout=number("REDIS_TIMEOUT", defaults.redis_timeout),

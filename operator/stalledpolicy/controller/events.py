@@ -31,6 +31,8 @@ REPLAY_FAILED = "ReplayFailed"
 REPLAY_INCOMPLETE = "ReplayIncomplete"
 NAME_CONFLICT = "NameConflict"
 INVALID_SPEC = "InvalidSpec"
+APPLY_FAILED = "ApplyFailed"
+DRIFT_REVERTED = "DriftReverted"
 
 
 def _budget(value: int | None) -> str:

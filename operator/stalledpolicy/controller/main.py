@@ -15,11 +15,12 @@ import kopf
 
 from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
                                       VERSION)
-from stalledpolicy.controller.config import OperatorConfig, backoff
-from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, reapply_after_deletion,
-                                                reconcile)
+from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, drifted_policy,
+                                                reapply_after_deletion, reconcile, revert_drift)
 
 STORAGE_PREFIX = f"operator.{GROUP}"
+SWEEPER_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 _controller = None
 
 
@@ -39,6 +40,9 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.level = logging.WARNING
     config = OperatorConfig.from_env()
     settings.execution.max_workers = config.handler_workers
+    # Only our sweepers, filtered by the API server: without it kopf lists and
+    # watches every Deployment of the cluster and drops the others itself.
+    settings.watching.label_selectors["apps", "v1", "deployments"] = SWEEPER_SELECTOR
     # Clean shutdown on SIGTERM: give running handlers a moment, then stop.
     settings.process.ultimate_exiting_timeout = 10
     from stalledpolicy.controller.wiring import build_controller
@@ -54,18 +58,14 @@ def cleanup(**_) -> None:
 
 
 def _run_reconcile(body, retry: int, old_spec=None) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    ctl = controller()
+    # API refusals (a 422, a 403) come back as RetryLater, already recorded as
+    # the policy's condition and a Warning event.
     try:
-        reconcile(ctl, body, retry=retry, old_spec=old_spec)
+        reconcile(controller(), body, retry=retry, old_spec=old_spec)
     except InvalidPolicy as exc:
         raise kopf.PermanentError(str(exc)) from None
     except RetryLater as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
-    except ApiException as exc:
-        raise kopf.TemporaryError(f"Kubernetes API refused: HTTP {exc.status} {exc.reason}",
-                                  delay=backoff(retry, 2.0, ctl.config.max_backoff)) from None
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
@@ -97,3 +97,5 @@ async def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
     _controller.observe_deployment(body, type)  # short: one in-memory lock
     if type == "DELETED":
         await asyncio.to_thread(reapply_after_deletion, _controller, body)
+    elif drifted_policy(_controller, body) is not None:  # memory only: cheap on every event
+        await asyncio.to_thread(revert_drift, _controller, body)

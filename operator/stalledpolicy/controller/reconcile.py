@@ -1,26 +1,35 @@
 """Policy -> sweeper Deployment, level-based: read, check ownership, apply.
 
-Called by the kopf handlers for create, resume and update (and again when
-someone deletes the sweeper). It never imports kopf: a spec the operator can
-never run raises ``InvalidPolicy`` (kopf: permanent, until the spec changes);
-a state that may fix itself (a Deployment of that name owned by someone else)
-raises ``RetryLater`` with a growing delay.
+Called by the kopf handlers for create, resume and update, and again when
+someone deletes or edits the sweeper (``reapply_after_deletion``,
+``revert_drift``) or the referenced Secret changes (``reapply``, from the
+status loop). It never imports kopf: a spec the operator can never run raises
+``InvalidPolicy`` (kopf: permanent, until the spec changes); a state that may
+fix itself (a Deployment of that name owned by someone else, an API refusal
+such as a 422) is recorded as the policy's condition and raises ``RetryLater``
+with a growing delay.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, NoReturn
 
-from stalledpolicy.controller import events
-from stalledpolicy.controller.apply import apply_deployment, conflict_reason, read_deployment
+from stalledpolicy.controller import KIND, events
+from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, controller_owner,
+                                            read_deployment)
 from stalledpolicy.controller.config import backoff
+from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller, plain, sweeper_name
 from stalledpolicy.controller.status import ReconcileOutcome
 
 log = logging.getLogger("stalledpolicy.operator")
 
 NAME_CONFLICT_FIRST_RETRY = 5.0
+APPLY_FAILED_FIRST_RETRY = 5.0
+API_MESSAGE_MAX = 1000
 
 
 class InvalidPolicy(Exception):
@@ -46,20 +55,78 @@ def default_sweeper_image() -> str:
         return f"{SWEEPER_REPOSITORY}:latest"
 
 
-def build(body: Mapping[str, Any], spec, sweeper_image: str | None) -> dict:
+def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
+          secret_version: str | None = None) -> dict:
     from stalledpolicy.policy.builder import build_sweeper_deployment
 
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
-        image=sweeper_image or default_sweeper_image(), generation=meta.get("generation"))
+        image=sweeper_image or default_sweeper_image(), generation=meta.get("generation"),
+        secret_version=secret_version)
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException, urllib3.exceptions.HTTPError, OSError
+
+
+_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
+
+
+def describe_api_error(exc: BaseException) -> str:
+    """The API server's own words for a refused request: ``HTTP 422 Unprocessable
+    Entity: Deployment.apps "x" is invalid: ...``. The request was our sweeper
+    Deployment, which holds no secret (the Redis URL of a Secret arrives by
+    secretKeyRef, an inline URL is credential-free by validation), so neither
+    does the message; any ``user:password@`` in it is masked all the same."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        text = f"HTTP {exc.status} {exc.reason}"
+        detail = None
+        try:
+            detail = json.loads(exc.body).get("message") if exc.body else None
+        except (TypeError, ValueError, AttributeError):
+            pass
+        if detail:
+            text += f": {detail}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return _USERINFO.sub(r"\1***@", text)[:API_MESSAGE_MAX]
+
+
+def _secret_version(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
+    """The resourceVersion of the policy's Secret for the pod template. When the
+    Secret cannot be read now (missing, forbidden, API down), the version the
+    running pods have, so a passing error never rolls the sweeper."""
+    from stalledpolicy.policy.builder import SECRET_VERSION_ANNOTATION
+
+    ref = spec.redis.secret_ref
+    if ref is None:
+        return None
+    version = ctl.secret_version(namespace, ref.name)
+    if version is None and existing is not None:
+        template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        version = (template.get("annotations") or {}).get(SECRET_VERSION_ANNOTATION)
+    return version
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
               old_spec: Mapping[str, Any] | None = None) -> ReconcileOutcome:
+    """Apply the policy's sweeper Deployment. One reconcile of a policy at a time
+    (kopf's handlers and the re-applies after drift, deletion or a Secret change)."""
+    body = plain(body)
+    with ctl.state(body).apply_lock:
+        return _reconcile(ctl, body, retry, old_spec)
+
+
+def _reconcile(ctl: Controller, body: dict, retry: int,
+               old_spec: Mapping[str, Any] | None) -> ReconcileOutcome:
     from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
-    body = plain(body)
     meta = body.get("metadata") or {}
     namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
     generation = int(meta.get("generation") or 0)
@@ -70,9 +137,12 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, str(exc)))
         raise InvalidPolicy(str(exc)) from None
 
-    deployment = build(body, spec, ctl.config.sweeper_image)
-    deployment_name = deployment["metadata"]["name"]
-    existing = read_deployment(ctl.apps, namespace, deployment_name)
+    deployment_name = sweeper_name(name)
+    try:
+        existing = read_deployment(ctl.apps, namespace, deployment_name)
+    except _api_errors() as exc:
+        _apply_failed(ctl, body, generation, retry,
+                      f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}")
     if existing is not None:
         ctl.observe_deployment(existing)
     clash = conflict_reason(existing, uid)
@@ -84,7 +154,13 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
         delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
         raise RetryLater(message, delay)
 
-    applied = apply_deployment(ctl.apps, deployment)
+    secret_version = _secret_version(ctl, namespace, spec, existing)
+    deployment = build(body, spec, ctl.config.sweeper_image, secret_version)
+    try:
+        applied = apply_deployment(ctl.apps, deployment)
+    except _api_errors() as exc:
+        _apply_failed(ctl, body, generation, retry,
+                      f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}")
     ctl.observe_deployment(applied)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
@@ -99,9 +175,94 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
     outcome = ReconcileOutcome(
         generation, True, "Applied", f"sweeper Deployment {deployment_name} applied",
         suspended=spec.suspend,
-        deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None)
+        deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None,
+        replicas=int(deployment["spec"]["replicas"]), secret_version=secret_version)
     ctl.record_outcome(body, outcome)
     return outcome
+
+
+def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, message: str) -> NoReturn:
+    """The API refused (a 422 for requests above limits, a 403, ...): a condition and
+    a Warning event (once per distinct message), and a retry with a growing delay."""
+    ctl.record_outcome(body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
+    raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff))
+
+
+# -- re-applies outside kopf's handlers --------------------------------------------------
+
+def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
+    """Reconcile ``body`` for a reason kopf does not see; a failure is the
+    policy's condition (and event) already, and the status loop retries it."""
+    state = ctl.policies.get(key)
+    try:
+        outcome = reconcile(ctl, body)
+    except InvalidPolicy:
+        outcome = None
+    except RetryLater:
+        if state is not None:
+            state.reapply_pending = True
+        return None
+    if state is not None:
+        state.reapply_pending = False
+    return outcome
+
+
+def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
+    """Apply the policy's Deployment again from the policy as last seen (the status
+    loop: the referenced Secret changed, or an earlier re-apply failed)."""
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None:
+        return
+    if (state.body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    log.info("re-applying the sweeper Deployment", extra={
+        "namespace": key[0], "policy": key[1], "why": why})
+    _reconcile_again(ctl, key, state.body)
+
+
+def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The policy whose sweeper Deployment someone else changed (``kubectl scale``,
+    an env edit): its generation is past the one our last apply made. Memory only,
+    so kopf's watch can ask on every event; our own no-op applies never bump the
+    generation, so they never look like drift."""
+    meta = deployment.get("metadata") or {}
+    owner = controller_owner(deployment)
+    if owner is None or owner.get("kind") != KIND:
+        return None
+    key = (meta.get("namespace") or "", owner.get("name") or "")
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None or not state.outcome.ok:
+        return None
+    if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
+        return None
+    if sweeper_name(key[1]) != meta.get("name"):
+        return None
+    applied = state.outcome.deployment_generation
+    if applied is None or int(meta.get("generation") or 0) <= applied:
+        return None
+    return key
+
+
+def revert_drift(ctl: Controller, deployment: Mapping[str, Any]) -> None:
+    """Someone changed a sweeper Deployment: apply the policy's spec over it (server-side
+    apply, forced: the fields the operator owns come back; fields it never set stay)."""
+    key = drifted_policy(ctl, deployment)
+    if key is None:
+        return
+    state = ctl.policies[key]
+    with state.apply_lock:
+        # A reconcile of ours may have made this generation while we waited.
+        if drifted_policy(ctl, deployment) is None:
+            return
+        meta = deployment.get("metadata") or {}
+        seen = int(meta.get("generation") or 0)
+        log.info("sweeper Deployment changed outside the policy; re-applying", extra={
+            "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
+        outcome = _reconcile_again(ctl, key, state.body)
+    if outcome is not None and (outcome.deployment_generation or 0) > seen:
+        ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
+                          f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
+                          "the operator re-applied the policy's spec: edit the StalledPolicy instead")
 
 
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
@@ -110,7 +271,8 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     owner = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
     if owner is None:
         return
-    state = ctl.policies.get((meta.get("namespace"), owner.get("name")))
+    key = (meta.get("namespace"), owner.get("name"))
+    state = ctl.policies.get(key)
     if state is None or state.outcome is None or not state.outcome.ok:
         return
     if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
@@ -135,7 +297,4 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
         return
     log.info("sweeper Deployment deleted; re-applying", extra={
         "namespace": meta.get("namespace"), "policy": owner.get("name")})
-    try:
-        reconcile(ctl, current)
-    except (InvalidPolicy, RetryLater):
-        pass  # recorded as the policy's condition
+    _reconcile_again(ctl, key, current)

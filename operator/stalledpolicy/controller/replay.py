@@ -9,6 +9,11 @@ The served token and its result are also written to the queue's Redis
 (``emq:{q}:sweeper:last-replay``) right after the replay: an operator that
 dies before its status write lands finds the token there when it comes back,
 and reports that replay instead of running it again on what has died since.
+
+Job ids and errors are bytes to Redis, not always UTF-8: the replay runs on a
+bytes client (the engine decodes with ``errors="replace"``), and a reply that
+still cannot be read serves the token all the same (the script has run: the
+jobs moved), with the count left unknown and a warning saying so.
 """
 
 from __future__ import annotations
@@ -65,12 +70,25 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
         return served, None
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
-    result = replay_fn(client, queue, lane=request.lane)
-    record: dict[str, Any] = {"token": request.token, "replayed": int(result.replayed), "time": now}
+    record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now}
     if request.lane:
         record["lane"] = request.lane
+    try:
+        result = replay_fn(client, queue, lane=request.lane)
+        record["replayed"] = int(result.replayed)
+        warning = replay_warning(queue, result)
+    except Exception as exc:
+        import redis
+
+        if isinstance(exc, (redis.RedisError, OSError)):
+            raise  # refused, or Redis unreachable: retried on the next refresh
+        # A reply that came back but cannot be read: the script ran. Serve the
+        # token (``replayed`` null: unknown) so it is never run again.
+        warning = (f"the replay of queue {queue} ran but its reply could not be read "
+                   f"({type(exc).__name__}): how many jobs moved is unknown; "
+                   "`stalledpolicy morgue stats` shows what is left")
     client.set(record_key, json.dumps(record, sort_keys=True))
-    return record, replay_warning(queue, result)
+    return record, warning
 
 
 # ids named in the warning; the rest are counted (`stalledpolicy morgue list` shows them all)
@@ -100,13 +118,17 @@ def _served_record(raw: Any, token: str) -> dict | None:
         return None
     if not isinstance(record, dict) or record.get("token") != token:
         return None
-    if not isinstance(record.get("replayed"), int) or not isinstance(record.get("time"), str):
+    replayed = record.get("replayed")
+    if not (replayed is None or isinstance(replayed, int)) or not isinstance(record.get("time"), str):
         return None
     return {k: record[k] for k in ("token", "replayed", "time", "lane") if k in record}
 
 
 def replay_message(queue: str, record: Mapping[str, Any]) -> str:
     where = f" lane {record['lane']}" if record.get("lane") else ""
-    n = record["replayed"]
+    n = record.get("replayed")
+    if n is None:
+        return (f"replayed the morgue of queue {queue}{where}, how many jobs is unknown "
+                f"(token {record['token']!r})")
     return (f"replayed {n} job{'s' if n != 1 else ''} from the morgue of queue {queue}{where} "
             f"(token {record['token']!r})")

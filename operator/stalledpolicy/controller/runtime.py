@@ -22,8 +22,8 @@ from stalledpolicy.controller.replay import (
     InvalidReplayRequest, replay_message, requested_replay, run_replay)
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
-    READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome, condition_of,
-    desired_status, status_patch, utc_now)
+    CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome,
+    condition_of, desired_status, status_patch, utc_now)
 from stalledpolicy.redis_url import redact_url, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -81,13 +81,18 @@ class PolicyState:
     served_token: str | None = None
     unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
     replay_warning: str | None = None  # what that replay left undone, announced with it
+    # One reconcile (apply) of this policy at a time: kopf's handlers, the
+    # re-applies after drift or deletion, and the status loop's after a Secret change.
+    apply_lock: threading.RLock = field(default_factory=threading.RLock)
+    reapply_pending: bool = False  # a re-apply outside kopf failed: the status loop tries again
 
 
 class Controller:
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
-                 replay_fn: Callable[..., Any] | None = None) -> None:
+                 replay_fn: Callable[..., Any] | None = None,
+                 secret_versions: Mapping[tuple[str, str], str] | None = None) -> None:
         self.config = config
         self.apps, self.core, self.custom = apps, core, custom
         self.recorder = recorder
@@ -97,6 +102,9 @@ class Controller:
             from stalledpolicy.engine import queue_snapshot as snapshot_fn
         self.snapshot_fn = snapshot_fn
         self.replay_fn = replay_fn
+        # resourceVersion of each Secret as last read through ``secrets`` (filled by
+        # the reader wiring builds; empty when the reader does not tell).
+        self.secret_versions = {} if secret_versions is None else secret_versions
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()
@@ -195,6 +203,15 @@ class Controller:
                 self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)
         self._kick(state.key)
 
+    def secret_version(self, namespace: str, name: str) -> str | None:
+        """The resourceVersion of Secret ``name`` as last read (read again once the
+        reader's cache has expired); None when it is missing or cannot be read."""
+        try:
+            self.secrets.get(namespace, name)
+        except Exception:  # noqa: BLE001 - unreadable now: the caller keeps what it has
+            return None
+        return self.secret_versions.get((namespace, name))
+
     # -- the status loop -------------------------------------------------------
     def refresh(self, key: PolicyKey) -> float | None:
         state = self.policies.get(key)
@@ -206,14 +223,43 @@ class Controller:
             problem = self._refresh_locked(state)
             if self.policies.get(key) is not state:
                 return None
+            why = self._reapply_reason(state, problem)
             if problem is None:
                 state.failures = 0
-                return self.config.status_interval
-            state.failures += 1
-            return backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
+                delay = self.config.status_interval
+            else:
+                state.failures += 1
+                delay = backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
+        if why is not None:
+            from stalledpolicy.controller.reconcile import reapply
+
+            reapply(self, key, why)  # outside the status lock: it records its outcome
+        return delay
+
+    def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
+        """Why the sweeper must be applied again now, or None: the Secret of
+        ``spec.redis.secretRef`` has a new resourceVersion (a rotated password
+        reaches the pods only through a new pod template), or a re-apply failed.
+        A Secret that is missing or holds no valid URL rolls nothing: the running
+        pods keep the last good one, the condition says what is wrong."""
+        if state.reapply_pending:
+            return "an earlier re-apply failed"
+        outcome = state.outcome
+        if outcome is None or not outcome.ok:
+            return None  # kopf's handler retries its own failures
+        if problem is not None and problem.reason in CONFIGURATION_REASONS:
+            return None
+        ref = ((state.body.get("spec") or {}).get("redis") or {}).get("secretRef") or {}
+        if not ref.get("name"):
+            return None
+        version = self.secret_version(state.key[0], ref["name"])
+        if version is None or version == outcome.secret_version:
+            return None
+        return (f"Secret {state.key[0]}/{ref['name']} changed "
+                f"(resourceVersion {outcome.secret_version} -> {version})")
 
     def _read_queue(self, state: PolicyState, spec: Mapping[str, Any]):
-        """(client, snapshot, problem): exactly one of snapshot/problem is set."""
+        """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
         import redis
 
         from stalledpolicy.keyspace import InvalidQueueName
@@ -223,11 +269,11 @@ class Controller:
             url = resolve_url(state.key[0], spec.get("redis") or {}, self.secrets)
             client = self.clients.client(state.key, url)
             lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
-            return client, self.snapshot_fn(client, spec.get("queue"), lanes), None
+            return client, self.snapshot_fn(client, spec.get("queue"), lanes), None, url
         except RedisConfigError as exc:
-            return None, None, Problem(exc.reason, exc.message)
+            return None, None, Problem(exc.reason, exc.message), None
         except InvalidQueueName as exc:
-            return None, None, Problem("InvalidSpec", f"spec.{exc}")
+            return None, None, Problem("InvalidSpec", f"spec.{exc}"), None
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
             ref = (spec.get("redis") or {}).get("secretRef") or {}
@@ -237,7 +283,7 @@ class Controller:
             where = redact_url(url) if url else "Redis"
             return None, None, Problem("RedisUnreachable",
                                        f"cannot read queue {spec.get('queue')} at {where}: "
-                                       f"{safe_error(exc, url)}")
+                                       f"{safe_error(exc, url)}"), None
 
     def _refresh_locked(self, state: PolicyState) -> Problem | None:
         body, outcome = state.body, state.outcome
@@ -245,11 +291,11 @@ class Controller:
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
-        client, snapshot, problem = self._read_queue(state, spec)
+        client, snapshot, problem, url = self._read_queue(state, spec)
         now = utc_now()
 
         if client is not None and problem is None:
-            problem, snapshot = self._maybe_replay(state, client, spec, snapshot, now)
+            problem, snapshot = self._maybe_replay(state, client, url, spec, snapshot, now)
 
         previous = state.status or {}
         desired = desired_status(
@@ -269,7 +315,17 @@ class Controller:
         self._log_problem(state, problem)
         return problem
 
-    def _maybe_replay(self, state: PolicyState, client, spec, snapshot, now):
+    def _replay_client(self, url: str):
+        """A bytes client for one replay (replays are rare): job ids and errors
+        need not be UTF-8, and a decoding client fails on the reply after the
+        script has moved the jobs."""
+        from stalledpolicy.redis_url import connect
+
+        timeout = self.config.redis_timeout
+        return connect(url, decode_responses=False, socket_timeout=timeout,
+                       socket_connect_timeout=timeout)
+
+    def _maybe_replay(self, state: PolicyState, client, url: str, spec, snapshot, now):
         annotations = (state.body.get("metadata") or {}).get("annotations") or {}
         try:
             request = requested_replay(annotations, state.served_token)
@@ -283,12 +339,20 @@ class Controller:
             return None, snapshot
         import redis
 
+        replay_client = None
         try:
-            record, warning = run_replay(client, spec.get("queue"), request, now, self.replay_fn)
+            replay_client = self._replay_client(url)
+            record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn)
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
             return Problem("RedisUnreachable",
-                           f"replay of queue {spec.get('queue')} failed: {safe_error(exc, None)}"), snapshot
+                           f"replay of queue {spec.get('queue')} failed: {safe_error(exc, url)}"), snapshot
+        finally:
+            if replay_client is not None:
+                try:
+                    replay_client.close()
+                except Exception:  # noqa: BLE001 - a broken connection may fail to close
+                    pass
         # Served from now on, whatever happens to the status write.
         state.served_token = request.token
         state.unwritten_replay, state.replay_warning = record, warning

@@ -34,15 +34,21 @@ class ReconcileOutcome:
     message: str
     suspended: bool = False
     # metadata.generation of the Deployment as applied: its rollout is done
-    # when the Deployment's status.observedGeneration reaches it.
+    # when the Deployment's status.observedGeneration reaches it. A newer
+    # generation seen later is someone else's edit (drift), re-applied.
     deployment_generation: int | None = None
+    # spec.replicas the policy asks for (0 when suspended): availability is
+    # judged against it, never against a Deployment someone scaled by hand.
+    replicas: int | None = None
+    # resourceVersion of the spec.redis.secretRef Secret the applied pod template names.
+    secret_version: str | None = None
 
 
 @dataclass(frozen=True)
 class DeploymentState:
     generation: int
     observed_generation: int
-    replicas: int  # desired (spec.replicas)
+    replicas: int  # the Deployment's spec.replicas (what it asks for now, maybe not what the policy asks)
     updated: int
     available: int
     ready: int
@@ -94,7 +100,12 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
     if not rolled:
         return Condition(FALSE, "RollingOut",
                          f"Deployment {deployment_name} has not observed its latest change yet")
-    want = deployment.replicas
+    want = deployment.replicas if outcome.replicas is None else outcome.replicas
+    if deployment.replicas != want:
+        # Scaled by hand (kubectl scale): not the policy's sweeper, even when "0 of 0" are up.
+        return Condition(FALSE, "Progressing",
+                         f"Deployment {deployment_name} asks for {deployment.replicas} replicas, "
+                         f"the policy for {want}; the operator re-applies the policy's spec")
     if deployment.total > deployment.updated:
         # kubectl rollout status' rule: old pods still run, the new ones may not be ready yet.
         return Condition(FALSE, "RollingOut",
@@ -113,9 +124,21 @@ def redis_condition(problem: Problem | None) -> Condition:
     return Condition(FALSE, problem.reason, problem.message)
 
 
+# RedisReachable reasons that a person must fix in the policy or its Secret (or
+# the operator's RBAC): they explain a sweeper that cannot start as well, so
+# Ready shows them before any rollout reason.
+CONFIGURATION_REASONS = frozenset({
+    "SecretNotFound", "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL", "InvalidSpec"})
+
+
 def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
+    """Ready's reason is the most telling failure: the reconcile's own (NameConflict,
+    ApplyFailed, InvalidSpec), then a configuration problem, then the sweeper's
+    rollout, then Redis being unreachable."""
     if not outcome.ok:
         return Condition(FALSE, outcome.reason, outcome.message)
+    if redis.status != TRUE and redis.reason in CONFIGURATION_REASONS:
+        return Condition(FALSE, redis.reason, redis.message)
     for condition in (sweeper, redis):
         if condition.status != TRUE:
             return Condition(FALSE, condition.reason, condition.message)

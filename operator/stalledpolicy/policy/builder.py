@@ -8,10 +8,12 @@ input, so a second reconcile changes nothing. The container runs
 arrives by ``secretKeyRef`` and is never inlined.
 
 The pod template carries :data:`CONFIG_HASH_ANNOTATION`: a sha256 over the
-sweep configuration (env values, the Secret's name and key, never its content)
-and the Lua scripts' digest. Any change to the budget, lanes, interval or the
-scripts changes the template and so rolls the pods; replicas, suspend and
-metadata do not.
+sweep configuration (env values, the Secret's name and key, never its content),
+the Lua scripts' digest and the referenced Secret's ``resourceVersion`` (passed
+in by the caller, also shown in :data:`SECRET_VERSION_ANNOTATION`). Any change
+to the budget, lanes, interval, the scripts or the Secret (a rotated password)
+changes the template and so rolls the pods; replicas, suspend and metadata do
+not.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ RUN_AS_USER = 65532  # the image's unprivileged user (Dockerfile)
 
 FIELD_MANAGER = "stalledpolicy-operator"
 CONFIG_HASH_ANNOTATION = "queues.emq.dev/config-hash"
+# The resourceVersion of the Secret of spec.redis.secretRef the pods were started with.
+SECRET_VERSION_ANNOTATION = "queues.emq.dev/redis-secret-version"
 POLICY_LABEL = "queues.emq.dev/policy"
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -91,10 +95,14 @@ def owner_reference(policy_name: str, uid: str) -> dict[str, Any]:
     }
 
 
-def config_hash(env: list[dict[str, Any]], scripts_digest: str) -> str:
+def config_hash(env: list[dict[str, Any]], scripts_digest: str, secret_version: str | None = None) -> str:
     """sha256 over the container env (values and secretKeyRef names, never
-    secret contents) and the Lua scripts' digest."""
-    canonical = json.dumps({"env": env, "scripts": scripts_digest}, sort_keys=True)
+    secret contents), the Lua scripts' digest and the referenced Secret's
+    resourceVersion (when known; without one the hash is what it always was)."""
+    config: dict[str, Any] = {"env": env, "scripts": scripts_digest}
+    if secret_version is not None:
+        config["secretVersion"] = secret_version
+    canonical = json.dumps(config, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -121,6 +129,7 @@ def build_sweeper_deployment(
     generation: int | None = None,
     scripts_digest: str | None = None,
     metrics_port: int = DEFAULT_METRICS_PORT,
+    secret_version: str | None = None,
 ) -> dict[str, Any]:
     """The sweeper Deployment (apps/v1) for one policy, ready for server-side apply.
 
@@ -129,6 +138,10 @@ def build_sweeper_deployment(
     in a Deployment annotation only, so it never rolls the pods.
     ``scripts_digest`` defaults to :func:`stalledpolicy.lua.scripts_digest`
     (injectable for tests). ``suspend`` gives zero replicas.
+    ``secret_version`` is the ``resourceVersion`` of the Secret named by
+    ``spec.redis.secretRef`` (the caller reads it; None: unknown): a new version
+    changes the pod template, so a rotated password reaches the pods. Only the
+    version is ever used, never the Secret's content. Ignored for an inline URL.
     """
     if scripts_digest is None:
         from stalledpolicy.lua import scripts_digest as current_digest
@@ -187,6 +200,17 @@ def build_sweeper_deployment(
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
 
+    if spec.redis.secret_ref is None:
+        secret_version = None
+    template_annotations = {
+        CONFIG_HASH_ANNOTATION: config_hash(env, scripts_digest, secret_version),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(metrics_port),
+        "prometheus.io/path": METRICS_PATH,
+    }
+    if secret_version is not None:
+        template_annotations[SECRET_VERSION_ANNOTATION] = str(secret_version)
+
     annotations = {}
     if generation is not None:
         annotations["queues.emq.dev/policy-generation"] = str(generation)
@@ -214,12 +238,7 @@ def build_sweeper_deployment(
             "template": {
                 "metadata": {
                     "labels": dict(labels),
-                    "annotations": {
-                        CONFIG_HASH_ANNOTATION: config_hash(env, scripts_digest),
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(metrics_port),
-                        "prometheus.io/path": METRICS_PATH,
-                    },
+                    "annotations": template_annotations,
                 },
                 "spec": pod_spec,
             },
