@@ -193,13 +193,15 @@ def test_sweep_once_leaves_the_queue_exactly_as_the_contract_says(r, redis_serve
     for name, group in RECOVERED.items():
         row_before, row = rows_before[id_of(name)], r.hgetall(k.job(id_of(name)))
         expected = dict(row_before, state="pending",
-                        stalled=str(int(row_before.get("stalled", 0)) + 1))
+                        stalled=str(int(row_before.get("stalled", 0)) + 1),
+                        attempts=str(int(row_before["attempts"]) + 1))  # the fence
         assert row == expected, name
         assert row.get("group") == group
     for name, group in DEAD.items():
         row_before, row = rows_before[id_of(name)], r.hgetall(k.job(id_of(name)))
         assert row["state"] == "dead" and row["last_error"] == "stalled", name
         assert row["stalled"] == str(int(row_before.get("stalled", 0)) + 1)
+        assert row["attempts"] == str(int(row_before["attempts"]) + 1)  # the fence
         assert row["payload"] == row_before["payload"] and row.get("group") == group
         assert t0 <= int(row["dead_at"]) <= t1
         assert set(row) - set(row_before) <= {"stalled", "last_error", "dead_at"}
@@ -224,18 +226,20 @@ def test_sweep_once_leaves_the_queue_exactly_as_the_contract_says(r, redis_serve
 
     # the queue is sound, and workers find what they expect
     assert mq.audit() == []
-    for name in DEAD:  # the stalled worker of a dead letter is fenced off
+    for name in [*DEAD, *RECOVERED]:  # the stalled worker of every moved job is fenced off
         with pytest.raises(StaleToken):
             mq.complete(claims[name])
         with pytest.raises(StaleToken):
-            mq.extend(claims[name], 1_000)
-    assert mq.complete(claims["flat_fresh"]) is True  # a late finisher of a recovered job
+            mq.extend(claims[name], 1_000)  # EchoMQ's own: would re-add the id to active
+        with pytest.raises(StaleToken):
+            mq.fail(claims[name], error="late", delay_ms=0, max_attempts=9)
+    assert mq.audit() == []
     reclaimed = {}
     for _ in range(len(after.ring)):  # one rotation serves each ringed lane once
         claim = mq.claim(60_000, "grouped")
         reclaimed[claim.group] = claim
     assert set(reclaimed) == {"d", "a", "b", "c", "slow"}
-    assert reclaimed["a"].id == id_of("a_stalled") and reclaimed["a"].token == 2
+    assert reclaimed["a"].id == id_of("a_stalled") and reclaimed["a"].token == 3  # claim, fence, claim
     assert mq.audit() == []
 
 

@@ -129,35 +129,53 @@ def test_fail_at_max_attempts_dead_letters_and_frees_the_lane(mq, r):
     assert mq.audit() == []
 
 
-def test_a_late_complete_after_a_recovery_finishes_the_job_cleanly(mq, r):
-    """EchoMQ fences by token only: the stalled worker that finishes after the
-    sweep returned its job (nobody re-claimed it) retires it from the lane."""
+def test_a_late_complete_after_a_recovery_is_refused_and_the_job_waits_for_a_new_claim(mq, r):
+    """Our recovery fences (attempts += 1): the stalled worker that finishes
+    after the sweep returned its job can no longer retire it; the job runs
+    again, under a new claim."""
     mq.enqueue("x", group="a")
     claim = mq.claim(5_000, "grouped")
     mq.expire(claim)
     assert engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10).recovered == 1
     assert mq.where_is(claim.id).places == ["lane:a"]
-    assert mq.complete(claim) is True
-    assert mq.where_is(claim.id).places == []
+    with pytest.raises(StaleToken):
+        mq.complete(claim)
+    assert mq.where_is(claim.id).places == ["lane:a"]
+    assert mq.audit() == []
+    again = mq.claim(5_000, "grouped")
+    assert again.id == claim.id and again.token == 3
+    assert mq.complete(again) is True
     assert mq.audit() == []
 
 
-def test_echomq_extend_after_a_recovery_double_places_the_job_strict_does_not(mq, r):
-    """A hazard of EchoMQ's own extension (not of our sweep): the audit sees it."""
+def test_echomq_extend_double_places_a_waiting_job_whose_token_matches_strict_does_not(mq, r):
+    """A hazard of EchoMQ's own extension: a job back in pending with its token
+    unchanged (EchoMQ's retry, then promote) is re-added to active by a late
+    heartbeat. The audit sees it; when that stray lease lapses our sweep drops
+    it without counting a stall. After our recovery the same heartbeat is
+    refused: the recovery moved the token on."""
     job = mq.enqueue("x")
     claim = mq.claim(5_000, "flat")
-    mq.expire(claim)
-    engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10)
+    assert mq.fail(claim, error="boom", delay_ms=0, max_attempts=5) == "scheduled"
+    assert mq.promote() == 1
     assert mq.extend(claim, 5_000, strict=True) is False
     assert mq.audit() == []
     assert mq.extend(claim, 5_000) is True
     assert sorted(mq.where_is(job).places) == ["active", "pending"]
     assert any("several places" in p for p in mq.audit())
-    # once that stray lease lapses, our sweep drops it without counting a stall
     mq.expire(claim)
     assert engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10).orphans == 1
     assert mq.where_is(job).places == ["pending"]
-    assert r.hget(mq.keys.job(job), "stalled") == "1"
+    assert r.hget(mq.keys.job(job), "stalled") is None
+    assert mq.audit() == []
+
+    second = mq.claim(5_000, "flat")
+    mq.expire(second)
+    assert engine.sweep_batch(r, mq.queue, engine.Budgets(3), 10).recovered == 1
+    for strict in (True, False):
+        with pytest.raises(StaleToken):
+            mq.extend(second, 5_000, strict=strict)
+    assert mq.where_is(job).places == ["pending"]
     assert mq.audit() == []
 
 

@@ -355,6 +355,60 @@ def test_age_purge_keeps_undated_entries_and_starts_their_clock(r, keys):
     assert sorted(later.ids) == ["JOBechomq", "JOBjunk"] and later.undated == 2
 
 
+@pytest.mark.parametrize("dead_at", ["nan", "inf", "-inf", "0x1F", " 12", "12 ", "1e3", "-5", "+5", "12.0",
+                                     "012", "1" * 16])
+def test_age_purge_reads_only_a_plain_counter_as_a_time_of_death(r, keys, dead_at):
+    """dead_at follows the counter rule of the scripts (digits only, no sign,
+    no leading zero, at most 15 digits): anything else is undated, kept, and
+    stamped so a later purge can age it."""
+    put_dead(r, keys, "JOBodd", dead_at=dead_at)
+    before = server_ms(r)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (result.ids, result.undated) == ([], 1)
+    assert morgue_ids(r, keys) == ["JOBodd"]
+    assert before <= int(r.hget(keys.job("JOBodd"), "dead_at")) <= server_ms(r)
+    # dated now: too young for this age, gone for a purge of any age
+    assert engine.morgue_purge(r, keys.queue, older_than_s=60).undated == 0
+    assert engine.morgue_purge(r, keys.queue, older_than_s=0).ids == ["JOBodd"]
+
+
+def test_age_purge_reads_a_plain_counter_dead_at(r, keys):
+    put_dead(r, keys, "JOBepoch", dead_at="0")
+    put_dead(r, keys, "JOBold", dead_at=str(server_ms(r) - 120_000))
+    put_dead(r, keys, "JOBnan", dead_at="nan")
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (sorted(result.ids), result.undated) == (["JOBepoch", "JOBold"], 1)
+    assert morgue_ids(r, keys) == ["JOBnan"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"payload": "p"},
+    {"attempts": "3", "last_error": "boom"},
+    {"stalled": "2"},
+])
+def test_age_purge_stamps_any_hash_row_without_a_time_of_death(r, keys, fields):
+    r.hset(keys.job("JOBbare"), mapping=fields)
+    r.zadd(keys.dead, {"JOBbare": 0})
+    before = server_ms(r)
+    first = engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert (first.ids, first.undated) == ([], 1)
+    assert before <= int(r.hget(keys.job("JOBbare"), "dead_at")) <= server_ms(r)
+    assert r.hgetall(keys.job("JOBbare")) == {**fields, "dead_at": r.hget(keys.job("JOBbare"), "dead_at")}
+    later = engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert (later.ids, later.undated) == (["JOBbare"], 0)
+    assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOBbare")) == 0
+
+
+def test_age_purge_dry_run_stamps_nothing(r, keys):
+    r.hset(keys.job("JOBbare"), "payload", "p")
+    r.zadd(keys.dead, {"JOBbare": 0})
+    put_dead(r, keys, "JOBnan", dead_at="nan")
+    before = dump(r)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
+    assert (result.ids, result.undated) == ([], 2)
+    assert dump(r) == before
+
+
 def test_purge_by_lane_and_flat(r, keys, small_batches):
     for i in range(6):
         put_dead(r, keys, f"JOB{i}", group=["a", "b", None][i % 3])

@@ -1,7 +1,10 @@
 """Property: whatever the interleaving of EchoMQ workers, expiring leases,
 sweeps, morgue replays and purges, on a real server from several connections
 at once, no job is ever lost, duplicated or misplaced, and the lanes stay
-consistent.
+consistent. Lease extensions are EchoMQ's own (``strict=False``: the id is
+re-added to ``active`` whenever the token matches) as often as the strict
+kind, at any moment, by any worker still holding a claim: the sweep's fence
+(``attempts`` bumped on every move) must refuse a stalled worker's.
 
 Each hypothesis step fires a handful of operations at the same instant from
 separate connections (threads released by one barrier), then the whole queue
@@ -49,7 +52,7 @@ OPERATIONS = [  # the first entries are drawn a little more often: the racy ones
     (st.tuples(st.just("complete"), pick), 3),
     (st.tuples(st.just("replay"), st.one_of(st.none(), lane_names), st.integers(1, 3)), 2),
     (st.tuples(st.just("enqueue"), groups, st.integers(1, 3)), 2),
-    (st.tuples(st.just("extend"), pick), 1),
+    (st.tuples(st.just("extend"), pick, st.booleans()), 2),
     (st.tuples(st.just("fail"), pick, st.integers(1, 4)), 1),
     (st.tuples(st.just("expire_all")), 1),
     (st.tuples(st.just("limit"), lane_names, st.integers(0, 3)), 1),
@@ -72,6 +75,7 @@ class ConcurrentQueue(RuleBasedStateMachine):
         first = EchoMQ(self.clients[0], self.queue)
         self.workers = [first] + [first.sibling(c) for c in self.clients[1:]]
         self.held: list[Claim] = []       # claims whose workers may still act on them
+        self.busy: set[Claim] = set()     # claims a worker is acting on right now
         self.lock = threading.Lock()
         self.swept = engine.SweepResult()
         self.replayed = 0
@@ -84,13 +88,26 @@ class ConcurrentQueue(RuleBasedStateMachine):
 
     # -- one operation on one connection ------------------------------------
 
-    def _claim_at(self, index: int) -> Claim | None:
+    def _checkout(self, index: int, done: bool) -> Claim | None:
+        """A held claim no other operation is acting on, now its worker's own:
+        a worker serialises its calls on one claim (it never heartbeats a job
+        it has already reported). ``done``: the worker reports it (complete,
+        fail), so the claim leaves ``held`` before the call."""
         with self.lock:
-            return self.held[index % len(self.held)] if self.held else None
+            free = [c for c in self.held if c not in self.busy]
+            if not free:
+                return None
+            claim = free[index % len(free)]
+            if done:
+                self.held.remove(claim)
+            else:
+                self.busy.add(claim)
+            return claim
 
-    def _drop(self, claim: Claim) -> None:
+    def _checkin(self, claim: Claim, drop: bool) -> None:
         with self.lock:
-            if claim in self.held:
+            self.busy.discard(claim)
+            if drop and claim in self.held:
                 self.held.remove(claim)
 
     def _apply(self, mq: EchoMQ, op: tuple) -> None:
@@ -104,25 +121,33 @@ class ConcurrentQueue(RuleBasedStateMachine):
                 if claim is not None:
                     with self.lock:
                         self.held.append(claim)
-        elif kind in ("extend", "complete", "fail", "expire"):
-            claim = self._claim_at(op[1])
+        elif kind == "expire":
+            # the lease lapses on the server: no call of the worker, races with anything
+            with self.lock:
+                claim = self.held[op[1] % len(self.held)] if self.held else None
+            if claim is not None:
+                mq.expire(claim, past_ms=1_000)
+        elif kind in ("extend", "complete", "fail"):
+            # late or not, a worker that completes or fails is done with its claim
+            claim = self._checkout(op[1], done=kind != "extend")
             if claim is None:
                 return
+            stale = False
             try:
                 if kind == "extend":
-                    # strict: EchoMQ's own extension can re-add a recovered id
-                    # to active (its hazard, see test_echomq_model)
-                    mq.extend(claim, LONG_LEASE_MS, strict=True)
-                elif kind == "expire":
-                    mq.expire(claim, past_ms=1_000)
+                    # EchoMQ's own extension (strict=False) re-adds the id to
+                    # active whenever the token matches: the fence of every
+                    # sweep move must refuse a stalled worker's heartbeat
+                    mq.extend(claim, LONG_LEASE_MS, strict=op[2])
                 elif kind == "complete":
-                    self._drop(claim)  # late or not, this worker is done with it
                     mq.complete(claim)
                 else:
-                    self._drop(claim)
                     mq.fail(claim, error="boom", delay_ms=0, max_attempts=op[2])
             except StaleToken:
-                self._drop(claim)
+                stale = True
+            finally:
+                if kind == "extend":
+                    self._checkin(claim, drop=stale)
         elif kind == "expire_all":
             mq.expire_all(past_ms=1_000)
         elif kind == "sweep":
@@ -187,7 +212,7 @@ class ConcurrentQueue(RuleBasedStateMachine):
     def a_stalled_worker_finishes_late(self, index, finish):
         """The worker of a job the sweep already moved comes back and reports."""
         mq = self.workers[3]
-        late = [c for c in self.held if "active" not in mq.where_is(c.id).places]
+        late = [c for c in self.held if c not in self.busy and "active" not in mq.where_is(c.id).places]
         if not late:
             return
         claim = late[index % len(late)]
@@ -199,6 +224,20 @@ class ConcurrentQueue(RuleBasedStateMachine):
                 mq.fail(claim, error="late", delay_ms=0, max_attempts=2)
         except StaleToken:
             pass
+
+    @rule(index=pick)
+    def a_stalled_worker_heartbeats_late(self, index):
+        """The worker of a job the sweep already moved sends EchoMQ's heartbeat
+        (re-adds the id to active if its token still matched)."""
+        mq = self.workers[3]
+        late = [c for c in self.held if "active" not in mq.where_is(c.id).places]
+        if not late:
+            return
+        claim = late[index % len(late)]
+        try:
+            mq.extend(claim, LONG_LEASE_MS, strict=False)
+        except StaleToken:
+            self.held.remove(claim)
 
     @rule(group=groups, count=st.integers(2, 6))
     def burst_of_work(self, group, count):

@@ -186,12 +186,15 @@ def test_a_sweeper_killed_mid_drain_loses_nothing(redis_server, r, queue_name):
 
 
 @pytest.mark.parametrize("group", [None, "a"])
-def test_a_zombie_heartbeat_after_a_recovery_is_not_swept_as_a_second_stall(r, queue_name, group):
+def test_a_zombie_heartbeat_after_a_recovery_is_refused_and_a_stray_lease_is_not_a_second_stall(
+        r, queue_name, group):
     """EchoMQ's lease extension re-adds an id to ``active`` whenever the token
-    matches: the stalled worker's heartbeat, arriving after the sweep returned
-    its job, leaves the id both waiting and in ``active``. When that stray lease
-    lapses, the sweep must drop the stray entry, not count a second stall (which
-    would dead-letter a waiting job into two places, or free a lane slot twice)."""
+    matches. After our recovery the stalled worker's heartbeat is refused (the
+    recovery moved the token on). A token can still match a waiting job by
+    EchoMQ's own moves (retry, then promote, keep it): that heartbeat leaves
+    the id both waiting and in ``active``. When such a stray lease lapses, the
+    sweep must drop the stray entry, not count a second stall (which would
+    dead-letter a waiting job into two places, or free a lane slot twice)."""
     mq = EchoMQ(r, queue_name)
     k = mq.keys
     if group:
@@ -202,11 +205,18 @@ def test_a_zombie_heartbeat_after_a_recovery_is_not_swept_as_a_second_stall(r, q
     assert (zombie.id, busy.id) == (zombie_job, busy_job)
     mq.expire(zombie)
     assert engine.sweep_batch(r, queue_name, engine.Budgets(2), 10).recovered == 1
+    with pytest.raises(StaleToken):
+        mq.extend(zombie, 60_000)  # EchoMQ's own extension: fenced off
+    assert mq.audit() == []
+
+    again = mq.claim(60_000, "any")
+    assert again.id == zombie_job
+    assert mq.fail(again, error="boom", delay_ms=0, max_attempts=9) == "scheduled"
+    assert mq.promote() == 1
     if group:
         mq.pause(group)  # nobody re-claims it before the stray lease lapses
-
-    assert mq.extend(zombie, 60_000) is True  # EchoMQ's own extension, token still valid
-    mq.expire(zombie)
+    assert mq.extend(again, 60_000) is True  # token unchanged by retry + promote
+    mq.expire(again)
     result = engine.sweep_batch(r, queue_name, engine.Budgets(2), 10)
 
     assert (result.recovered, result.dead_lettered, result.quarantined) == (0, 0, 0)

@@ -191,7 +191,9 @@ def test_row_with_only_a_payload_is_still_a_job(r, keys):
     r.zadd(keys.active, {"JOBbare": EXPIRED})
     result = sweep(r, keys, default=2)
     assert result.recovered == 1 and result.orphans == 0
-    assert r.hgetall(keys.job("JOBbare")) == {"payload": "p", "stalled": "1", "state": "pending"}
+    # attempts: the fence, counted from 0 for a row without the field
+    assert r.hgetall(keys.job("JOBbare")) == {"payload": "p", "stalled": "1", "state": "pending",
+                                              "attempts": "1"}
 
 
 @pytest.mark.parametrize("field, value, problem", [
@@ -280,19 +282,30 @@ def test_dead_letter_fences_the_stalled_worker(r, keys):
     assert r.hget(keys.metrics_completed, "count") is None
 
 
-def test_recovery_needs_no_fence_a_late_complete_finishes_the_job_exactly_once(r, keys):
-    """Documented choice (docs/scripts.md): a recovered job keeps its token, so
-    the stalled worker that did finish may still complete it before anyone
-    re-claims it; the claim bumps the token and refuses it after that."""
-    put_active(r, keys, "JOB1", attempts=1)
-    put_active(r, keys, "JOB2", attempts=1)
+@pytest.mark.parametrize("group", [None, "g"])
+def test_recovery_fences_the_stalled_worker(r, keys, group):
+    """docs/scripts.md, "Fencing": a recovered job gets attempts + 1, so the
+    stalled worker's late complete is refused; the job waits, in one place,
+    for a new claim, whose token completes it."""
+    put_active(r, keys, "JOB1", group=group, attempts=1)
     sweep(r, keys, default=3)
-    assert echomq_complete(r, keys, "JOB1", 1) == 1
-    assert where(r, keys, "JOB1") == [] and r.exists(keys.job("JOB1")) == 0
-    token = reclaim(r, keys, "JOB2", source=keys.pending)
+    assert r.hget(keys.job("JOB1"), "attempts") == "2"
     with pytest.raises(redis.ResponseError, match="EMQSTALE"):
-        echomq_complete(r, keys, "JOB2", 1)
-    assert echomq_complete(r, keys, "JOB2", token) == 1
+        echomq_complete(r, keys, "JOB1", 1)
+    assert where(r, keys, "JOB1", group) == (["lane"] if group else ["pending"])
+    assert r.hget(keys.metrics_completed, "count") is None
+    token = reclaim(r, keys, "JOB1", source=keys.lane_pending(group) if group else keys.pending)
+    assert token == 3
+    with pytest.raises(redis.ResponseError, match="EMQSTALE"):
+        echomq_complete(r, keys, "JOB1", 1)
+    assert echomq_complete(r, keys, "JOB1", token) == 1
+    assert r.exists(keys.job("JOB1")) == 0 and r.hget(keys.gactive, group or "none") is None
+
+
+def test_recovery_fence_of_a_15_digit_token_is_written_as_an_integer(r, keys):
+    put_active(r, keys, "JOB1", attempts="999999999999999")
+    sweep(r, keys, default=0)
+    assert r.hget(keys.job("JOB1"), "attempts") == "1000000000000000"
 
 
 # ----------------------------------------------------------------- lanes: gactive, ring, wake

@@ -18,6 +18,7 @@
 -- @include counters
 -- @include guard
 -- @include morgue_window
+-- @include text
 
 local prefix = ARGV[1]
 local dry = ARGV[2] == '1'
@@ -27,6 +28,7 @@ local min_age = tonumber(ARGV[5])
 
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now_s = string.format('%d', now)
 
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[6], tonumber(ARGV[7]), 8)
 
@@ -57,14 +59,18 @@ for _, id in ipairs(candidates) do
       reason = "state is '" .. state .. "', not dead"
     end
     if reason == nil and min_age then
+      -- a time of death is a counter (digits only, no sign, no leading zero,
+      -- at most 15 digits): tonumber would also read 'nan', 'inf', '0x1F',
+      -- ' 12' or '1e3'
       local died = nil
-      if dead_at then died = tonumber(dead_at) end
+      if dead_at then died = count_of(dead_at) end
       if died == nil then
-        -- undated (dead-lettered by EchoMQ itself, or a malformed row): the age
-        -- starts now; a later purge can remove it
+        -- undated (dead-lettered by EchoMQ itself, or a malformed value): the
+        -- age starts now, stamped on any existing hash row; a later purge can
+        -- remove it
         undated = undated + 1
-        if is_hash and (g or dead_at or state) and not dry then
-          redis.call('HSET', row, 'dead_at', string.format('%d', now))
+        if is_hash and not dry and ((g or dead_at or state) or redis.call('EXISTS', row) == 1) then
+          redis.call('HSET', row, 'dead_at', now_s)
         end
         reason = false
       elseif now - died < min_age then
@@ -79,7 +85,7 @@ for _, id in ipairs(candidates) do
       end
     elseif reason then
       kept[#kept + 1] = id
-      kept[#kept + 1] = reason
+      kept[#kept + 1] = readable(reason) -- it may quote the row's state
     end
   end
 end

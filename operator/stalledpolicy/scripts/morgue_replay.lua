@@ -20,6 +20,7 @@
 -- @include guard
 -- @include lanes
 -- @include morgue_window
+-- @include text
 
 local prefix = ARGV[1]
 local dry = ARGV[2] == '1'
@@ -87,7 +88,7 @@ for _, id in ipairs(candidates) do
       elseif f[3] and f[3] ~= 'dead' then
         reason = "state is '" .. f[3] .. "', not dead"
       elseif count_of(f[2]) == nil then
-        reason = 'malformed: attempts is not a non-negative integer: ' .. string.sub(f[2], 1, 64)
+        reason = 'malformed: attempts is not a non-negative integer: ' .. excerpt(f[2])
       elseif g and lane_refusal(g) ~= '' then
         reason = lane_refusal(g)
       end
@@ -96,8 +97,9 @@ for _, id in ipairs(candidates) do
       -- another lane's job met by a filtered scan: not ours this time
     elseif reason then
       -- kept in `dead` and reported: never dropped, never half-replayed
+      -- (the reason may quote a row's bytes: made valid UTF-8)
       refused[#refused + 1] = id
-      refused[#refused + 1] = reason
+      refused[#refused + 1] = readable(reason)
     else
       n = n + 1
       replayed[#replayed + 1] = id

@@ -1,0 +1,220 @@
+"""Text the scripts write is valid UTF-8, whatever bytes the queue holds.
+
+Redis strings are bytes: an id, a field, a group name may hold anything. What
+our scripts compose from them (the JSON events on ``emq:{q}:events``, the
+``last_error`` of a quarantined row, the replay's reasons) must still decode
+as strict UTF-8: a quoted value is cut on a character boundary, and a byte
+that begins no valid UTF-8 sequence is written as U+FFFD (``\\ufffd`` inside
+the JSON events). Valid multi-byte characters pass as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from stalledpolicy import engine
+from stalledpolicy.engine import Budgets
+from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.lua import script
+
+from tests.redis.engine_rows import EXPIRED
+
+pytestmark = pytest.mark.redis
+
+FFFD = "\ufffd"
+
+# (raw id, the id as the event must carry it)
+IDS = [
+    (b"JOB-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "JOB-\u00e9\u20ac\U0001f600"),  # valid: kept as is
+    (b"JOB\xff", "JOB" + FFFD),                      # never a UTF-8 byte
+    (b"JOB\xe9t\xe9", f"JOB{FFFD}t{FFFD}"),          # Latin-1
+    (b"JOB\x80\xbf", "JOB" + FFFD * 2),              # continuation bytes with no lead
+    (b"JOB\xc3", "JOB" + FFFD),                      # a lead cut short at the end
+    (b"JOB\xe2\x82x", f"JOB{FFFD * 2}x"),            # a 3-byte lead with one follower
+    (b"JOB\xc0\xaf", "JOB" + FFFD * 2),              # overlong '/'
+    (b"JOB\xed\xa0\x80", "JOB" + FFFD * 3),          # a UTF-16 surrogate
+    (b"JOB\xf4\x90\x80\x80", "JOB" + FFFD * 4),      # above U+10FFFF
+    (b"JOB\t\xff\"", 'JOB\t' + FFFD + '"'),           # escaping and cleaning together
+]
+
+
+@pytest.fixture
+def raw(redis_server):
+    client = redis_server.client(decode_responses=False)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(queue_name):
+    return QueueKeys(queue_name)
+
+
+def row_key(keys: QueueKeys, job_id: bytes) -> bytes:
+    return keys.prefix.encode() + b"job:" + job_id
+
+
+def put_active(raw, keys, job_id: bytes, **fields) -> None:
+    row = {b"state": b"active", b"attempts": b"1"}
+    row.update({k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()})
+    raw.hset(row_key(keys, job_id), mapping=row)
+    raw.zadd(keys.active, {job_id: EXPIRED})
+    if b"group" in row:
+        raw.hincrby(keys.gactive, row[b"group"], 1)
+
+
+class RawTap:
+    """The events channel, every message kept as the bytes published."""
+
+    def __init__(self, raw, keys):
+        self.pubsub = raw.pubsub()
+        self.pubsub.subscribe(keys.events)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.5)
+            if message and message["type"] == b"subscribe" or (message and message["type"] == "subscribe"):
+                return
+        raise TimeoutError("no subscribe confirmation")
+
+    def collect(self, expected: int, timeout: float = 5.0) -> list[bytes]:
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < expected and time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.2)
+            if message and message["type"] in ("message", b"message"):
+                out.append(message["data"])
+        extra = self.pubsub.get_message(timeout=0.2)
+        while extra is not None:
+            if extra["type"] in ("message", b"message"):
+                out.append(extra["data"])
+            extra = self.pubsub.get_message(timeout=0.1)
+        self.pubsub.close()
+        return out
+
+
+def decoded(events: list[bytes]) -> list[dict]:
+    """Each event as a JSON object read from strictly decoded UTF-8."""
+    return [json.loads(data.decode("utf-8", "strict")) for data in events]
+
+
+def sweep_announcing(raw, keys, expected: int, budget: int) -> tuple[engine.SweepResult, list[bytes]]:
+    tap = RawTap(raw, keys)
+    result = engine.sweep_batch(raw, keys.queue, Budgets(budget), 100)
+    return result, tap.collect(expected)
+
+
+@pytest.mark.parametrize("budget, event", [(2, "stalled"), (1, "failed")])
+def test_every_event_is_valid_utf8_json_whatever_bytes_the_ids_hold(raw, keys, budget, event):
+    for job_id, _ in IDS:
+        put_active(raw, keys, job_id)
+    result, events = sweep_announcing(raw, keys, len(IDS), budget)
+    assert result.recovered + result.dead_lettered == len(IDS)
+    got = sorted(e["job"] for e in decoded(events))
+    assert got == sorted(text for _, text in IDS)
+    assert {e["event"] for e in decoded(events)} == {event}
+    # a valid multi-byte id travels as its own bytes, not escaped
+    assert any(b'"JOB-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"' in e for e in events)
+    # the jobs themselves moved under their real (byte) ids
+    where = keys.pending if budget == 2 else keys.dead
+    assert sorted(raw.zrange(where, 0, -1)) == sorted(job_id for job_id, _ in IDS)
+
+
+QUOTED = {  # job -> (a malformed stalled value, the excerpt of it in last_error)
+    # a 2-byte character over the 64-byte cut: cut before it
+    b"JOB1": ("a" * 63 + "\u00e9" + "b" * 10, "a" * 63 + "..."),
+    # a 4-byte character over the cut (bytes 62-65): cut before it
+    b"JOB2": ("a" * 61 + "\U0001f600" + "b" * 10, "a" * 61 + "..."),
+    # a 3-byte character ending exactly on byte 64: kept whole
+    b"JOB3": ("a" * 61 + "\u20ac" + "b" * 10, "a" * 61 + "\u20ac..."),
+    # short, valid multi-byte: as is
+    b"JOB4": ("z\u00e9ro", "z\u00e9ro"),
+}
+
+
+def test_quoted_values_are_cut_on_a_character_boundary(raw, keys):
+    for job_id, (value, _) in QUOTED.items():
+        put_active(raw, keys, job_id, stalled=value.encode())
+    result, events = sweep_announcing(raw, keys, len(QUOTED), 2)
+    assert result.quarantined == len(QUOTED)
+    announced = {e["job"]: e for e in decoded(events)}
+    for job_id, (value, quoted) in QUOTED.items():
+        expected = "malformed: stalled is not a non-negative integer: " + quoted
+        stored = raw.hget(row_key(keys, job_id), "last_error")
+        assert stored.decode("utf-8", "strict") == expected
+        assert announced[job_id.decode()] == {"event": "failed", "job": job_id.decode(), "reason": expected}
+        assert raw.hget(row_key(keys, job_id), "stalled") == value.encode()  # the evidence, untouched
+    assert len(events) == len(QUOTED)
+
+
+def test_invalid_bytes_of_a_quoted_value_become_replacement_characters(raw, keys):
+    bad = b"\xff1\xc3(" + b"x" * 59 + b"\xe2\x82\xac"  # the euro sign spans the cut (bytes 64-66)
+    put_active(raw, keys, b"JOBbad", attempts=bad)
+    result, events = sweep_announcing(raw, keys, 1, 2)
+    assert result.quarantined == 1
+    expected = (f"malformed: attempts is not a non-negative integer: {FFFD}1{FFFD}(" + "x" * 59 + "...")
+    assert raw.hget(row_key(keys, b"JOBbad"), "last_error").decode("utf-8", "strict") == expected
+    assert decoded(events) == [{"event": "failed", "job": "JOBbad", "reason": expected}]
+
+
+def test_a_lane_key_with_invalid_bytes_is_named_in_valid_utf8(raw, keys):
+    lane = keys.prefix.encode() + b"g:t\xe9:pending"
+    raw.set(lane, b"oops")
+    put_active(raw, keys, b"JOB\xe9", group=b"t\xe9")
+    result, events = sweep_announcing(raw, keys, 2, 3)
+    assert result.quarantined == 1
+    expected = f"malformed: lane {keys.prefix}g:t{FFFD}:pending is a string, not a sorted set"
+    assert raw.hget(row_key(keys, b"JOB\xe9"), "last_error").decode("utf-8", "strict") == expected
+    assert decoded(events) == [{"event": "stalled", "job": "JOB" + FFFD},
+                               {"event": "failed", "job": "JOB" + FFFD, "reason": expected}]
+    assert raw.zrange(keys.dead, 0, -1) == [b"JOB\xe9"]
+
+
+def replay_reasons(raw, keys) -> dict[bytes, bytes]:
+    """morgue_replay called directly: its reasons as the script returns them."""
+    k = keys
+    reply = script("morgue_replay")(
+        raw, [k.dead, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake, k.sweeper_totals],
+        [k.prefix, "0", "", "scan", "", 500, 500])
+    refused = reply[1]
+    return {refused[i]: refused[i + 1] for i in range(0, len(refused), 2)}
+
+
+@pytest.mark.parametrize("value, quoted", [
+    (("a" * 63 + "\u00e9" + "b").encode(), "a" * 63 + "..."),
+    (b"\xffx", FFFD + "x"),
+])
+def test_the_replay_quotes_a_bad_token_in_valid_utf8(raw, keys, value, quoted):
+    raw.hset(row_key(keys, b"JOB1"), mapping={b"state": b"dead", b"attempts": value})
+    raw.zadd(keys.dead, {b"JOB1": 0})
+    reasons = replay_reasons(raw, keys)
+    assert reasons[b"JOB1"].decode("utf-8", "strict") == (
+        "malformed: attempts is not a non-negative integer: " + quoted)
+    assert raw.zrange(keys.dead, 0, -1) == [b"JOB1"]
+
+
+def test_every_replay_reason_is_valid_utf8(raw, keys):
+    """Reasons quote a row's state or group: invalid bytes there become U+FFFD."""
+    raw.hset(row_key(keys, b"JOBstate"), mapping={b"state": b"d\xe9ad", b"attempts": b"1"})
+    raw.hset(row_key(keys, b"JOBlane"), mapping={b"state": b"dead", b"attempts": b"1", b"group": b"t\xe9"})
+    raw.set(keys.prefix.encode() + b"g:t\xe9:pending", b"oops")
+    raw.zadd(keys.dead, {b"JOBstate": 0, b"JOBlane": 0})
+    reasons = {job: reason.decode("utf-8", "strict") for job, reason in replay_reasons(raw, keys).items()}
+    assert reasons == {
+        b"JOBstate": f"state is 'd{FFFD}ad', not dead",
+        b"JOBlane": f"malformed: lane {keys.prefix}g:t{FFFD}:pending is a string, not a sorted set",
+    }
+    assert sorted(raw.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
+
+
+def test_every_purge_reason_is_valid_utf8(raw, keys):
+    raw.hset(row_key(keys, b"JOBlive"), mapping={b"state": b"activ\xe9"})
+    raw.zadd(keys.dead, {b"JOBlive": 0})
+    k = keys
+    reply = script("morgue_purge")(raw, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
+    kept = reply[1]
+    assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is 'activ{FFFD}', not dead"]
+    assert raw.zrange(keys.dead, 0, -1) == [b"JOBlive"]
