@@ -32,8 +32,7 @@ from typing import IO, Any, Sequence
 from stalledpolicy import tables
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, QueueKeys, validate_queue_name
-from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
-from stalledpolicy.url_check import redis_url_problem
+from stalledpolicy.redis_url import check_redis_url, connect, redact_url, scrub, unreachable_errors
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -618,7 +617,7 @@ def _resolve(args: argparse.Namespace) -> None:
     queue = args.queue if args.queue is not None else os.environ.get(ENV_QUEUE)
     if not args.redis_url:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
-    problem = redis_url_problem(args.redis_url)
+    problem = check_redis_url(args.redis_url)
     if problem is not None:
         # the problem names the part that is wrong; no part of the URL is shown
         # (a malformed one cannot be trusted to redact cleanly)

@@ -133,8 +133,11 @@ def check_redis_url(url: str) -> str | None:
     that is a database number (redis-py would silently take ``/1x`` for DB 0),
     the query options redis-py converts (``db=``, ``socket_timeout=``, ...), and
     delimiters left unencoded in a password (urlsplit and redis-py cut the URL
-    there and would connect elsewhere, or show the rest of the password).
-    Unknown query options are not checked: redis-py refuses them on connect.
+    there and would connect elsewhere, or show the rest of the password), and
+    what redis-py refuses only when it builds a connection: an option it does
+    not know (``?foo=1``) or a value it checks there (``?protocol=9``). Building
+    one connection object opens no socket, so these are found at start rather
+    than mistaken later for an unreachable server.
     """
     if not url.strip():
         return f"is empty; {_WRITE}"
@@ -151,8 +154,10 @@ def check_redis_url(url: str) -> str | None:
     if "@" in parts.path or any("@" in key for key, _ in parse_qsl(parts.query, keep_blank_values=True)):
         return f"has an '@' after the host, which redis-py does not read as the password; {_ENCODE}"
     if parts.scheme == "unix":
-        return None if parts.path else "has no socket path; write unix:///path/to/redis.sock?db=0"
-    return _check_host_and_path(parts) or _check_query(url)
+        if not parts.path:
+            return "has no socket path; write unix:///path/to/redis.sock?db=0"
+        return _check_query(url) or _check_connection_options(url)
+    return _check_host_and_path(parts) or _check_query(url) or _check_connection_options(url)
 
 
 def _check_host_and_path(parts: Any) -> str | None:
@@ -188,6 +193,22 @@ def _check_query(url: str) -> str | None:
         return f"has query option {name} with a value that is not {kind}"
     if options.get("db", 0) < 0:
         return "has query option db below 0; use a database number such as db=0"
+    return None
+
+
+def _check_connection_options(url: str) -> str | None:
+    import redis
+
+    try:
+        redis.ConnectionPool.from_url(url).make_connection()
+    except TypeError:
+        # the option's name is not shown: with an unencoded '&' in a password,
+        # what redis-py takes for a name is part of the password
+        return ("has a query option redis-py does not know; remove it or spell it as "
+                "redis-py does (db=0, socket_timeout=5, protocol=3, ...); ssl_ options need rediss://")
+    except (redis.RedisError, ValueError):
+        return ("has a query option whose value redis-py refuses; check protocol (2 or 3), "
+                "ssl_cert_reqs (none, optional or required) and the other options after '?'")
     return None
 
 

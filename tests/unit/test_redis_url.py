@@ -111,7 +111,7 @@ def test_scrub_masks_a_password_holding_url_delimiters():
 @pytest.mark.parametrize("url", [
     "redis://h", "redis://h:6380", "redis://h/", "redis://:pw@h:6380/15", "rediss://user:pw@h/0",
     "redis://[::1]:6379/0", "redis://h/0/", "redis://:p%2Fa%3Fs%23s%40@h/0",
-    "redis://h/0?socket_timeout=2.5&db=3&ssl_check_hostname=false&password=a%26b",
+    "rediss://h/0?socket_timeout=2.5&db=3&ssl_check_hostname=false&password=a%26b",
     "redis://h/0?password=me@corp", "unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock",
 ])
 def test_check_redis_url_accepts_what_redis_py_reads_as_written(url):
@@ -141,6 +141,13 @@ SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
     ("redis://:s3cr@h/0?socket_timeout=s3cr", "query option socket_timeout"),
     ("redis://:s3cr@h/0?protocol=two", "query option protocol"),
     ("unix://:s3cr@", "socket path"),
+    # refused by redis-py only when it builds a connection
+    ("redis://:s3cr@h/0?protocol=9", "value redis-py refuses"),
+    ("rediss://:s3cr@h/0?ssl_cert_reqs=s3cr", "value redis-py refuses"),
+    ("redis://:s3cr@h/0?s3cr=1", "does not know"),
+    ("redis://h/0?password=hun&s3cret=x", "does not know"),
+    ("redis://:s3cr@h/0?ssl_check_hostname=false", "ssl_ options need rediss://"),  # an unencoded '&' in the password
+    ("unix:///run/redis.sock?s3cr=1", "does not know"),
     # a delimiter left unencoded in the password: urlsplit (and redis-py) cut the URL there
     ("redis://:s3cr/et@h:6379/0", "%2F"),
     ("redis://:s3cr?et@h:6379/0", "%3F"),

@@ -147,16 +147,6 @@ def _range_problems(flags: dict[str, Any], environ: Mapping[str, str]) -> dict[s
     return problems
 
 
-def _url_problem(config: Any) -> str | None:
-    from stalledpolicy.url_check import redis_url_problem
-
-    problem = redis_url_problem(config.redis_url.get_secret_value())
-    if problem is None:
-        return None
-    # no part of the URL: a malformed one cannot be trusted to redact cleanly
-    return f"{SETTINGS['redis_url'].names}: {problem}"
-
-
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     flags = {field: getattr(args, field, None) for field in SETTINGS}
@@ -170,10 +160,6 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
         config = load_config(checked_flags, checked_env)
     except ConfigError as exc:
         problems += exc.problems
-    if config is not None and not problems:
-        url_problem = _url_problem(config)
-        if url_problem is not None:
-            problems.append(url_problem)
     if problems:
         for problem in problems:
             print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
