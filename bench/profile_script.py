@@ -79,8 +79,10 @@ return {#ids, 0, 0, 0, more, {}}
 VARIANTS = {
     "as shipped": lambda body: body,
     "no-publish": lambda body: NOOP + _replace(body, "redis.call('PUBLISH', channel,", "__noop(channel,"),
-    "no-json-scan": lambda body: _replace(body, "local escape_ids = string.find(table.concat(expired), '[%c\"\\\\]') ~= nil",
-                                          "local escape_ids = false"),
+    "no-json-scan": lambda body: _replace(
+        body, "local escape_ids = string.find(all_ids, '^[ -~]*$') == nil or string.find(all_ids, '\"', 1, true) ~= nil\n"
+              "  or string.find(all_ids, '\\\\', 1, true) ~= nil",
+        "local escape_ids = false"),
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
     "no-lane-checks": lambda body: _replace(body, "  if #ringable == 0 then return end\n",
                                             "  do return end -- ring/wake skipped\n"),
