@@ -8,6 +8,7 @@ bounded calls so Redis is never blocked for long.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -23,14 +24,18 @@ def _text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+# a counter as the scripts read one (lib/counters.lua): what HINCRBY writes,
+# at most 15 digits; Python's int() would also take " 12", "1_0" or "١٢"
+_COUNTER = re.compile(r"0|[1-9][0-9]{0,14}")
+
+
 def _int(value: Any) -> int | None:
     value = _text(value)
-    if value is None or value is False:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str) or not _COUNTER.fullmatch(value):
         return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    return int(value)
 
 
 def _check_budget(name: str, value: Any) -> int:

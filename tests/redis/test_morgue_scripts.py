@@ -100,6 +100,15 @@ def test_list_shows_what_the_sweep_quarantined(r, keys):
     assert jobs["JOBwrong"].problem == "malformed: job row is a string, not a hash"
 
 
+@pytest.mark.parametrize("dead_at", [" 12", "1_0", "\u0661\u0662", "012", "1" * 16, "nan"])
+def test_list_reads_counters_as_the_scripts_do(r, keys, dead_at):
+    # purge takes such a dead_at for undated: list must not show it as a time
+    r.hset(keys.job("JOB1"), mapping={"state": "dead", "dead_at": dead_at, "stalled": " 2", "attempts": "3"})
+    r.zadd(keys.dead, {"JOB1": 0})
+    (job,) = engine.morgue_list(r, keys.queue)
+    assert (job.dead_at_ms, job.stalled, job.attempts) == (None, None, 3)
+
+
 # ----------------------------------------------------------------- replay
 
 
