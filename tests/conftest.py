@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from stalledpolicy.devenv.redis_server import start_cluster, start_redis
+from stalledpolicy.keyspace import QueueKeys
 
 pytest_plugins = ["tests.kube_fixtures"]
 
@@ -31,6 +32,20 @@ def r(redis_server):
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture
+def r_bytes(redis_server):
+    """A client on a flushed database that returns bytes: ids and values need not be UTF-8."""
+    client = redis_server.client(decode_responses=False)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(queue_name) -> QueueKeys:
+    return QueueKeys(queue_name)
 
 
 @pytest.fixture

@@ -7,16 +7,10 @@ import redis
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, DeadJob
-from stalledpolicy.keyspace import QueueKeys
 
 from tests.redis.engine_rows import dump, put_active, put_dead, reclaim, server_ms
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def keys(queue_name):
-    return QueueKeys(queue_name)
 
 
 @pytest.fixture
@@ -468,19 +462,14 @@ def test_purge_refuses_a_negative_age(r, keys):
         engine.morgue_purge(r, keys.queue, older_than_s=-1)
 
 
-def test_morgue_operations_with_a_bytes_client(redis_server, keys):
-    client = redis_server.client(decode_responses=False)
-    try:
-        client.flushall()
-        client.hset(keys.job("JOB1"), mapping={"state": "dead", "attempts": "2", "group": "g",
-                                                "last_error": "stalled", "dead_at": "7"})
-        client.zadd(keys.dead, {"JOB1": 0, "JOB2": 0})
-        client.hset(keys.job("JOB2"), mapping={"state": "dead", "attempts": "1"})
-        assert engine.morgue_stats(client, keys.queue) == engine.MorgueStats(2, {"g": 1, "": 1}, 7)
-        assert engine.morgue_list(client, keys.queue, lane="g") == [
-            DeadJob("JOB1", "g", None, 2, "stalled", 7, "dead")]
-        replay = engine.morgue_replay(client, keys.queue, ids=["JOB1", "JOB9"])
-        assert (replay.ids, replay.lanes, replay.missing) == (["JOB1"], {"g": 1}, ["JOB9"])
-        assert engine.morgue_purge(client, keys.queue).ids == ["JOB2"]
-    finally:
-        client.close()
+def test_morgue_operations_with_a_bytes_client(r_bytes, keys):
+    r_bytes.hset(keys.job("JOB1"), mapping={"state": "dead", "attempts": "2", "group": "g",
+                                            "last_error": "stalled", "dead_at": "7"})
+    r_bytes.zadd(keys.dead, {"JOB1": 0, "JOB2": 0})
+    r_bytes.hset(keys.job("JOB2"), mapping={"state": "dead", "attempts": "1"})
+    assert engine.morgue_stats(r_bytes, keys.queue) == engine.MorgueStats(2, {"g": 1, "": 1}, 7)
+    assert engine.morgue_list(r_bytes, keys.queue, lane="g") == [
+        DeadJob("JOB1", "g", None, 2, "stalled", 7, "dead")]
+    replay = engine.morgue_replay(r_bytes, keys.queue, ids=["JOB1", "JOB9"])
+    assert (replay.ids, replay.lanes, replay.missing) == (["JOB1"], {"g": 1}, ["JOB9"])
+    assert engine.morgue_purge(r_bytes, keys.queue).ids == ["JOB2"]

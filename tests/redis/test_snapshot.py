@@ -6,16 +6,10 @@ import pytest
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, LaneSnapshot, QueueSnapshot
-from stalledpolicy.keyspace import QueueKeys
 
 from tests.redis.engine_rows import put_active, put_dead, server_ms
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def keys(queue_name):
-    return QueueKeys(queue_name)
 
 
 class OnlyPipelines:
@@ -77,13 +71,8 @@ def test_snapshot_is_one_non_transactional_round_trip(r, keys):
     assert client.round_trips == 1 and client.transactions == [False]
 
 
-def test_snapshot_with_a_bytes_client(redis_server, keys):
-    client = redis_server.client(decode_responses=False)
-    try:
-        client.flushall()
-        client.hset(keys.sweeper_totals, mapping={"recovered": 5, "lane:x:dead_lettered": 2})
-        client.zadd(keys.lane_pending("x"), {"JOB1": 0})
-        snap = engine.queue_snapshot(client, keys.queue, ["x"])
-        assert snap.recovered_total == 5 and snap.lanes == [LaneSnapshot("x", 1, 0, 2)]
-    finally:
-        client.close()
+def test_snapshot_with_a_bytes_client(r_bytes, keys):
+    r_bytes.hset(keys.sweeper_totals, mapping={"recovered": 5, "lane:x:dead_lettered": 2})
+    r_bytes.zadd(keys.lane_pending("x"), {"JOB1": 0})
+    snap = engine.queue_snapshot(r_bytes, keys.queue, ["x"])
+    assert snap.recovered_total == 5 and snap.lanes == [LaneSnapshot("x", 1, 0, 2)]

@@ -9,18 +9,12 @@ import redis
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets
-from stalledpolicy.keyspace import QueueKeys
 
 from tests.redis.engine_rows import (
     EXPIRED, EventTap, echomq_complete, put_active, reclaim, server_ms,
 )
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def keys(queue_name):
-    return QueueKeys(queue_name)
 
 
 def sweep(r, keys, default=1, lanes=None, limit=100):
@@ -680,21 +674,16 @@ def test_dead_at_is_the_server_clock_in_ms(r, keys):
     assert before <= int(r.hget(keys.job("JOB1"), "dead_at")) <= server_ms(r)
 
 
-def test_works_with_a_bytes_client(redis_server, keys):
-    client = redis_server.client(decode_responses=False)
-    try:
-        client.flushall()
-        client.hset(keys.job("JOB1"), mapping={"state": "active", "attempts": "1", "group": "g"})
-        client.zadd(keys.active, {"JOB1": EXPIRED})
-        client.hset(keys.job("JOB2"), mapping={"state": "active", "attempts": "1"})
-        client.zadd(keys.active, {"JOB2": EXPIRED})
-        result = engine.sweep_batch(client, keys.queue, Budgets(1, {"g": 2}), 10)
-        assert result.lanes == {"g": engine.LaneCounts(recovered=1)}
-        assert (result.recovered, result.dead_lettered) == (1, 1)
-        snap = engine.queue_snapshot(client, keys.queue, ["g"])
-        assert (snap.dead, snap.recovered_total, snap.lanes[0].pending) == (1, 1, 1)
-    finally:
-        client.close()
+def test_works_with_a_bytes_client(r_bytes, keys):
+    r_bytes.hset(keys.job("JOB1"), mapping={"state": "active", "attempts": "1", "group": "g"})
+    r_bytes.zadd(keys.active, {"JOB1": EXPIRED})
+    r_bytes.hset(keys.job("JOB2"), mapping={"state": "active", "attempts": "1"})
+    r_bytes.zadd(keys.active, {"JOB2": EXPIRED})
+    result = engine.sweep_batch(r_bytes, keys.queue, Budgets(1, {"g": 2}), 10)
+    assert result.lanes == {"g": engine.LaneCounts(recovered=1)}
+    assert (result.recovered, result.dead_lettered) == (1, 1)
+    snap = engine.queue_snapshot(r_bytes, keys.queue, ["g"])
+    assert (snap.dead, snap.recovered_total, snap.lanes[0].pending) == (1, 1, 1)
 
 
 def test_large_batch_crosses_the_unpack_chunk(r, keys):

@@ -393,14 +393,7 @@ def test_sigterm_in_the_middle_of_a_drain_stops_between_calls_and_loses_nothing(
                                                                                   sweepers):
     keys = QueueKeys(queue_name)
     total = 30_000
-    pipe = r.pipeline(transaction=False)
-    for n in range(total):
-        job_id = f"JOB{n:06d}"
-        pipe.hset(keys.job(job_id), mapping={"state": "active", "attempts": 1, "payload": "p"})
-        pipe.zadd(keys.active, {job_id: 1000 + n})
-        if n % 1000 == 999:
-            pipe.execute()
-    pipe.execute()
+    fill_active(r, queue_name, total)
     # One job per script call: the drain takes many calls, so the signal lands inside it.
     sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h",
                        "--batch-size", "1", "--max-stalled", "0")

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.redis
 
 FFFD = "\ufffd"
 
-# (raw id, the id as the event must carry it)
+# (r_bytes id, the id as the event must carry it)
 IDS = [
     (b"JOB-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "JOB-\u00e9\u20ac\U0001f600"),  # valid: kept as is
     (b"JOB\xff", "JOB" + FFFD),                      # never a UTF-8 byte
@@ -41,37 +41,24 @@ IDS = [
 ]
 
 
-@pytest.fixture
-def raw(redis_server):
-    client = redis_server.client(decode_responses=False)
-    client.flushall()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def keys(queue_name):
-    return QueueKeys(queue_name)
-
-
 def row_key(keys: QueueKeys, job_id: bytes) -> bytes:
     return keys.prefix.encode() + b"job:" + job_id
 
 
-def put_active(raw, keys, job_id: bytes, **fields) -> None:
+def put_active(r_bytes, keys, job_id: bytes, **fields) -> None:
     row = {b"state": b"active", b"attempts": b"1"}
     row.update({k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()})
-    raw.hset(row_key(keys, job_id), mapping=row)
-    raw.zadd(keys.active, {job_id: EXPIRED})
+    r_bytes.hset(row_key(keys, job_id), mapping=row)
+    r_bytes.zadd(keys.active, {job_id: EXPIRED})
     if b"group" in row:
-        raw.hincrby(keys.gactive, row[b"group"], 1)
+        r_bytes.hincrby(keys.gactive, row[b"group"], 1)
 
 
 class RawTap:
     """The events channel, every message kept as the bytes published."""
 
-    def __init__(self, raw, keys):
-        self.pubsub = raw.pubsub()
+    def __init__(self, r_bytes, keys):
+        self.pubsub = r_bytes.pubsub()
         self.pubsub.subscribe(keys.events)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -101,17 +88,17 @@ def decoded(events: list[bytes]) -> list[dict]:
     return [json.loads(data.decode("utf-8", "strict")) for data in events]
 
 
-def sweep_announcing(raw, keys, expected: int, budget: int) -> tuple[engine.SweepResult, list[bytes]]:
-    tap = RawTap(raw, keys)
-    result = engine.sweep_batch(raw, keys.queue, Budgets(budget), 100)
+def sweep_announcing(r_bytes, keys, expected: int, budget: int) -> tuple[engine.SweepResult, list[bytes]]:
+    tap = RawTap(r_bytes, keys)
+    result = engine.sweep_batch(r_bytes, keys.queue, Budgets(budget), 100)
     return result, tap.collect(expected)
 
 
 @pytest.mark.parametrize("budget, event", [(2, "stalled"), (1, "failed")])
-def test_every_event_is_valid_utf8_json_whatever_bytes_the_ids_hold(raw, keys, budget, event):
+def test_every_event_is_valid_utf8_json_whatever_bytes_the_ids_hold(r_bytes, keys, budget, event):
     for job_id, _ in IDS:
-        put_active(raw, keys, job_id)
-    result, events = sweep_announcing(raw, keys, len(IDS), budget)
+        put_active(r_bytes, keys, job_id)
+    result, events = sweep_announcing(r_bytes, keys, len(IDS), budget)
     assert result.recovered + result.dead_lettered == len(IDS)
     got = sorted(e["job"] for e in decoded(events))
     assert got == sorted(text for _, text in IDS)
@@ -120,7 +107,7 @@ def test_every_event_is_valid_utf8_json_whatever_bytes_the_ids_hold(raw, keys, b
     assert any(b'"JOB-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"' in e for e in events)
     # the jobs themselves moved under their real (byte) ids
     where = keys.pending if budget == 2 else keys.dead
-    assert sorted(raw.zrange(where, 0, -1)) == sorted(job_id for job_id, _ in IDS)
+    assert sorted(r_bytes.zrange(where, 0, -1)) == sorted(job_id for job_id, _ in IDS)
 
 
 QUOTED = {  # job -> (a malformed stalled value, the excerpt of it in last_error)
@@ -135,49 +122,49 @@ QUOTED = {  # job -> (a malformed stalled value, the excerpt of it in last_error
 }
 
 
-def test_quoted_values_are_cut_on_a_character_boundary(raw, keys):
+def test_quoted_values_are_cut_on_a_character_boundary(r_bytes, keys):
     for job_id, (value, _) in QUOTED.items():
-        put_active(raw, keys, job_id, stalled=value.encode())
-    result, events = sweep_announcing(raw, keys, len(QUOTED), 2)
+        put_active(r_bytes, keys, job_id, stalled=value.encode())
+    result, events = sweep_announcing(r_bytes, keys, len(QUOTED), 2)
     assert result.quarantined == len(QUOTED)
     announced = {e["job"]: e for e in decoded(events)}
     for job_id, (value, quoted) in QUOTED.items():
         expected = "malformed: stalled is not a non-negative integer: " + quoted
-        stored = raw.hget(row_key(keys, job_id), "last_error")
+        stored = r_bytes.hget(row_key(keys, job_id), "last_error")
         assert stored.decode("utf-8", "strict") == expected
         assert announced[job_id.decode()] == {"event": "failed", "job": job_id.decode(), "reason": expected}
-        assert raw.hget(row_key(keys, job_id), "stalled") == value.encode()  # the evidence, untouched
+        assert r_bytes.hget(row_key(keys, job_id), "stalled") == value.encode()  # the evidence, untouched
     assert len(events) == len(QUOTED)
 
 
-def test_invalid_bytes_of_a_quoted_value_become_replacement_characters(raw, keys):
+def test_invalid_bytes_of_a_quoted_value_become_replacement_characters(r_bytes, keys):
     bad = b"\xff1\xc3(" + b"x" * 59 + b"\xe2\x82\xac"  # the euro sign spans the cut (bytes 64-66)
-    put_active(raw, keys, b"JOBbad", attempts=bad)
-    result, events = sweep_announcing(raw, keys, 1, 2)
+    put_active(r_bytes, keys, b"JOBbad", attempts=bad)
+    result, events = sweep_announcing(r_bytes, keys, 1, 2)
     assert result.quarantined == 1
     expected = (f"malformed: attempts is not a non-negative integer: {FFFD}1{FFFD}(" + "x" * 59 + "...")
-    assert raw.hget(row_key(keys, b"JOBbad"), "last_error").decode("utf-8", "strict") == expected
+    assert r_bytes.hget(row_key(keys, b"JOBbad"), "last_error").decode("utf-8", "strict") == expected
     assert decoded(events) == [{"event": "failed", "job": "JOBbad", "reason": expected}]
 
 
-def test_a_lane_key_with_invalid_bytes_is_named_in_valid_utf8(raw, keys):
+def test_a_lane_key_with_invalid_bytes_is_named_in_valid_utf8(r_bytes, keys):
     lane = keys.prefix.encode() + b"g:t\xe9:pending"
-    raw.set(lane, b"oops")
-    put_active(raw, keys, b"JOB\xe9", group=b"t\xe9")
-    result, events = sweep_announcing(raw, keys, 2, 3)
+    r_bytes.set(lane, b"oops")
+    put_active(r_bytes, keys, b"JOB\xe9", group=b"t\xe9")
+    result, events = sweep_announcing(r_bytes, keys, 2, 3)
     assert result.quarantined == 1
     expected = f"malformed: lane {keys.prefix}g:t{FFFD}:pending is a string, not a sorted set"
-    assert raw.hget(row_key(keys, b"JOB\xe9"), "last_error").decode("utf-8", "strict") == expected
+    assert r_bytes.hget(row_key(keys, b"JOB\xe9"), "last_error").decode("utf-8", "strict") == expected
     assert decoded(events) == [{"event": "stalled", "job": "JOB" + FFFD},
                                {"event": "failed", "job": "JOB" + FFFD, "reason": expected}]
-    assert raw.zrange(keys.dead, 0, -1) == [b"JOB\xe9"]
+    assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOB\xe9"]
 
 
-def replay_reasons(raw, keys) -> dict[bytes, bytes]:
+def replay_reasons(r_bytes, keys) -> dict[bytes, bytes]:
     """morgue_replay called directly: its reasons as the script returns them."""
     k = keys
     reply = script("morgue_replay")(
-        raw, [k.dead, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake, k.sweeper_totals],
+        r_bytes, [k.dead, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake, k.sweeper_totals],
         [k.prefix, "0", "", "scan", "", 500, 500])
     refused = reply[1]
     return {refused[i]: refused[i + 1] for i in range(0, len(refused), 2)}
@@ -187,34 +174,34 @@ def replay_reasons(raw, keys) -> dict[bytes, bytes]:
     (("a" * 63 + "\u00e9" + "b").encode(), "a" * 63 + "..."),
     (b"\xffx", FFFD + "x"),
 ])
-def test_the_replay_quotes_a_bad_token_in_valid_utf8(raw, keys, value, quoted):
-    raw.hset(row_key(keys, b"JOB1"), mapping={b"state": b"dead", b"attempts": value})
-    raw.zadd(keys.dead, {b"JOB1": 0})
-    reasons = replay_reasons(raw, keys)
+def test_the_replay_quotes_a_bad_token_in_valid_utf8(r_bytes, keys, value, quoted):
+    r_bytes.hset(row_key(keys, b"JOB1"), mapping={b"state": b"dead", b"attempts": value})
+    r_bytes.zadd(keys.dead, {b"JOB1": 0})
+    reasons = replay_reasons(r_bytes, keys)
     assert reasons[b"JOB1"].decode("utf-8", "strict") == (
         "malformed: attempts is not a non-negative integer: " + quoted)
-    assert raw.zrange(keys.dead, 0, -1) == [b"JOB1"]
+    assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOB1"]
 
 
-def test_every_replay_reason_is_valid_utf8(raw, keys):
+def test_every_replay_reason_is_valid_utf8(r_bytes, keys):
     """Reasons quote a row's state or group: invalid bytes there become U+FFFD."""
-    raw.hset(row_key(keys, b"JOBstate"), mapping={b"state": b"d\xe9ad", b"attempts": b"1"})
-    raw.hset(row_key(keys, b"JOBlane"), mapping={b"state": b"dead", b"attempts": b"1", b"group": b"t\xe9"})
-    raw.set(keys.prefix.encode() + b"g:t\xe9:pending", b"oops")
-    raw.zadd(keys.dead, {b"JOBstate": 0, b"JOBlane": 0})
-    reasons = {job: reason.decode("utf-8", "strict") for job, reason in replay_reasons(raw, keys).items()}
+    r_bytes.hset(row_key(keys, b"JOBstate"), mapping={b"state": b"d\xe9ad", b"attempts": b"1"})
+    r_bytes.hset(row_key(keys, b"JOBlane"), mapping={b"state": b"dead", b"attempts": b"1", b"group": b"t\xe9"})
+    r_bytes.set(keys.prefix.encode() + b"g:t\xe9:pending", b"oops")
+    r_bytes.zadd(keys.dead, {b"JOBstate": 0, b"JOBlane": 0})
+    reasons = {job: reason.decode("utf-8", "strict") for job, reason in replay_reasons(r_bytes, keys).items()}
     assert reasons == {
         b"JOBstate": f"state is 'd{FFFD}ad', not dead",
         b"JOBlane": f"malformed: lane {keys.prefix}g:t{FFFD}:pending is a string, not a sorted set",
     }
-    assert sorted(raw.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
+    assert sorted(r_bytes.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
 
 
-def test_every_purge_reason_is_valid_utf8(raw, keys):
-    raw.hset(row_key(keys, b"JOBlive"), mapping={b"state": b"activ\xe9"})
-    raw.zadd(keys.dead, {b"JOBlive": 0})
+def test_every_purge_reason_is_valid_utf8(r_bytes, keys):
+    r_bytes.hset(row_key(keys, b"JOBlive"), mapping={b"state": b"activ\xe9"})
+    r_bytes.zadd(keys.dead, {b"JOBlive": 0})
     k = keys
-    reply = script("morgue_purge")(raw, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
+    reply = script("morgue_purge")(r_bytes, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
     kept = reply[1]
     assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is 'activ{FFFD}', not dead"]
-    assert raw.zrange(keys.dead, 0, -1) == [b"JOBlive"]
+    assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]
