@@ -14,7 +14,7 @@ import sys
 # command -> module exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "sweep": ("stalledpolicy.sweeper.cli", "sweep stalled jobs of one queue on an interval"),
-    "morgue": ("stalledpolicy.morgue_cli", "inspect, replay and purge dead-lettered jobs"),
+    "morgue": ("stalledpolicy.morgue.cli", "inspect, replay and purge dead-lettered jobs"),
     "operator": ("stalledpolicy.controller.cli", "run the Kubernetes operator"),
 }
 

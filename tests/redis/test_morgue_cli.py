@@ -17,9 +17,10 @@ import sys
 
 import pytest
 
-from stalledpolicy import morgue_cli
 from stalledpolicy.devenv.ports import free_port
 from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.morgue import cli as morgue_cli
+from stalledpolicy.morgue import prompt
 
 HOUR_MS = 3600 * 1000
 
@@ -587,7 +588,7 @@ def test_help_documents_exit_codes():
 )
 def test_confirm_only_yes_agrees(typed, agreed):
     err = io.StringIO()
-    assert morgue_cli.confirm("Replay 3 jobs of queue q?", stdin=io.StringIO(typed), stderr=err) is agreed
+    assert prompt.confirm("Replay 3 jobs of queue q?", stdin=io.StringIO(typed), stderr=err) is agreed
     assert err.getvalue().startswith("Replay 3 jobs of queue q? [y/N] ")
 
 
@@ -595,10 +596,10 @@ def test_a_pipe_is_not_interactive():
     read_end, write_end = os.pipe()
     try:
         with os.fdopen(read_end) as pipe:
-            assert morgue_cli.is_interactive(pipe) is False
+            assert prompt.is_interactive(pipe) is False
     finally:
         os.close(write_end)
-    assert morgue_cli.is_interactive(io.StringIO("y\n")) is False
+    assert prompt.is_interactive(io.StringIO("y\n")) is False
 
 
 def test_a_large_replay_loses_nothing(r, url, queue_name):

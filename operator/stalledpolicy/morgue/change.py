@@ -1,0 +1,136 @@
+"""``replay`` and ``purge``: preview, confirmation, the real call.
+
+A change shows a preview (count, lanes, first ids, what would be left alone;
+``--dry-run`` stops there) and asks for confirmation unless ``--yes`` is given;
+without a terminal to ask on and without ``--yes`` it refuses rather than guess.
+
+What is confirmed is what runs: the preview's ids are pinned and the change is
+applied to exactly those ids, so jobs dead-lettered while the prompt is open
+are never swept up by a ``--lane`` or ``--all`` approved for fewer. An age
+purge (``--older-than``) is the exception: it applies its rule when it runs
+(a job can only join it by growing older, and the engine then records a time
+of death on undated entries so that a later age purge can remove them). That
+dating is a write too: when no job is old enough but some are undated, the real
+call still runs, with the same consent (``--yes`` or the prompt); without
+either, nothing is written and the note says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import IO, Any, Sequence
+
+from stalledpolicy.durations import format_duration
+from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.morgue.exit_codes import EXIT_ABORTED, EXIT_USAGE
+from stalledpolicy.morgue.prompt import confirm, is_interactive
+from stalledpolicy.morgue.render import jobs_phrase
+from stalledpolicy.morgue.report import report_outcome, show_preview
+
+# rows read per pipeline for the lanes of a purge preview
+MORGUE_BATCH_READ = 500
+
+
+@dataclass
+class Outcome:
+    """One engine call's answer, the same shape for replay and purge."""
+
+    ids: list[str]  # changed (or, in a dry run, to be changed)
+    lanes: dict[str, int] = field(default_factory=dict)  # replay only; "" = flat
+    missing: list[str] = field(default_factory=list)  # asked for by id, not in the morgue
+    refused: dict[str, str] = field(default_factory=dict)  # left in the morgue, id -> why
+    undated: int = 0  # age purge: entries without a time of death (kept)
+    problems: list[str] = field(default_factory=list)  # keys of the wrong type met after the moves
+
+
+def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
+                 ids: list[str] | None, dry_run: bool) -> Outcome:
+    """``ids`` replaces the lane filter: pinned ids were selected by it already."""
+    lane = selection["lane"] if ids is None else None
+    if args.morgue_action == "replay":
+        result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run)
+        return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
+                       refused=dict(getattr(result, "unreplayable", {}) or {}),
+                       problems=list(getattr(result, "problems", []) or []))
+    result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
+                                 ids=ids, dry_run=dry_run)
+    return Outcome(ids=list(result.ids), missing=list(getattr(result, "missing", []) or []),
+                   refused=dict(getattr(result, "kept", {}) or {}),
+                   undated=int(getattr(result, "undated", 0) or 0),
+                   problems=list(getattr(result, "problems", []) or []))
+
+
+def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:
+    """Jobs per lane among ``ids`` (the purge script reports ids only): for the
+    preview shown before the question. A row that is gone or not a hash counts
+    as no lane."""
+    keys = QueueKeys(queue)
+    lanes: dict[str, int] = {}
+    for start in range(0, len(ids), MORGUE_BATCH_READ):
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids[start:start + MORGUE_BATCH_READ]:
+            pipe.hget(keys.job(job_id), "group")
+        for group in pipe.execute(raise_on_error=False):
+            name = group if isinstance(group, str) else ""
+            lanes[name] = lanes.get(name, 0) + 1
+    return lanes
+
+
+def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
+               out: IO[str], err: IO[str], stdin: IO[str]) -> int:
+    replaying = args.morgue_action == "replay"
+    verb, past = ("replay", "replayed") if replaying else ("purge", "purged")
+    queue = args.queue
+    older_than = selection.get("older_than_s")
+
+    preview = _call_engine(engine, client, args, selection, ids=selection["ids"], dry_run=True)
+    # An age purge writes even when no job is old enough: it records a time of
+    # death on the undated entries (so a later age purge can remove them). That
+    # write needs the real call, and the same consent as any change.
+    dating_only = not preview.ids and older_than is not None and preview.undated > 0
+    if args.dry_run or not (preview.ids or dating_only):
+        return report_outcome(args, out, err, preview, dry_run=args.dry_run, verb=verb, past=past)
+
+    count = len(preview.ids)
+    if not args.yes:
+        if not is_interactive(stdin):
+            if dating_only:
+                # Nothing to purge, which is what was asked; the dating is left
+                # undone, and the report says so.
+                return report_outcome(args, out, err, preview, dry_run=False, verb=verb, past=past, dated=False)
+            err.write(
+                f"stalledpolicy morgue {verb}: refusing to {verb} {jobs_phrase(count)} of queue {queue} "
+                "without confirmation: stdin is not a terminal; pass --yes to confirm "
+                "(or --dry-run to preview)\n"
+            )
+            return EXIT_USAGE
+        lanes = preview.lanes if replaying else _purge_lanes(client, queue, preview.ids)
+        show_preview(err, args, preview, lanes, older_than=older_than)
+        if dating_only:
+            question = (f"Nothing to purge. Record now as the time of death of the {jobs_phrase(preview.undated)} "
+                        "that have none, so a later --older-than purge can remove them? (The purge runs "
+                        "its age rule: a job that grew old enough meanwhile is purged.)")
+        elif replaying:
+            question = f"Replay {jobs_phrase(count)} of queue {queue}?"
+        else:
+            age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
+            question = (f"Purge {jobs_phrase(count)} of queue {queue}{age}? This permanently deletes "
+                        f"{'it' if count == 1 else 'them'} and cannot be undone.")
+        if not confirm(question, stdin=stdin, stderr=err):
+            err.write(f"aborted: nothing {'dated or ' if preview.undated else ''}{past}\n")
+            return EXIT_ABORTED
+
+    if older_than is not None:
+        # An age purge applies its rule as it runs: a job can only join the
+        # selection by growing older, which is what was asked; and the engine
+        # records a time of death on undated entries so a later purge can age them.
+        done = _call_engine(engine, client, args, selection, ids=None, dry_run=False)
+        done.missing = preview.missing
+        return report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, previewed=count)
+    # Otherwise what was confirmed is exactly what runs: jobs dead-lettered into
+    # the lane (or the morgue) while the prompt was open are not swept along.
+    done = _call_engine(engine, client, args, selection, ids=preview.ids, dry_run=False)
+    vanished, done.missing = done.missing, preview.missing
+    done.refused = {**preview.refused, **done.refused}
+    return report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished)

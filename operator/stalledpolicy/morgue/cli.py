@@ -1,0 +1,124 @@
+"""``stalledpolicy morgue``: the entry point (``add_arguments`` and ``run``,
+what ``stalledpolicy.cli`` expects of a command) and how every failure
+becomes an exit code and a message without a traceback or a password."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import IO, Any
+
+from stalledpolicy.morgue.arguments import UsageError, add_arguments, change_selection, resolve_settings
+from stalledpolicy.morgue.change import run_change
+from stalledpolicy.morgue.exit_codes import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
+from stalledpolicy.morgue.views import show_list, show_stats
+from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
+
+__all__ = ["add_arguments", "run"]
+
+CONNECT_TIMEOUT_S = 5.0
+# generous: a morgue call is bounded by the engine, but a busy server may be slow
+SOCKET_TIMEOUT_S = 30.0
+
+# the actions that only read; the others are changes (run_change)
+READ_ONLY_ACTIONS = {"stats": show_stats, "list": show_list}
+
+
+def open_client(url: str) -> Any:
+    """A decoded client for ``url`` (a RedisCluster on a cluster node).
+
+    Job ids, lanes and errors are written by other programs and need not be
+    UTF-8. ``surrogateescape`` decodes every byte (an undecodable one becomes a
+    lone surrogate, which ``tables.printable`` shows as ``\\xNN`` and JSON as
+    ``\\udcNN``) and encodes it back to the same byte, so such a job can be
+    listed, replayed and purged by the id the preview pinned (``errors="replace"``
+    would turn it into another id, not in the morgue)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # One quick retry replaces a stale pooled connection; an on-call engineer
+    # facing an outage wants exit 3 now, not after a backoff schedule.
+    return connect(url, retry=Retry(NoBackoff(), 1), decode_responses=True,
+                   encoding_errors="surrogateescape",
+                   socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
+
+
+def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None) -> int:
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    for stream in (out, err):
+        if stream in (sys.stdout, sys.stderr) and hasattr(stream, "reconfigure"):
+            # the last guard for text from Redis that is not UTF-8 (kept as lone
+            # surrogates, see open_client): shown escaped, never a UnicodeEncodeError
+            stream.reconfigure(errors="backslashreplace")
+    prog = f"stalledpolicy morgue {args.morgue_action}"
+    changing = args.morgue_action not in READ_ONLY_ACTIONS
+    try:
+        resolve_settings(args)
+        # a bad selection is refused before Redis is even contacted
+        selection = change_selection(args) if changing else None
+    except UsageError as exc:
+        err.write(f"{prog}: error: {exc}\n")
+        return EXIT_USAGE
+
+    import redis
+
+    from stalledpolicy import engine
+
+    url = args.redis_url
+    where = redact_url(url)
+    client = None
+    try:
+        client = open_client(url)
+        if not changing:
+            return READ_ONLY_ACTIONS[args.morgue_action](client, args, engine, out)
+        return run_change(client, args, selection, engine, out, err, stdin)
+    except ValueError as exc:
+        # before a client exists: redis-py's URL parser (bad port, db, option);
+        # after: the engine refusing an argument (it names the field)
+        subject = f"--redis-url {where}: " if client is None else ""
+        err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # the reader went away (`morgue list | head`): not an error worth a traceback;
+        # point stdout at /dev/null so the interpreter's final flush stays quiet.
+        # (Before the OSError of an outage: BrokenPipeError is one too.)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass
+        finally:
+            os.close(devnull)
+        return EXIT_OK
+    except unreachable_errors() as exc:
+        reason = scrub(str(exc), url) or type(exc).__name__
+        if client is None:
+            err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
+        else:
+            err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+            if changing and not args.dry_run:
+                err.write("the change may have been partly applied; check with "
+                          "'stalledpolicy morgue stats' and 'list'\n")
+        return EXIT_UNREACHABLE
+    except redis.RedisError as exc:
+        err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        err.write(f"\n{prog}: interrupted\n")
+        if changing and not args.dry_run:
+            err.write("the change may have been partly applied; check with "
+                      "'stalledpolicy morgue stats' and 'list'\n")
+        return EXIT_INTERRUPTED
+    finally:
+        if client is not None:
+            client.close()

@@ -1,0 +1,9 @@
+"""The exit codes of ``stalledpolicy morgue``; ``arguments.EXIT_CODES_EPILOG``
+documents them in ``--help``, so a change here is a change there too."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_ABORTED = 4
+EXIT_INTERRUPTED = 130

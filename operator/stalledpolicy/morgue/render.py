@@ -1,0 +1,50 @@
+"""Formatting shared by every morgue action: JSON documents, counts, times,
+lanes and id lists, each made safe to print (``tables.printable``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import IO, Sequence
+
+from stalledpolicy import tables
+
+# ids printed in a table-mode preview before "... and N more"
+PREVIEW_IDS = 20
+
+
+def emit_json(document: dict, out: IO[str]) -> None:
+    out.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+def jobs_phrase(count: int) -> str:
+    """``1 job``, ``3 jobs``."""
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def iso_time(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def age_seconds(now_ms: int, then_ms: int | None) -> float | None:
+    return None if then_ms is None else max(0.0, (now_ms - then_ms) / 1000)
+
+
+def lane_label(lane: str | None) -> str:
+    return tables.printable(lane) if lane else tables.EMPTY
+
+
+def lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
+    """Lane table rows, the largest lane first."""
+    return [
+        (lane_label(name), count)
+        for name, count in sorted(lanes.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+    ]
+
+
+def ids_preview(ids: Sequence[str]) -> str:
+    shown = ", ".join(tables.printable(i) for i in ids[:PREVIEW_IDS])
+    more = len(ids) - PREVIEW_IDS
+    return shown + (f", ... and {more} more (-o json lists all)" if more > 0 else "")

@@ -1,0 +1,105 @@
+"""What a replay or purge prints: the preview before the question (stderr),
+then the outcome (stdout, a table or one JSON document) and the notes,
+warnings and reasons (stderr). ``report_outcome`` also picks the exit code."""
+
+from __future__ import annotations
+
+import argparse
+from typing import IO, TYPE_CHECKING, Any, Sequence
+
+from stalledpolicy import tables
+from stalledpolicy.durations import format_duration
+from stalledpolicy.morgue.exit_codes import EXIT_FAILED, EXIT_OK
+from stalledpolicy.morgue.render import PREVIEW_IDS, emit_json, ids_preview, jobs_phrase, lane_rows
+
+if TYPE_CHECKING:  # change imports this module to report its outcomes
+    from stalledpolicy.morgue.change import Outcome
+
+
+def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes: dict[str, int], *,
+                 older_than: float | None) -> None:
+    """What the question is about, on stderr before it: count, lanes, first ids,
+    and what would be left alone."""
+    verb = args.morgue_action
+    age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
+    err.write(f"{verb} preview for queue {args.queue}{age}: {jobs_phrase(len(preview.ids))}\n")
+    if preview.ids:
+        if lanes:
+            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",)) + "\n")
+        err.write(f"ids: {ids_preview(preview.ids)}\n")
+    if preview.refused:
+        err.write(f"{jobs_phrase(len(preview.refused))} would be left in the morgue (the reasons follow the "
+                  f"{verb}): {ids_preview(list(preview.refused))}\n")
+    if preview.missing:
+        err.write(f"requested ids not in the morgue: {ids_preview(preview.missing)}\n")
+    if preview.undated:
+        err.write(f"{jobs_phrase(preview.undated)} without a recorded time of death would be kept and get "
+                  "now as their time of death\n")
+
+
+def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
+                   verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None,
+                   dated: bool = True) -> int:
+    """``dated``: in a real run, whether the call that ran recorded a time of
+    death on the undated entries (False: only the preview ran)."""
+    queue = args.queue
+    ids = outcome.ids
+    code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
+    if args.output == "json":
+        document: dict[str, Any] = {
+            "queue": queue, "action": verb, "dry_run": dry_run,
+            ("would_" + verb if dry_run else past): len(ids), "ids": ids,
+        }
+        if verb == "replay":
+            document["lanes"] = outcome.lanes
+        document["missing"] = outcome.missing
+        document["refused"] = outcome.refused
+        document["vanished"] = list(vanished)
+        document["problems"] = outcome.problems
+        if verb == "purge":
+            document["undated"] = outcome.undated
+            document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
+        emit_json(document, out)
+    else:
+        if dry_run:
+            out.write(f"dry run: would {verb} {jobs_phrase(len(ids))} of queue {queue} (nothing changed)\n")
+        elif not ids:
+            out.write(f"nothing to {verb} in queue {queue}\n")
+        else:
+            out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}\n")
+        if ids:
+            if outcome.lanes:
+                out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",)) + "\n")
+            out.write(f"ids: {ids_preview(ids)}\n")
+    if previewed is not None and previewed != len(ids):
+        err.write(f"note: the preview counted {jobs_phrase(previewed)}; the morgue changed before the purge ran\n")
+    if outcome.undated:
+        one = outcome.undated == 1
+        was, its = ("was", "its") if one else ("were", "their")
+        if dry_run:
+            note = (f"would be kept; a real run records now as {its} time of death, so a later "
+                    f"--older-than purge can remove {'it' if one else 'them'}")
+        elif dated:
+            note = (f"{was} kept; {its} time of death is now recorded (the time of this run; not on a "
+                    "row that is missing or unreadable), so a later --older-than purge can remove "
+                    f"{'it' if one else 'them'}")
+        else:
+            note = (f"{was} kept and not dated (nothing was written); run again with --yes to record "
+                    f"now as {its} time of death, so a later --older-than purge can remove "
+                    f"{'it' if one else 'them'}")
+        err.write(f"note: {jobs_phrase(outcome.undated)} without a recorded time of death {note}\n")
+    if outcome.missing:
+        err.write(f"requested ids not in the morgue of queue {queue}: {ids_preview(outcome.missing)}\n")
+    if outcome.refused:
+        action = f"would not {verb}" if dry_run else f"did not {verb}"
+        err.write(f"{action} {jobs_phrase(len(outcome.refused))} (left in the morgue):\n")
+        reasons = [(job_id, why) for job_id, why in list(outcome.refused.items())[:PREVIEW_IDS]]
+        err.write(tables.render_table(("ID", "WHY"), reasons) + "\n")
+        if len(outcome.refused) > PREVIEW_IDS:
+            err.write(f"... and {len(outcome.refused) - PREVIEW_IDS} more (-o json lists all)\n")
+    for problem in outcome.problems:
+        err.write(f"warning: {tables.printable(problem)}\n")
+    if vanished:
+        err.write(f"{jobs_phrase(len(vanished))} left the morgue between the preview and the change "
+                  f"(replayed or purged by someone else meanwhile): {ids_preview(vanished)}\n")
+    return code

@@ -1,0 +1,116 @@
+"""``stats`` and ``list``: the read-only views of the morgue, as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from typing import IO, Any
+
+from stalledpolicy import tables
+from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.morgue.exit_codes import EXIT_OK
+from stalledpolicy.morgue.prompt import is_interactive
+from stalledpolicy.morgue.render import age_seconds, emit_json, iso_time, lane_label, lane_rows
+
+LAST_ERROR_MIN_WIDTH = 20
+LAST_ERROR_DEFAULT_WIDTH = 60
+
+
+def server_now_ms(client: Any, queue: str) -> int:
+    """Ages are measured on the clock that stamped the deaths: the server
+    holding the queue's slot (on a cluster, not whichever node TIME lands on)."""
+    if hasattr(client, "get_node_from_key"):
+        node = client.get_node_from_key(QueueKeys(queue).dead)
+        seconds, micros = client.time(target_nodes=node)
+    else:
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
+    stats = engine.morgue_stats(client, args.queue)
+    now_ms = server_now_ms(client, args.queue)
+    oldest_age = age_seconds(now_ms, stats.oldest_dead_at_ms)
+    if args.output == "json":
+        emit_json({
+            "queue": args.queue,
+            "size": stats.size,
+            "lanes": {name: count for name, count in stats.lanes.items()},
+            "oldest_dead_at_ms": stats.oldest_dead_at_ms,
+            "oldest_dead_at": iso_time(stats.oldest_dead_at_ms),
+            "oldest_age_s": oldest_age,
+        }, out)
+        return EXIT_OK
+    oldest = "-" if oldest_age is None else (
+        f"{tables.format_age(oldest_age)} ({iso_time(stats.oldest_dead_at_ms)})"
+    )
+    out.write(tables.render_pairs([
+        ("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest),
+    ]) + "\n")
+    if stats.lanes:
+        out.write("\n" + tables.render_table(("LANE", "DEAD"), lane_rows(stats.lanes), right=("DEAD",)) + "\n")
+    return EXIT_OK
+
+
+def _error_cell(job: Any) -> str | None:
+    problem = getattr(job, "problem", None)
+    return f"[unreadable row: {problem}]" if problem else job.last_error
+
+
+def _last_error_width(out: IO[str], other_columns: int) -> int:
+    """LAST ERROR fills the terminal's width; piped output gets a fixed cut."""
+    if not is_interactive(out):
+        return LAST_ERROR_DEFAULT_WIDTH
+    columns = shutil.get_terminal_size((120, 24)).columns
+    return max(LAST_ERROR_MIN_WIDTH, columns - other_columns)
+
+
+def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
+    jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
+    if args.lane is None:
+        total = int(client.zcard(QueueKeys(args.queue).dead))
+    else:
+        # per-lane counts need a (bounded, batched) walk of the morgue
+        total = engine.morgue_stats(client, args.queue).lanes.get(args.lane, 0)
+    now_ms = server_now_ms(client, args.queue)
+    if args.output == "json":
+        emit_json({
+            "queue": args.queue,
+            "lane": args.lane,
+            "total": total,
+            "offset": args.offset,
+            "limit": args.limit,
+            "jobs": [
+                {
+                    "id": job.id, "lane": job.lane, "state": job.state, "stalled": job.stalled,
+                    "attempts": job.attempts, "last_error": job.last_error,
+                    "dead_at_ms": job.dead_at_ms, "dead_at": iso_time(job.dead_at_ms),
+                    "age_s": age_seconds(now_ms, job.dead_at_ms),
+                    "problem": getattr(job, "problem", None),
+                }
+                for job in jobs
+            ],
+        }, out)
+        return EXIT_OK
+    where = f"queue {args.queue}" + (f", lane {lane_label(args.lane)}" if args.lane is not None else "")
+    if not jobs:
+        note = "the morgue is empty" if total == 0 else f"no jobs at offset {args.offset} (total {total})"
+        out.write(f"{where}: {note}\n")
+        return EXIT_OK
+    headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
+    rows = [
+        (job.id, lane_label(job.lane), job.stalled, job.attempts,
+         tables.format_age(age_seconds(now_ms, job.dead_at_ms)), _error_cell(job))
+        for job in jobs
+    ]
+    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows]).splitlines()[0]
+    width = _last_error_width(out, tables.display_width(fixed) + len(tables.GAP))
+    out.write(tables.render_table(
+        headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width},
+    ) + "\n")
+    first, last = args.offset + 1, args.offset + len(jobs)
+    footer = f"{where}: jobs {first}-{last} of {total}"
+    if last < total:
+        footer += f"; next page: --offset {last}"
+    out.write("\n" + footer + "\n")
+    return EXIT_OK
