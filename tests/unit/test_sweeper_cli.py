@@ -19,6 +19,7 @@ def start(capsys, *argv: str, env: dict | None = None) -> tuple[int, str]:
 
 
 HUGE = "9" * 5000  # past int()'s 4,300-digit limit
+PADDED_ONE = "0" * 5000 + "1"  # small, but still past int()'s limit as written
 
 
 @pytest.mark.parametrize(("argv", "env", "names", "limit"), [
@@ -30,6 +31,9 @@ HUGE = "9" * 5000  # past int()'s 4,300-digit limit
     (["--lane", f"imports={HUGE}"], {}, "--lane (STALLEDPOLICY_LANES)", "2147483647"),
     (["--lane", "imports=2147483648"], {}, "--lane (STALLEDPOLICY_LANES)", "2147483647"),
     ([], {"STALLEDPOLICY_LANES": f"a=1,b={HUGE}"}, "--lane (STALLEDPOLICY_LANES)", "2147483647"),
+    (["--batch-size", PADDED_ONE], {}, "--batch-size (STALLEDPOLICY_BATCH_SIZE)", "10000"),
+    (["--max-stalled", "-" + PADDED_ONE], {}, "--max-stalled (STALLEDPOLICY_MAX_STALLED)", "2147483647"),
+    (["--lane", f"a={PADDED_ONE}"], {}, "--lane (STALLEDPOLICY_LANES)", "2147483647"),
 ])
 def test_integers_out_of_range_get_our_message_at_any_length(capsys, argv, env, names, limit):
     code, err = start(capsys, *argv, env=env)

@@ -89,6 +89,9 @@ def _shown_number(text: str) -> str:
     return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
 
 
+_DIGITS_WRITTEN_MAX = 64
+
+
 def _out_of_range(text: Any, maximum: int, *, whole_value: bool) -> bool:
     """``text`` is a whole number past ``maximum`` (or below -``maximum``), judged
     by its digits before int() could refuse it; with ``whole_value`` also any
@@ -98,9 +101,10 @@ def _out_of_range(text: Any, maximum: int, *, whole_value: bool) -> bool:
     number = _WHOLE_NUMBER.fullmatch(text)
     if number is None:
         return False
-    sign, digits = number.groups()
-    digits = digits.lstrip("0") or "0"
-    if len(digits) > len(str(maximum)):
+    sign, written = number.groups()
+    digits = written.lstrip("0") or "0"
+    # leading zeros count too: int() refuses 4,300 digits whatever they are
+    if len(digits) > len(str(maximum)) or len(written) > _DIGITS_WRITTEN_MAX:
         return True
     return whole_value and sign != "-" and int(digits) > maximum
 
