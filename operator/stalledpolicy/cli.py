@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 # command -> module exposing add_arguments(parser) and run(args) -> int
@@ -19,10 +20,22 @@ COMMANDS = {
 }
 
 EXIT_USAGE = 2
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s']*")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse quotes what it could not place (a mistyped --redisurl=redis://:pw@h,
+    a URL given without its flag): any URL in its message is redacted first.
+    Subcommand parsers are of the same class, so theirs are too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        from stalledpolicy.redis_url import redact_url
+
+        super().error(_URL.sub(lambda url: redact_url(url.group(0)), message))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stalledpolicy",
         description="Bounded stalled-job recovery for EchoMQ queues on Redis/Valkey.",
         epilog="Run 'stalledpolicy COMMAND --help' for a command's settings.")

@@ -8,16 +8,23 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+$"
+# No setting needs more; a longer one is a typo, and 320 digits would be inf.
+LONGEST_S = 36_500 * 86_400.0
+_SHOWN_MAX = 40
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in ``text``; raises ValueError with the accepted forms."""
+    """Seconds in ``text`` (at most 36500d); raises ValueError with the accepted forms."""
     value = text.strip() if isinstance(text, str) else ""
+    shown = repr(text) if len(repr(text)) <= _SHOWN_MAX else f"{repr(text)[:_SHOWN_MAX]}... ({len(text)} characters)"
     if not _WHOLE.fullmatch(value):
         raise ValueError(
-            f"{text!r} is not a duration; write a number with a unit, for example 30s, 2m, 1h or 1h30m"
+            f"{shown} is not a duration; write a number with a unit, for example 30s, 2m, 1h or 1h30m"
         )
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
+    if not seconds <= LONGEST_S:  # also inf
+        raise ValueError(f"{shown} is longer than 36500d (100 years); write a shorter duration")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

@@ -497,6 +497,7 @@ def test_a_key_of_the_wrong_type_is_named_and_exits_1_but_the_jobs_move(r, url, 
         (["stats", "--queue", "bad:name"], "--queue"),
         (["stats", "--queue", "a{b}"], "--queue"),
         (["purge", "--queue", "q", "--older-than", "soon", "--yes"], "--older-than"),
+        (["purge", "--queue", "q", "--older-than", "9" * 320 + "d", "--dry-run"], "--older-than"),
         (["list", "--queue", "q", "--limit", "0"], "--limit"),
         (["list", "--queue", "q", "-o", "yaml"], "--output"),
         (["stats"], "--queue"),
@@ -506,6 +507,17 @@ def test_bad_usage_exits_2_with_a_message_naming_the_option(url, args, needle):
     result = morgue(url, *args)
     assert result.returncode == 2
     assert needle in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["stats", "--queue", "q", "--redisurl=redis://:hunter2@h/0"],   # a mistyped flag
+    ["stats", "--queue", "q", "redis://u:hunter2@h/0"],              # the flag forgotten
+    ["stats", "--queue", "q", "-o", "rediss://:hunter2@h/0"],        # in the wrong place
+])
+def test_argparse_never_echoes_a_password(url, args):
+    result = morgue(url, *args)
+    assert result.returncode == 2 and "hunter2" not in result.stderr
+    assert "***" in result.stderr
 
 
 def test_bad_url_is_bad_usage():

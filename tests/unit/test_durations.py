@@ -30,3 +30,14 @@ def test_format_duration_is_exact(seconds, text):
 def test_what_is_formatted_parses_back_to_the_same_time(text):
     seconds = parse_duration(text)
     assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, abs=1e-9)
+
+
+@pytest.mark.parametrize("text", ["9" * 320 + "d", "36501d", "1" * 400 + "ms"])
+def test_a_duration_past_100_years_is_refused_without_echoing_it_whole(text):
+    with pytest.raises(ValueError, match="longer than 36500d") as refused:
+        parse_duration(text)
+    assert len(str(refused.value)) < 150
+
+
+def test_100_years_is_the_longest_duration():
+    assert parse_duration("36500d") == 36_500 * 86_400
