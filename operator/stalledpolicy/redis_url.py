@@ -26,6 +26,9 @@ _WRITE = "write redis://[:password@]host[:port][/db]"
 _ENCODE = ("percent-encode a '/', '?', '#' or '@' in the user or password "
            "as %2F, %3F, %23 or %40")
 _DB_PATH = re.compile(r"/?|/[0-9]+/?")
+_DB_MAX = 2_147_483_647  # SELECT takes a 32-bit index
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+_TIMEOUT_MAX_S = 86_400
 
 
 def _is_password_key(name: str) -> bool:
@@ -191,8 +194,12 @@ def _check_query(url: str) -> str | None:
         kind = {int: "a whole number", float: "a number"}.get(URL_QUERY_ARGUMENT_PARSERS[name],
                                                                "a value redis-py accepts")
         return f"has query option {name} with a value that is not {kind}"
-    if options.get("db", 0) < 0:
-        return "has query option db below 0; use a database number such as db=0"
+    if not 0 <= options.get("db", 0) <= _DB_MAX:
+        return f"has a database number outside 0..{_DB_MAX}; use a database number such as db=0"
+    for name in _TIMEOUTS:
+        # nan, inf, 0 and below are read fine here and fail (or block) only on connect
+        if name in options and not 0 < options[name] < _TIMEOUT_MAX_S:
+            return f"has query option {name} that is not a number of seconds above 0 and below {_TIMEOUT_MAX_S:g}"
     return None
 
 
@@ -206,7 +213,7 @@ def _check_connection_options(url: str) -> str | None:
         # what redis-py takes for a name is part of the password
         return ("has a query option redis-py does not know; remove it or spell it as "
                 "redis-py does (db=0, socket_timeout=5, protocol=3, ...); ssl_ options need rediss://")
-    except (redis.RedisError, ValueError):
+    except Exception:  # noqa: BLE001 - redis-py raises what its option parsers raise (AttributeError too)
         return ("has a query option whose value redis-py refuses; check protocol (2 or 3), "
                 "ssl_cert_reqs (none, optional or required) and the other options after '?'")
     return None

@@ -113,6 +113,7 @@ def test_scrub_masks_a_password_holding_url_delimiters():
     "redis://[::1]:6379/0", "redis://h/0/", "redis://:p%2Fa%3Fs%23s%40@h/0",
     "rediss://h/0?socket_timeout=2.5&db=3&ssl_check_hostname=false&password=a%26b",
     "redis://h/0?password=me@corp", "unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock",
+    "redis://h/2147483647?socket_timeout=0.5&socket_connect_timeout=10",
 ])
 def test_check_redis_url_accepts_what_redis_py_reads_as_written(url):
     assert check_redis_url(url) is None
@@ -137,7 +138,7 @@ SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
     ("redis://:s3cr@h:6379/1/2", "database number"),
     ("redis://:s3cr@h:6379//", "database number"),
     ("redis://:s3cr@h/0?db=s3cr", "query option db"),
-    ("redis://:s3cr@h/0?db=-1", "query option db"),
+    ("redis://:s3cr@h/0?db=-1", "database number outside"),
     ("redis://:s3cr@h/0?socket_timeout=s3cr", "query option socket_timeout"),
     ("redis://:s3cr@h/0?protocol=two", "query option protocol"),
     ("unix://:s3cr@", "socket path"),
@@ -148,6 +149,14 @@ SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
     ("redis://h/0?password=hun&s3cret=x", "does not know"),
     ("redis://:s3cr@h/0?ssl_check_hostname=false", "ssl_ options need rediss://"),  # an unencoded '&' in the password
     ("unix:///run/redis.sock?s3cr=1", "does not know"),
+    ("redis://:s3cr@h/0?cache_config=1", "value redis-py refuses"),        # an AttributeError in redis-py
+    ("redis://:s3cr@h/0?maint_notifications_config=1", "value redis-py refuses"),
+    ("redis://:s3cr@h/99999999999999999999", "database number outside"),
+    ("redis://:s3cr@h/0?db=2147483648", "database number outside"),
+    ("redis://:s3cr@h/0?socket_timeout=nan", "query option socket_timeout"),
+    ("redis://:s3cr@h/0?socket_timeout=-1", "query option socket_timeout"),
+    ("redis://:s3cr@h/0?socket_connect_timeout=0", "query option socket_connect_timeout"),
+    ("redis://:s3cr@h/0?socket_timeout=inf", "query option socket_timeout"),
     # a delimiter left unencoded in the password: urlsplit (and redis-py) cut the URL there
     ("redis://:s3cr/et@h:6379/0", "%2F"),
     ("redis://:s3cr?et@h:6379/0", "%3F"),
