@@ -367,12 +367,15 @@ def _replay_keys(keys: QueueKeys) -> list[str]:
 
 
 def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequence[str] | None = None,
-                  limit: int | None = None, dry_run: bool = False) -> ReplayResult:
+                  limit: int | None = None, dry_run: bool = False,
+                  progress: Callable[[ReplayResult], None] | None = None) -> ReplayResult:
     """Move dead jobs back to their lane (or ``pending``) with the stall count reset.
 
     Selection: ``ids`` (only those; ids not in the morgue come back in
     ``missing``), else every dead job of ``lane`` (``""`` = flat jobs), else the
-    whole morgue; at most ``limit`` jobs. Each script call is bounded.
+    whole morgue; at most ``limit`` jobs. Each script call is bounded, and
+    ``progress`` (if given) sees the result so far after each one: a caller
+    that meets an error half-way knows what already moved.
     """
     if limit is not None:
         _check_positive("limit", limit)
@@ -392,6 +395,8 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
         result.unreplayable.update(_pairs(refused))
         result.missing += [_text(m) for m in missing]
         result.problems = _union(result.problems, (_text(p) for p in problems))
+        if progress is not None:
+            progress(result)
         return _text(next_cursor)
 
     if ids is not None:

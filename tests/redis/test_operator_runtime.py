@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+import redis
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
 from stalledpolicy.controller.config import OperatorConfig
@@ -303,7 +304,7 @@ def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, 
     dead_letter(r, queue_name, "JOB0001")
     runs = []
 
-    def replay_then_fail_to_parse(client, queue, lane=None):
+    def replay_then_fail_to_parse(client, queue, lane=None, progress=None):
         runs.append(queue)
         morgue_replay(client, queue, lane=lane)  # the jobs move ...
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")  # ... the reply is unreadable
@@ -329,3 +330,42 @@ def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, 
     [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning" and "could not be read" in message and "UnicodeDecodeError" in message
     assert [e[2] for e in ctl.recorder.events].count("Replayed") == 1
+
+
+def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_server, r, queue_name):
+    from stalledpolicy import engine
+
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    for n in range(engine.MORGUE_BATCH + 20):
+        dead_letter(r, queue_name, f"JOB{n:05d}")
+    runs = []
+
+    def replay_then_lose_redis(client, queue, lane=None, progress=None):
+        runs.append(queue)
+
+        def one_call_then_fail(so_far):
+            progress(so_far)
+            raise redis.ConnectionError("connection reset by peer")
+
+        return engine.morgue_replay(client, queue, lane=lane, progress=one_call_then_fail)
+
+    ctl = make_controller(secrets, StatusSink(), NullRecorder())
+    ctl.replay_fn = replay_then_lose_redis
+    body = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+    ctl.observe_policy(body, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    try:
+        ctl.refresh(("ns", "p"))
+        dead_letter(r, queue_name, "JOB99999")  # died after the token was acted on
+        ctl.refresh(("ns", "p"))
+    finally:
+        ctl.stop()
+    assert runs == [queue_name], "the replay ran again"
+    assert r.zcard(keys.dead) == 21 and r.zscore(keys.dead, "JOB99999") is not None
+    last = next(p["lastReplay"] for p in reversed(ctl.custom.patches) if "lastReplay" in p)
+    assert last["token"] == "t1" and last["replayed"] == engine.MORGUE_BATCH
+    [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
+    assert kind == "Warning" and f"stopped after {engine.MORGUE_BATCH} jobs" in message
+    assert "ConnectionError" in message

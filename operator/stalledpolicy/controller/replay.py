@@ -73,22 +73,41 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now}
     if request.lane:
         record["lane"] = request.lane
+    moved: list[int] = []  # jobs moved after each completed script call
     try:
-        result = replay_fn(client, queue, lane=request.lane)
+        result = replay_fn(client, queue, lane=request.lane,
+                           progress=lambda so_far: moved.append(int(so_far.replayed)))
         record["replayed"] = int(result.replayed)
         warning = replay_warning(queue, result)
     except Exception as exc:
         import redis
 
         if isinstance(exc, (redis.RedisError, OSError)):
-            raise  # refused, or Redis unreachable: retried on the next refresh
+            if not moved:
+                raise  # refused, or Redis unreachable before anything moved: retried on the next refresh
+            # Stopped half-way: running it again would also replay jobs that
+            # died since the token was given, so the token is served with what
+            # moved (at least that many: the failed call may have run too).
+            record["replayed"] = moved[-1]
+            warning = (f"the replay of queue {queue} stopped after {moved[-1]} jobs "
+                       f"({type(exc).__name__}); annotate the policy again with a new value "
+                       "to replay the rest")
+            try:
+                _store(client, record_key, record)
+            except (redis.RedisError, OSError):
+                pass  # the connection is likely gone: this operator still serves it from memory
+            return record, warning
         # A reply that came back but cannot be read: the script ran. Serve the
         # token (``replayed`` null: unknown) so it is never run again.
         warning = (f"the replay of queue {queue} ran but its reply could not be read "
                    f"({type(exc).__name__}): how many jobs moved is unknown; "
                    "`stalledpolicy morgue stats` shows what is left")
-    client.set(record_key, json.dumps(record, sort_keys=True))
+    _store(client, record_key, record)
     return record, warning
+
+
+def _store(client: Any, record_key: str, record: dict) -> None:
+    client.set(record_key, json.dumps(record, sort_keys=True))
 
 
 # ids named in the warning; the rest are counted (`stalledpolicy morgue list` shows them all)
