@@ -275,10 +275,16 @@ class PurgeResult:
     missing: list[str] = field(default_factory=list)
     #: selected ids kept because deleting them could drop a live job (id -> why)
     kept: dict[str, str] = field(default_factory=dict)
-    #: entries without a readable time of death met by an age purge (kept; aged from now on)
+    #: entries an age purge kept for want of a valid time of death (no ``dead_at``, a
+    #: malformed one, or one later than now) whose row exists and is a hash: dated now
+    #: (``dead_at`` = the server's now; not in a dry run), so a later age purge can remove them
     undated: int = 0
     #: as :attr:`SweepResult.problems`
     problems: list[str] = field(default_factory=list)
+    #: entries an age purge kept because their row is missing or not a hash: they have
+    #: no time of death and cannot get one; only a purge without an age and without a lane
+    #: (by id, or of the whole morgue) removes them
+    undatable: int = 0
 
 
 def _lane_filter(lane: str | None) -> str:
@@ -419,7 +425,9 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
     """Delete dead jobs (the morgue entry and the row) for good.
 
     Selection as :func:`morgue_replay`, narrowed by ``older_than_s``: only jobs
-    whose ``dead_at`` is at least that old on the server clock.
+    whose ``dead_at`` is at least that old on the server clock. The others
+    without a valid ``dead_at`` are kept and counted: ``undated`` (dated now)
+    and ``undatable`` (their row is missing or not a hash).
     """
     min_age = ""
     if older_than_s is not None:
@@ -432,13 +440,14 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
 
     def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
-        purged, kept, missing, undated, next_cursor, problems = script("morgue_purge")(
+        purged, kept, missing, undated, next_cursor, problems, undatable = script("morgue_purge")(
             client, [keys.dead, keys.sweeper_totals], args)
         result.ids += [_text(p) for p in purged]
         result.purged = len(result.ids)
         result.kept.update(_pairs(kept))
         result.missing += [_text(m) for m in missing]
         result.undated += int(undated)
+        result.undatable += int(undatable)
         result.problems = _union(result.problems, (_text(p) for p in problems))
         return _text(next_cursor)
 

@@ -444,7 +444,7 @@ def test_age_purge_keeps_undated_entries_and_dates_them(r, url, queue_name):
     result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "would purge 1 job " in result.stdout
-    assert "1 job without a recorded time of death would be kept" in result.stderr
+    assert "1 job without a valid time of death would be kept" in result.stderr
     assert dump(r) == before
 
     result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes")
@@ -453,6 +453,33 @@ def test_age_purge_keeps_undated_entries_and_dates_them(r, url, queue_name):
     assert_still_dead(r, queue_name, "JOB002")
     assert abs(int(r.hget(keys.job("JOB002"), "dead_at")) - server_ms(r)) < 60_000
     assert "now recorded" in result.stderr
+
+
+def laneless_morgue(r, queue: str) -> None:
+    """JOB001 of lane imports; JOB002 whose row is gone; JOB003 whose row is a string."""
+    keys = QueueKeys(queue)
+    bury(r, queue, "JOB001", lane="imports")
+    r.zadd(keys.dead, {"JOB002": 0})
+    r.set(keys.job("JOB003"), "x")
+    r.zadd(keys.dead, {"JOB003": 0})
+
+
+def test_a_lane_replay_says_nothing_of_rows_that_have_no_lane(r, url, queue_name):
+    """A row that is missing or not a hash belongs to no lane: `replay --lane`
+    neither selects nor reports it (it used to exit 1, "would not replay 2 jobs")."""
+    laneless_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "imports", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would replay 1 job " in result.stdout
+    assert "would not replay" not in result.stderr and "JOB002" not in result.stderr + result.stdout
+
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "imports", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["ids"], doc["refused"], doc["missing"]) == (["JOB001"], {}, [])
+    assert_replayed(r, queue_name, "JOB001", "imports")
+    keys = QueueKeys(queue_name)
+    assert r.zrange(keys.dead, 0, -1) == ["JOB002", "JOB003"]
 
 
 def test_rows_that_cannot_be_replayed_stay_and_are_explained(r, url, queue_name):
@@ -738,6 +765,80 @@ def test_an_age_purge_with_nothing_old_enough_still_dates_the_undated_entries(r,
     assert abs(int(r.hget(keys.job("JOB002"), "dead_at")) - server_ms(r)) < 60_000
     assert_still_dead(r, queue_name, "JOB001")
     assert_still_dead(r, queue_name, "JOB002")
+
+
+def undatable_morgue(r, queue: str) -> None:
+    """Two entries no age purge can date: JOB008's row is gone, JOB009's is a string."""
+    keys = QueueKeys(queue)
+    r.zadd(keys.dead, {"JOB008": 0})
+    r.set(keys.job("JOB009"), "x")
+    r.zadd(keys.dead, {"JOB009": 0})
+
+
+def test_an_age_purge_tells_datable_entries_from_undatable_ones(r, url, queue_name):
+    """Only a row that exists and is a hash can get a time of death: the others
+    are not reported as dated, run after run, and the note says how they go."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", age_ms=2 * HOUR_MS)  # old enough
+    bury(r, queue_name, "JOB002", dead_at=False)        # undated, datable
+    undatable_morgue(r, queue_name)
+
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--dry-run", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["ids"], doc["undated"], doc["undated_dated"], doc["undatable"]) == (["JOB001"], 1, False, 2)
+    assert "note: 1 job without a valid time of death would be kept" in result.stderr
+    assert "note: 2 jobs whose row is missing or not a hash would be kept" in result.stderr
+
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["ids"], doc["undated"], doc["undated_dated"], doc["undatable"]) == (["JOB001"], 1, True, 2)
+    assert "note: 1 job without a valid time of death was kept; its time of death is now recorded" in result.stderr
+    assert "note: 2 jobs whose row is missing or not a hash were kept" in result.stderr
+    assert "cannot be given one" in result.stderr and "--id" in result.stderr
+
+    # a second age purge: nothing left to date, and it does not claim it dated anything
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["ids"], doc["undated"], doc["undated_dated"], doc["undatable"]) == ([], 0, False, 2)
+    assert "now recorded" not in result.stderr
+    assert "note: 2 jobs whose row is missing or not a hash were kept" in result.stderr
+
+    # as the note says: by id, without --older-than
+    result = morgue(url, "purge", "--queue", queue_name, "--id", "JOB008", "--id", "JOB009", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert r.zrange(keys.dead, 0, -1) == ["JOB002"] and not r.exists(keys.job("JOB009"))
+
+
+def test_an_age_purge_with_only_undatable_entries_asks_for_no_dating(r, url, queue_name):
+    """Nothing to purge and nothing that can be dated: no write is needed, so
+    none is asked for (no --yes hint, no question at a terminal)."""
+    undatable_morgue(r, queue_name)
+    before = dump(r)
+    result = morgue(url, "purge", "--queue", queue_name, "--older-than", "1h")
+    assert result.returncode == 0, result.stderr
+    assert "nothing to purge" in result.stdout
+    assert "not dated" not in result.stderr and "--yes" not in result.stderr
+    assert "2 jobs whose row is missing or not a hash were kept" in result.stderr
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--older-than", "1h", answer="y\n")
+    assert code == 0, err
+    assert "Record now" not in err and "[y/N]" not in err
+    assert dump(r) == before
+
+
+def test_the_preview_counts_only_datable_entries_as_getting_a_time_of_death(r, url, queue_name):
+    bury(r, queue_name, "JOB001", age_ms=2 * HOUR_MS)
+    bury(r, queue_name, "JOB002", dead_at=False)
+    undatable_morgue(r, queue_name)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--older-than", "1h", answer="n\n")
+    assert code == 4, err
+    preview = err.split("Purge 1 job of queue", 1)[0]
+    assert "1 job without a valid time of death would be kept and get now as its time of death" in preview
+    assert "2 jobs whose row is missing or not a hash would be kept" in preview
+    assert dump(r) == before
 
 
 def test_dating_the_undated_entries_is_asked_at_a_terminal(r, url, queue_name):

@@ -242,6 +242,50 @@ def test_replay_by_ids_within_a_lane_refuses_other_lanes(r, keys):
     assert morgue_ids(r, keys) == ["JOB2"]
 
 
+def laneless_morgue(r, keys):
+    """JOB1 of lane imports; JOB2 whose row is gone; JOB3 whose row is a string."""
+    put_dead(r, keys, "JOB1", group="imports")
+    r.zadd(keys.dead, {"JOB2": 0})
+    r.set(keys.job("JOB3"), "x")
+    r.zadd(keys.dead, {"JOB3": 0})
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_lane_replay_never_selects_a_missing_or_non_hash_row(r, keys, small_batches, dry_run):
+    """A row that is missing or not a hash has no lane: a lane filter passes
+    over it as the purge does, instead of reporting it as unreplayable."""
+    laneless_morgue(r, keys)
+    result = engine.morgue_replay(r, keys.queue, lane="imports", dry_run=dry_run)
+    assert (result.ids, result.lanes, result.unreplayable, result.missing) == (["JOB1"], {"imports": 1}, {}, [])
+    flat = engine.morgue_replay(r, keys.queue, lane="", dry_run=dry_run)
+    assert (flat.ids, flat.unreplayable) == ([], {})
+    assert morgue_ids(r, keys) == (["JOB1", "JOB2", "JOB3"] if dry_run else ["JOB2", "JOB3"])
+    assert r.get(keys.job("JOB3")) == "x" and r.exists(keys.job("JOB2")) == 0
+    # the purge selects the same: no lane filter takes a laneless row
+    assert engine.morgue_purge(r, keys.queue, lane="imports", dry_run=True).ids == (["JOB1"] if dry_run else [])
+    assert engine.morgue_purge(r, keys.queue, lane="", dry_run=True).ids == []
+
+
+def test_a_lane_replay_by_ids_says_a_laneless_row_is_not_selected(r, keys):
+    laneless_morgue(r, keys)
+    result = engine.morgue_replay(r, keys.queue, ids=["JOB1", "JOB2", "JOB3"], lane="imports")
+    assert result.ids == ["JOB1"]
+    assert result.unreplayable == {
+        "JOB2": "in no lane (job row is missing), not selected",
+        "JOB3": "in no lane (malformed: job row is a string, not a hash), not selected",
+    }
+    assert morgue_ids(r, keys) == ["JOB2", "JOB3"]
+
+
+def test_the_operators_lane_replay_warns_of_nothing_outside_its_lane(r, keys):
+    from stalledpolicy.controller.replay import ReplayRequest, run_replay
+
+    laneless_morgue(r, keys)
+    record, warning = run_replay(r, keys.queue, ReplayRequest(token="t1", lane="imports"), now="2024-01-01T00:00:00Z")
+    assert (record["replayed"], warning) == (1, None)
+    assert morgue_ids(r, keys) == ["JOB2", "JOB3"]
+
+
 def test_replay_limit_spans_bounded_calls_and_resumes_correctly(r, keys, small_batches):
     for i in range(7):
         put_dead(r, keys, f"JOB{i}", group="a" if i in (1, 2) else None)
@@ -331,11 +375,29 @@ def test_purge_by_age_uses_dead_at_on_the_server_clock(r, keys):
     put_dead(r, keys, "JOBold", dead_at=now - 120_000)
     put_dead(r, keys, "JOBedge", dead_at=now - 61_000)
     put_dead(r, keys, "JOByoung", dead_at=now - 5_000)
-    put_dead(r, keys, "JOBfuture", dead_at=now + 60_000)
     result = engine.morgue_purge(r, keys.queue, older_than_s=60)
-    assert sorted(result.ids) == ["JOBedge", "JOBold"] and result.undated == 0
-    assert morgue_ids(r, keys) == ["JOBfuture", "JOByoung"]
+    assert sorted(result.ids) == ["JOBedge", "JOBold"] and (result.undated, result.undatable) == (0, 0)
+    assert morgue_ids(r, keys) == ["JOByoung"]
     assert r.exists(keys.job("JOByoung")) == 1 and r.exists(keys.job("JOBold")) == 0
+
+
+@pytest.mark.parametrize("ahead", [60_000, None])
+def test_age_purge_takes_a_time_of_death_in_the_future_for_none(r, keys, ahead):
+    """A dead_at later than now (a clock stepped back, a failover to a server
+    that is behind, a bad write) cannot be true: the job died by now at the
+    latest. It is undated: kept and stamped with now, so its age counts from
+    there; left alone, 999999999999999 would outlive every age purge."""
+    dead_at = "999999999999999" if ahead is None else str(server_ms(r) + ahead)
+    put_dead(r, keys, "JOBfuture", dead_at=dead_at)
+    dry = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
+    assert (dry.ids, dry.undated, dry.undatable) == ([], 1, 0)
+    assert r.hget(keys.job("JOBfuture"), "dead_at") == dead_at
+    before = server_ms(r)
+    first = engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert (first.ids, first.undated, first.undatable) == ([], 1, 0)
+    assert before <= int(r.hget(keys.job("JOBfuture"), "dead_at")) <= server_ms(r)
+    assert engine.morgue_purge(r, keys.queue, older_than_s=3600).undated == 0  # dated: too young for an hour
+    assert engine.morgue_purge(r, keys.queue, older_than_s=0).ids == ["JOBfuture"]
 
 
 def test_age_purge_keeps_undated_entries_and_starts_their_clock(r, keys):
@@ -345,17 +407,37 @@ def test_age_purge_keeps_undated_entries_and_starts_their_clock(r, keys):
     r.set(keys.job("JOBstr"), "x")
     r.zadd(keys.dead, {"JOBstr": 0})
     dry = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
-    assert (dry.purged, dry.undated) == (0, 4)
+    assert (dry.purged, dry.undated, dry.undatable) == (0, 2, 2)
     assert r.hget(keys.job("JOBechomq"), "dead_at") is None
     before = server_ms(r)
     result = engine.morgue_purge(r, keys.queue, older_than_s=0)
-    assert (result.purged, result.undated) == (0, 4)
+    assert (result.purged, result.undated, result.undatable) == (0, 2, 2)
     assert len(morgue_ids(r, keys)) == 4
     for job_id in ("JOBechomq", "JOBjunk"):
         assert before <= int(r.hget(keys.job(job_id), "dead_at")) <= server_ms(r)
     assert r.get(keys.job("JOBstr")) == "x"
     later = engine.morgue_purge(r, keys.queue, older_than_s=0)
-    assert sorted(later.ids) == ["JOBechomq", "JOBjunk"] and later.undated == 2
+    assert sorted(later.ids) == ["JOBechomq", "JOBjunk"] and (later.undated, later.undatable) == (0, 2)
+
+
+def test_an_age_purge_counts_missing_and_non_hash_rows_as_undatable_every_time(r, keys, small_batches):
+    """Nothing can be stamped on a row that is missing or not a hash: such an
+    entry is never counted as dated, however many age purges run; only a purge
+    without an age removes it."""
+    r.zadd(keys.dead, {"JOBgone": 0})
+    r.set(keys.job("JOBstr"), "x")
+    r.lpush(keys.job("JOBlist"), "x")
+    r.zadd(keys.dead, {"JOBstr": 0, "JOBlist": 0})
+    before = dump(r)
+    for _ in range(2):
+        result = engine.morgue_purge(r, keys.queue, older_than_s=0)
+        assert (result.ids, result.undated, result.undatable) == ([], 0, 3)
+        assert dump(r) == before
+    by_id = engine.morgue_purge(r, keys.queue, ids=["JOBgone", "JOBstr"], older_than_s=0)
+    assert (by_id.ids, by_id.undated, by_id.undatable) == ([], 0, 2)
+    assert sorted(engine.morgue_purge(r, keys.queue, ids=["JOBgone", "JOBstr"]).ids) == ["JOBgone", "JOBstr"]
+    assert engine.morgue_purge(r, keys.queue).ids == ["JOBlist"]
+    assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOBstr"), keys.job("JOBlist")) == 0
 
 
 @pytest.mark.parametrize("dead_at", ["nan", "inf", "-inf", "0x1F", " 12", "12 ", "1e3", "-5", "+5", "12.0",
@@ -406,9 +488,10 @@ def test_age_purge_dry_run_stamps_nothing(r, keys):
     r.hset(keys.job("JOBbare"), "payload", "p")
     r.zadd(keys.dead, {"JOBbare": 0})
     put_dead(r, keys, "JOBnan", dead_at="nan")
+    r.zadd(keys.dead, {"JOBgone": 0})
     before = dump(r)
     result = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
-    assert (result.ids, result.undated) == ([], 2)
+    assert (result.ids, result.undated, result.undatable) == ([], 2, 1)
     assert dump(r) == before
 
 

@@ -205,3 +205,48 @@ def test_every_purge_reason_is_valid_utf8(r_bytes, keys):
     kept = reply[1]
     assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is 'activ{FFFD}', not dead"]
     assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]
+
+
+# a value over the 64-byte cut: a 2-byte character crosses it and is left out whole
+LONG = ("a" * 63 + "\u00e9" + "b" * 40).encode()
+LONG_QUOTED = "a" * 63 + "..."
+
+
+def test_the_sweep_quotes_a_long_group_in_a_lane_key_as_an_excerpt(r_bytes, keys):
+    r_bytes.set(keys.prefix.encode() + b"g:" + LONG + b":pending", b"oops")
+    put_active(r_bytes, keys, b"JOB1", group=LONG)
+    result, events = sweep_announcing(r_bytes, keys, 2, 3)
+    assert result.quarantined == 1
+    expected = f"malformed: lane {keys.prefix}g:{LONG_QUOTED}:pending is a string, not a sorted set"
+    assert r_bytes.hget(row_key(keys, b"JOB1"), "last_error").decode("utf-8", "strict") == expected
+    assert decoded(events)[1] == {"event": "failed", "job": "JOB1", "reason": expected}
+    assert r_bytes.hget(row_key(keys, b"JOB1"), "group") == LONG  # the evidence, untouched
+
+
+def test_every_replay_reason_quotes_a_long_value_as_an_excerpt(r_bytes, keys):
+    r_bytes.hset(row_key(keys, b"JOBstate"), mapping={b"state": LONG, b"attempts": b"1"})
+    r_bytes.hset(row_key(keys, b"JOBlane"), mapping={b"state": b"dead", b"attempts": b"1", b"group": LONG})
+    r_bytes.set(keys.prefix.encode() + b"g:" + LONG + b":pending", b"oops")
+    r_bytes.zadd(keys.dead, {b"JOBstate": 0, b"JOBlane": 0})
+    reasons = {job: reason.decode("utf-8", "strict") for job, reason in replay_reasons(r_bytes, keys).items()}
+    assert reasons == {
+        b"JOBstate": f"state is '{LONG_QUOTED}', not dead",
+        b"JOBlane": f"malformed: lane {keys.prefix}g:{LONG_QUOTED}:pending is a string, not a sorted set",
+    }
+    # by ids with a lane filter: another lane's job is named by an excerpt of its group
+    k = keys
+    reply = script("morgue_replay")(
+        r_bytes, [k.dead, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake, k.sweeper_totals],
+        [k.prefix, "0", "=other", "ids", "", 500, 500, b"JOBlane"])
+    assert [reply[1][0], reply[1][1].decode("utf-8", "strict")] == [b"JOBlane", f"in lane {LONG_QUOTED}, not selected"]
+    assert sorted(r_bytes.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
+
+
+def test_the_purge_quotes_a_long_state_as_an_excerpt(r_bytes, keys):
+    r_bytes.hset(row_key(keys, b"JOBlive"), mapping={b"state": LONG})
+    r_bytes.zadd(keys.dead, {b"JOBlive": 0})
+    k = keys
+    reply = script("morgue_purge")(r_bytes, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
+    kept = reply[1]
+    assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is '{LONG_QUOTED}', not dead"]
+    assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]

@@ -12,7 +12,10 @@ purge (``--older-than``) is the exception: it applies its rule when it runs
 of death on undated entries so that a later age purge can remove them). That
 dating is a write too: when no job is old enough but some are undated, the real
 call still runs, with the same consent (``--yes`` or the prompt); without
-either, nothing is written and the note says so.
+either, nothing is written and the note says so. Entries whose row is missing
+or not a hash cannot be dated (``undatable``): they ask for no write, and the
+note says only a purge by ``--id`` (or ``--all``) without ``--older-than``
+removes them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Outcome:
     lanes: dict[str, int] = field(default_factory=dict)  # replay only; "" = flat
     missing: list[str] = field(default_factory=list)  # asked for by id, not in the morgue
     refused: dict[str, str] = field(default_factory=dict)  # left in the morgue, id -> why
-    undated: int = 0  # age purge: entries without a time of death (kept)
+    undated: int = 0  # age purge: entries without a valid time of death, dated by a real run (kept)
+    undatable: int = 0  # age purge: entries whose row is missing or not a hash: never dated (kept)
     problems: list[str] = field(default_factory=list)  # keys of the wrong type met after the moves
 
 
@@ -58,6 +62,7 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
     return Outcome(ids=list(result.ids), missing=list(getattr(result, "missing", []) or []),
                    refused=dict(getattr(result, "kept", {}) or {}),
                    undated=int(getattr(result, "undated", 0) or 0),
+                   undatable=int(getattr(result, "undatable", 0) or 0),
                    problems=list(getattr(result, "problems", []) or []))
 
 
@@ -109,7 +114,7 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
         show_preview(err, args, preview, lanes, older_than=older_than)
         if dating_only:
             question = (f"Nothing to purge. Record now as the time of death of the {jobs_phrase(preview.undated)} "
-                        "that have none, so a later --older-than purge can remove them? (The purge runs "
+                        "that have no valid one, so a later --older-than purge can remove them? (The purge runs "
                         "its age rule: a job that grew old enough meanwhile is purged.)")
         elif replaying:
             question = f"Replay {jobs_phrase(count)} of queue {queue}?"

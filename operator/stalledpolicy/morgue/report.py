@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # change imports this module to report its outcomes
     from stalledpolicy.morgue.change import Outcome
 
 
+# why an entry whose row is missing or not a hash outlives every age purge
+_UNDATABLE = ("such an entry has no time of death and cannot be given one, so no --older-than purge "
+              "removes it; purge it by --id (or with --all), without --older-than")
+
+
 def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes: dict[str, int], *,
                  older_than: float | None) -> None:
     """What the question is about, on stderr before it: count, lanes, first ids,
@@ -33,8 +38,12 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes
     if preview.missing:
         err.write(f"requested ids not in the morgue: {ids_preview(preview.missing)}\n")
     if preview.undated:
-        err.write(f"{jobs_phrase(preview.undated)} without a recorded time of death would be kept and get "
-                  "now as their time of death\n")
+        its = "its" if preview.undated == 1 else "their"
+        err.write(f"{jobs_phrase(preview.undated)} without a valid time of death would be kept and get "
+                  f"now as {its} time of death\n")
+    if preview.undatable:
+        err.write(f"{jobs_phrase(preview.undatable)} whose row is missing or not a hash would be kept: "
+                  f"{_UNDATABLE}\n")
 
 
 def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
@@ -59,6 +68,7 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
         if verb == "purge":
             document["undated"] = outcome.undated
             document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
+            document["undatable"] = outcome.undatable
         emit_json(document, out)
     else:
         if dry_run:
@@ -80,14 +90,17 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
             note = (f"would be kept; a real run records now as {its} time of death, so a later "
                     f"--older-than purge can remove {'it' if one else 'them'}")
         elif dated:
-            note = (f"{was} kept; {its} time of death is now recorded (the time of this run; not on a "
-                    "row that is missing or unreadable), so a later --older-than purge can remove "
-                    f"{'it' if one else 'them'}")
+            note = (f"{was} kept; {its} time of death is now recorded (the time of this run), so a "
+                    f"later --older-than purge can remove {'it' if one else 'them'}")
         else:
             note = (f"{was} kept and not dated (nothing was written); run again with --yes to record "
                     f"now as {its} time of death, so a later --older-than purge can remove "
                     f"{'it' if one else 'them'}")
-        err.write(f"note: {jobs_phrase(outcome.undated)} without a recorded time of death {note}\n")
+        err.write(f"note: {jobs_phrase(outcome.undated)} without a valid time of death {note}\n")
+    if outcome.undatable:
+        kept = "would be" if dry_run else ("was" if outcome.undatable == 1 else "were")
+        err.write(f"note: {jobs_phrase(outcome.undatable)} whose row is missing or not a hash {kept} kept: "
+                  f"{_UNDATABLE}\n")
     if outcome.missing:
         err.write(f"requested ids not in the morgue of queue {queue}: {ids_preview(outcome.missing)}\n")
     if outcome.refused:

@@ -12,7 +12,11 @@
 -- ARGV[7] scan window
 --
 -- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor,
---          {problem, ...}} (problems: see guard)
+--          {problem, ...}, undatable} (problems: see guard). An age purge keeps
+-- the entries it cannot age: undated counts the existing hash rows without a
+-- valid dead_at (or with one later than now), which it stamps with now;
+-- undatable the rows that are missing or not a hash (nothing to stamp: only
+-- a purge without an age removes them).
 
 -- @include chunked
 -- @include counters
@@ -36,6 +40,7 @@ local purged = {}
 local kept = {}
 local missing = {}
 local undated = 0
+local undatable = 0
 
 for _, id in ipairs(candidates) do
   if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
@@ -56,7 +61,7 @@ for _, id in ipairs(candidates) do
     end
     if reason == nil and state and state ~= 'dead' then
       -- listed in dead but the row says it lives elsewhere: deleting it would drop a job
-      reason = "state is '" .. state .. "', not dead"
+      reason = "state is '" .. excerpt(state) .. "', not dead"
     end
     if reason == nil and min_age then
       -- a time of death is a counter (digits only, no sign, no leading zero,
@@ -64,13 +69,21 @@ for _, id in ipairs(candidates) do
       -- ' 12' or '1e3'
       local died = nil
       if dead_at then died = count_of(dead_at) end
+      -- a time of death later than now is not true (a clock stepped back, a
+      -- failover to a server whose clock is behind, a bad write): the job died
+      -- by now at the latest. Left as it is, a far future value would keep the
+      -- entry from every age purge for good.
+      if died ~= nil and died > now then died = nil end
       if died == nil then
-        -- undated (dead-lettered by EchoMQ itself, or a malformed value): the
-        -- age starts now, stamped on any existing hash row; a later purge can
-        -- remove it
-        undated = undated + 1
-        if is_hash and not dry and ((g or dead_at or state) or redis.call('EXISTS', row) == 1) then
-          redis.call('HSET', row, 'dead_at', now_s)
+        if is_hash and ((g or dead_at or state) or redis.call('EXISTS', row) == 1) then
+          -- undated (dead-lettered by EchoMQ itself, a malformed or future
+          -- value): the age starts now, stamped on the row; a later purge can
+          -- remove it
+          undated = undated + 1
+          if not dry then redis.call('HSET', row, 'dead_at', now_s) end
+        else
+          -- missing, or not a hash: nothing to stamp, never dated
+          undatable = undatable + 1
         end
         reason = false
       elseif now - died < min_age then
@@ -95,4 +108,4 @@ if not dry and #purged > 0 then
   guarded(problems, {KEYS[2], 'hash'}, "this call's purges were not counted", add_counts, KEYS[2], {'purged', #purged})
 end
 
-return {purged, kept, missing, undated, next_cursor, problems}
+return {purged, kept, missing, undated, next_cursor, problems, undatable}

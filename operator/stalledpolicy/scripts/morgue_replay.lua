@@ -44,7 +44,9 @@ local function lane_refusal(g)
     local kind = redis.call('TYPE', lane).ok
     lane_problem[g] = ''
     if kind ~= 'none' and kind ~= 'zset' then
-      lane_problem[g] = 'malformed: lane ' .. lane .. ' is a ' .. kind .. ', not a sorted set'
+      -- the group quoted as an excerpt: the name shown is cut like any quoted value
+      lane_problem[g] = 'malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a ' .. kind
+        .. ', not a sorted set'
     end
   end
   return lane_problem[g]
@@ -75,26 +77,37 @@ for _, id in ipairs(candidates) do
     local f = redis.pcall('HMGET', row, 'group', 'attempts', 'state', 'last_error')
     local reason = nil
     local g = false
+    -- a row that is missing or not a hash has no lane: why, or nil
+    local laneless = nil
     if f.err then
-      reason = 'malformed: job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
+      laneless = 'malformed: job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
     elseif not (f[1] or f[2] or f[3] or f[4]) and redis.call('EXISTS', row) == 0 then
-      reason = 'job row is missing'
+      laneless = 'job row is missing'
     else
       g = f[1]
-      if filter ~= '' and filter ~= '=' .. (g or '') then
-        if mode == 'ids' then reason = 'in lane ' .. (g or '(flat)') .. ', not selected' else reason = false end
-      elseif g == '' then
-        reason = 'malformed: group is empty'
-      elseif f[3] and f[3] ~= 'dead' then
-        reason = "state is '" .. f[3] .. "', not dead"
-      elseif count_of(f[2]) == nil then
-        reason = 'malformed: attempts is not a non-negative integer: ' .. excerpt(f[2])
-      elseif g and lane_refusal(g) ~= '' then
-        reason = lane_refusal(g)
+    end
+    -- the lane filter first: it never selects a laneless row (as the purge)
+    if filter ~= '' and (laneless or filter ~= '=' .. (g or '')) then
+      if mode ~= 'ids' then
+        reason = false
+      elseif laneless then
+        reason = 'in no lane (' .. laneless .. '), not selected'
+      else
+        reason = 'in lane ' .. (g and excerpt(g) or '(flat)') .. ', not selected'
       end
+    elseif laneless then
+      reason = laneless
+    elseif g == '' then
+      reason = 'malformed: group is empty'
+    elseif f[3] and f[3] ~= 'dead' then
+      reason = "state is '" .. excerpt(f[3]) .. "', not dead"
+    elseif count_of(f[2]) == nil then
+      reason = 'malformed: attempts is not a non-negative integer: ' .. excerpt(f[2])
+    elseif g and lane_refusal(g) ~= '' then
+      reason = lane_refusal(g)
     end
     if reason == false then
-      -- another lane's job met by a filtered scan: not ours this time
+      -- another lane's job (or a laneless row) met by a filtered scan: not ours this time
     elseif reason then
       -- kept in `dead` and reported: never dropped, never half-replayed
       -- (the reason may quote a row's bytes: made valid UTF-8)

@@ -211,8 +211,9 @@ if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 -- `stalled` one already sent).
 -- (Their rows were fenced when they were recovered.)
 local function lane_refused(g, lane, jobs)
-  local reason = readable('malformed: lane ' .. lane .. ' is a ' .. redis.call('TYPE', lane).ok
-    .. ', not a sorted set')
+  -- the group quoted as an excerpt, like any value a reason quotes
+  local reason = readable('malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a '
+    .. redis.call('TYPE', lane).ok .. ', not a sorted set')
   for _, id in ipairs(jobs) do
     local row = row_prefix .. id
     redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
