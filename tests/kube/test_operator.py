@@ -394,20 +394,25 @@ def test_a_rotated_secret_rolls_the_sweeper(operator, apis, kube_namespace, redi
     create_policy(custom, kube_namespace, policy_manifest("rotated", queue_name, secret="rotating"))
     first = wait_for(lambda: read_deployment(apps, kube_namespace, "rotated-sweeper"), "the sweeper")
     before = first.spec.template.metadata.annotations
-    version = core.read_namespaced_secret("rotating", kube_namespace).metadata.resource_version
-    assert before["queues.emq.dev/redis-secret-version"] == version
+    digest = before["queues.emq.dev/redis-secret-version"]
+    assert len(digest) == 16 and digest != core.read_namespaced_secret(
+        "rotating", kube_namespace).metadata.resource_version  # a digest of the value, not the version
 
-    # A new password (here: the same server written another way) is a new Secret version.
+    # A label (say, external-secrets' own) is a new resourceVersion, not a new value: no rollout.
+    core.patch_namespaced_secret("rotating", kube_namespace, {"metadata": {"labels": {"synced": "yes"}}})
+    time.sleep(45)  # past the operator's Secret cache (30 s) and a status interval
+    assert read_deployment(apps, kube_namespace, "rotated-sweeper").metadata.generation == first.metadata.generation
+
+    # A new password (here: the same server written another way) is a new value.
     same_server = redis_server.url.rsplit("/", 1)[0]
     core.patch_namespaced_secret("rotating", kube_namespace, {"stringData": {"url": same_server}})
-    rotated = core.read_namespaced_secret("rotating", kube_namespace).metadata.resource_version
-    assert rotated != version
 
     # The operator reads the Secret again when its cache (30 s) expires.
     rolled = wait_for(lambda: (lambda d: d if d.spec.template.metadata.annotations.get(
-        "queues.emq.dev/redis-secret-version") == rotated else None)(
-        read_deployment(apps, kube_namespace, "rotated-sweeper")), "the new Secret version in the pod template",
+        "queues.emq.dev/redis-secret-version") != digest else None)(
+        read_deployment(apps, kube_namespace, "rotated-sweeper")), "a new Secret digest in the pod template",
         timeout=75, interval=1)
+    assert rolled.metadata.generation == first.metadata.generation + 1, "one rollout, for the value only"
     after = rolled.spec.template.metadata.annotations
     assert after["queues.emq.dev/config-hash"] != before["queues.emq.dev/config-hash"]
     assert rolled.metadata.generation > first.metadata.generation and rolled.metadata.uid == first.metadata.uid

@@ -4,6 +4,7 @@ replaced by recorders: what it patches, when, and which events it posts."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 import redis
@@ -30,11 +31,32 @@ class StatusSink:
         self.patches.append(body["status"])
 
 
+class Apps:
+    """Enough of AppsV1Api for the re-apply a changed Secret value asks for: the
+    sweeper as ``sweeper()`` has it (available), with the applied spec."""
+
+    class Response:
+        def __init__(self, obj):
+            self.data = json.dumps(obj).encode()
+
+    def __init__(self):
+        self.applied: list[dict] = []
+
+    def read_namespaced_deployment(self, name, namespace, **_):
+        return self.Response(sweeper())
+
+    def patch_namespaced_deployment(self, name, namespace, body, **_):
+        self.applied.append(body)
+        stored = sweeper()
+        stored["spec"] = body["spec"]
+        return self.Response(stored)
+
+
 def make_controller(secrets: dict, status: StatusSink, recorder: NullRecorder) -> Controller:
     def read(namespace, name):
         return secrets.get((namespace, name))
 
-    return Controller(OperatorConfig(status_interval=1, max_backoff=4), apps=None, core=None,
+    return Controller(OperatorConfig(status_interval=1, max_backoff=4), apps=Apps(), core=None,
                       custom=status, recorder=recorder, secrets=SecretReader(read, ttl=0.0),
                       clients=RedisClients(timeout=1.0))
 
@@ -71,7 +93,9 @@ def world(redis_server, r, queue_name):
     body = policy(queue_name)
     ctl.observe_policy(body, "ADDED")
     ctl.observe_deployment(sweeper())
-    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    # Applied with this Secret value (its digest in the pod template): no re-apply for it.
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1,
+                                              secret_version=ctl.secret_version("ns", {"name": "creds"})))
     yield ctl, sink, recorder, body, secrets
     ctl.stop()
 

@@ -442,6 +442,10 @@ class FakeApps:
 
 
 def fake_controller(apps, secrets=None, versions=None):
+    """``versions``: Secret resourceVersions, for the Controller of before 2026-12
+    (it keyed the rollout on them); today's ignores them and digests the value."""
+    import inspect
+
     from stalledpolicy.controller.events import NullRecorder
     from stalledpolicy.controller.runtime import Controller
     from stalledpolicy.engine import QueueSnapshot
@@ -454,11 +458,14 @@ def fake_controller(apps, secrets=None, versions=None):
         def patch_namespaced_custom_object_status(self, *args, **kwargs):
             pass
 
+    extra = {}
+    if "secret_versions" in inspect.signature(Controller).parameters:
+        extra["secret_versions"] = versions
     return Controller(OperatorConfig(sweeper_image="img:1", max_backoff=60), apps=apps, core=None,
                       custom=Custom(), recorder=NullRecorder(),
                       secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
                       clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
-                      snapshot_fn=lambda *a, **k: snap, secret_versions=versions)
+                      snapshot_fn=lambda *a, **k: snap, **extra)
 
 
 def policy_body(spec=None, generation=1):
@@ -524,13 +531,14 @@ def test_the_applied_template_names_the_secret_version_and_keeps_it_when_unreada
     ctl = fake_controller(apps, secrets, versions)
     outcome = reconcile(ctl, policy_body())
     annotations = apps.stored["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["queues.emq.dev/redis-secret-version"] == "7" and outcome.secret_version == "7"
-    assert "redis://db" not in json.dumps(apps.stored)
+    digest = annotations["queues.emq.dev/redis-secret-version"]
+    assert len(digest) == 16 and outcome.secret_version == digest
+    assert "redis://db" not in json.dumps(apps.stored) and b64("redis://db:6379/0") not in json.dumps(apps.stored)
     # The Secret is gone (or forbidden) for a moment: no rollout for that.
     secrets.clear()
     versions.clear()
     reconcile(ctl, policy_body())
-    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == "7"
+    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == digest
     assert apps.stored["metadata"]["generation"] == 1
 
 
@@ -551,7 +559,7 @@ def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 2
     template = apps.stored["spec"]["template"]["metadata"]["annotations"]
-    assert template["queues.emq.dev/redis-secret-version"] == "8"
+    assert template["queues.emq.dev/redis-secret-version"] == ctl.policies[("ns", "p")].outcome.secret_version
     assert apps.stored["metadata"]["generation"] == 2  # a new pod template: a rollout
     assert "rotated" not in json.dumps(apps.applied)
     ctl.refresh(("ns", "p"))
@@ -572,6 +580,8 @@ def test_a_failed_reapply_is_tried_again_by_the_status_loop():
     body = policy_body()
     ctl.observe_policy(body, "ADDED")
     reconcile(ctl, body)
+    before = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    ctl.secrets._read = lambda ns, name: {"url": b64("redis://:rotated@db:6379/0")}
     versions[("ns", "creds")] = "8"
     apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
     ctl.refresh(("ns", "p"))
@@ -579,7 +589,8 @@ def test_a_failed_reapply_is_tried_again_by_the_status_loop():
     apps.refuse = None
     ctl.refresh(("ns", "p"))
     assert ctl.policies[("ns", "p")].outcome.ok
-    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == "8"
+    after = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    assert after != before
 
 
 def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
@@ -603,3 +614,179 @@ def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
     foreign = copy.deepcopy(scaled)
     foreign["metadata"]["ownerReferences"][0]["uid"] = "u-2"
     assert drifted_policy(ctl, foreign) is None
+
+
+class CountingApps(FakeApps):
+    def __init__(self):
+        super().__init__()
+        self.attempts = 0
+
+    def patch_namespaced_deployment(self, name, namespace, body, **kwargs):
+        self.attempts += 1
+        return super().patch_namespaced_deployment(name, namespace, body, **kwargs)
+
+
+def test_a_refused_reapply_of_the_status_loop_waits_a_growing_delay_and_logs_once(caplog):
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = CountingApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, secrets, versions)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
+    versions[("ns", "creds")] = "8"
+    apps.refuse = api_error(422, "Unprocessable Entity", "refused by a webhook")
+    caplog.set_level(logging.INFO, logger="stalledpolicy.operator")
+    ctl.start()
+    try:
+        ctl.scheduler.kick(("ns", "p"))
+        time.sleep(1.0)
+    finally:
+        ctl.stop()
+    # Before: the re-apply's own outcome kicked the key, the scheduler ran it again at
+    # once: hundreds of refused applies a second.
+    assert 1 <= apps.attempts - 1 <= 2, apps.attempts
+    delays = [ctl.refresh(("ns", "p")) for _ in range(3)]
+    assert delays[0] < delays[1] < delays[2] <= 60 and delays[0] >= 5
+    reapplying = [r for r in caplog.records if r.getMessage() == "re-applying the sweeper Deployment"]
+    assert len(reapplying) == 1, "once per streak of failures"
+    apps.refuse = None
+    assert ctl.refresh(("ns", "p")) <= 1.0
+    assert ctl.policies[("ns", "p")].outcome.ok and ctl.policies[("ns", "p")].reapply_failures == 0
+
+
+def test_only_a_new_secret_value_rolls_the_sweeper_not_a_label_on_the_secret():
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0"), "other": b64("x")}}
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, secrets, versions)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    # external-secrets annotates the Secret, or another key of it changes: a new
+    # resourceVersion, the same value for the sweeper.
+    versions[("ns", "creds")] = "8"
+    secrets[("ns", "creds")] = {"url": b64("redis://db:6379/0"), "other": b64("y")}
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 1 and apps.stored["metadata"]["generation"] == 1
+    versions[("ns", "creds")] = "9"
+    secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0"), "other": b64("y")}
+    ctl.refresh(("ns", "p"))
+    assert len(apps.applied) == 2 and apps.stored["metadata"]["generation"] == 2
+    assert "rotated" not in json.dumps(apps.applied)
+
+
+def test_an_unrelated_apply_keeps_the_running_secret_version_while_the_secret_is_broken():
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    versions = {("ns", "creds"): "7"}
+    ctl = fake_controller(apps, secrets, versions)
+    reconcile(ctl, policy_body())
+    running = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    for broken in ({"uri": b64("redis://db:6379/0")}, {"url": b64("http://not-redis")}):
+        secrets[("ns", "creds")] = broken
+        versions[("ns", "creds")] = str(int(versions[("ns", "creds")]) + 1)
+        spec = {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}},
+                "sweeper": {"replicas": 2}}
+        reconcile(ctl, policy_body(spec, generation=2))  # a replicas change: no pod template change
+        template = apps.stored["spec"]["template"]["metadata"]["annotations"]
+        assert template["queues.emq.dev/redis-secret-version"] == running
+
+
+def test_a_policy_or_sweeper_being_deleted_is_not_drift():
+    from stalledpolicy.controller.reconcile import drifted_policy, reconcile, revert_drift
+
+    apps = FakeApps()
+    ctl = fake_controller(apps)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    scaled = apps.scale_by_hand(0)
+    going = copy.deepcopy(scaled)
+    going["metadata"]["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+    assert drifted_policy(ctl, going) is None
+    deleting = copy.deepcopy(body)
+    deleting["metadata"].update(deletionTimestamp="2026-12-03T00:00:00Z", resourceVersion="5")
+    ctl.observe_policy(deleting, "MODIFIED")
+    assert drifted_policy(ctl, scaled) is None
+    revert_drift(ctl, scaled)
+    assert apps.stored["spec"]["replicas"] == 0
+    assert not [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
+
+
+def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_brought_back(monkeypatch):
+    from stalledpolicy.controller import reconcile as rec
+
+    apps = FakeApps()
+    ctl = fake_controller(apps)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    rec.reconcile(ctl, body)
+    scaled = apps.scale_by_hand(0)
+    real = rec.drifted_policy
+
+    def deleted_right_after(c, d):
+        key = real(c, d)
+        c.forget(("ns", "p"))
+        return key
+
+    monkeypatch.setattr(rec, "drifted_policy", deleted_right_after)
+    rec.revert_drift(ctl, scaled)  # before: KeyError
+    monkeypatch.undo()
+    assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
+
+    # A re-apply waiting on the apply lock while the policy is deleted.
+    ctl.observe_policy(body, "ADDED")
+    rec.reconcile(ctl, body)
+    state = ctl.policies[("ns", "p")]
+    state.apply_lock.acquire()
+    worker = threading.Thread(target=rec.reapply, args=(ctl, ("ns", "p"), "test"))
+    worker.start()
+    time.sleep(0.2)
+    ctl.forget(("ns", "p"))
+    state.apply_lock.release()
+    worker.join(5)
+    assert ("ns", "p") not in ctl.policies, "a forgotten policy's state came back"
+
+
+def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
+    from stalledpolicy.controller import reconcile as rec
+
+    apps = FakeApps()
+    ctl = fake_controller(apps)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    rec.reconcile(ctl, body)
+    now = [1000.0]
+
+    def theirs():
+        changed = apps.scale_by_hand(0)
+        changed["metadata"]["managedFields"] = [
+            {"manager": "stalledpolicy-operator", "operation": "Apply", "time": "2026-12-03T00:00:02Z"},
+            {"manager": "stalledpolicy-operator-v2", "operation": "Apply", "time": "2026-12-03T00:00:03Z"},
+            {"manager": "kubectl", "operation": "Update", "time": "2026-12-03T00:00:01Z"}]
+        return changed
+
+    for _ in range(6):
+        rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+        now[0] += 10
+    assert len([e for e in ctl.recorder.events if e[2] == "DriftReverted"]) == rec.DRIFT_MAX_REVERTS == 3
+    [conflict] = [e for e in ctl.recorder.events if e[2] == "DriftConflict"]
+    assert conflict[1] == "Warning" and "'stalledpolicy-operator-v2'" in conflict[3] and "kubectl" in conflict[3]
+    assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
+    # Still fought over: no revert while the changes keep coming.
+    now[0] += rec.DRIFT_WINDOW - 20
+    rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+    assert apps.stored["spec"]["replicas"] == 0
+    # Left alone for the whole window: the next change is reverted again.
+    now[0] += rec.DRIFT_WINDOW + 1
+    rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+    assert apps.stored["spec"]["replicas"] == 1
+    assert len([e for e in ctl.recorder.events if e[2] == "DriftConflict"]) == 1

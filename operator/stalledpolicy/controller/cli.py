@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-workers", type=int, default=None, metavar="N",
                         help="threads refreshing status (default 8)")
     parser.add_argument("--peering", metavar="NAME",
-                        help="kopf peering name, for several operator replicas "
-                             "(default: standalone, one replica)")
+                        help="kopf peering name, for experiments only: one operator replica is "
+                             "supported (default: standalone)")
     parser.add_argument("--log-format", choices=("text", "json"),
                         default=os.environ.get("STALLEDPOLICY_LOG_FORMAT", "text"))
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),

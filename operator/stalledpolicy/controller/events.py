@@ -33,6 +33,7 @@ NAME_CONFLICT = "NameConflict"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 DRIFT_REVERTED = "DriftReverted"
+DRIFT_CONFLICT = "DriftConflict"
 
 
 def _budget(value: int | None) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import Any, Mapping, NoReturn
 
 from stalledpolicy.controller import KIND, events
@@ -99,15 +100,16 @@ def describe_api_error(exc: BaseException) -> str:
 
 
 def _secret_version(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
-    """The resourceVersion of the policy's Secret for the pod template. When the
-    Secret cannot be read now (missing, forbidden, API down), the version the
-    running pods have, so a passing error never rolls the sweeper."""
+    """The digest of the policy's Secret value for the pod template. When that value
+    is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
+    not a Redis URL), the digest the running pods have, so neither a passing error
+    nor an apply for another reason rolls the sweeper onto a broken Secret."""
     from stalledpolicy.policy.builder import SECRET_VERSION_ANNOTATION
 
     ref = spec.redis.secret_ref
     if ref is None:
         return None
-    version = ctl.secret_version(namespace, ref.name)
+    version = ctl.secret_version(namespace, {"name": ref.name, "key": ref.key})
     if version is None and existing is not None:
         template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
         version = (template.get("annotations") or {}).get(SECRET_VERSION_ANNOTATION)
@@ -190,21 +192,42 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, mess
 
 # -- re-applies outside kopf's handlers --------------------------------------------------
 
+# Drift reverts allowed per policy in DRIFT_WINDOW seconds. Past that another writer
+# (a second operator, an HPA, a GitOps tool) is changing the sweeper as fast as we put
+# it back: every flip is a rollout, so stop reverting and say who it is. Reverts
+# resume once the sweeper has been left alone for DRIFT_WINDOW seconds.
+DRIFT_MAX_REVERTS = 3
+DRIFT_WINDOW = 300.0
+
+
+def _current(ctl: Controller, key: PolicyKey, state) -> bool:
+    """``state`` is still the policy's (not forgotten, not replaced by a new uid)."""
+    return ctl.policies.get(key) is state
+
+
 def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
     """Reconcile ``body`` for a reason kopf does not see; a failure is the
-    policy's condition (and event) already, and the status loop retries it."""
+    policy's condition (and event) already, and the status loop retries it with
+    a growing delay (``reapply_failures``). Never brings back the state of a
+    policy forgotten (deleted) in the meantime."""
     state = ctl.policies.get(key)
-    try:
-        outcome = reconcile(ctl, body)
-    except InvalidPolicy:
-        outcome = None
-    except RetryLater:
-        if state is not None:
-            state.reapply_pending = True
+    if state is None:
         return None
-    if state is not None:
+    uid = (body.get("metadata") or {}).get("uid")
+    with state.apply_lock:
+        if not _current(ctl, key, state) or (state.body.get("metadata") or {}).get("uid") != uid:
+            return None
+        try:
+            outcome = reconcile(ctl, body)
+        except InvalidPolicy:
+            outcome = None
+        except RetryLater:
+            state.reapply_pending = True
+            state.reapply_failures += 1
+            return None
         state.reapply_pending = False
-    return outcome
+        state.reapply_failures = 0
+        return outcome
 
 
 def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
@@ -215,17 +238,25 @@ def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
         return
     if (state.body.get("metadata") or {}).get("deletionTimestamp"):
         return
-    log.info("re-applying the sweeper Deployment", extra={
-        "namespace": key[0], "policy": key[1], "why": why})
+    if state.reapply_failures == 0:  # once per streak of failures, not on every retry
+        log.info("re-applying the sweeper Deployment", extra={
+            "namespace": key[0], "policy": key[1], "why": why})
     _reconcile_again(ctl, key, state.body)
+
+
+def _deleting(obj: Mapping[str, Any] | None) -> bool:
+    return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
 def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
     """The policy whose sweeper Deployment someone else changed (``kubectl scale``,
     an env edit): its generation is past the one our last apply made. Memory only,
     so kopf's watch can ask on every event; our own no-op applies never bump the
-    generation, so they never look like drift."""
+    generation, so they never look like drift. A policy or Deployment being deleted
+    (foreground deletion bumps the generation) is never drift."""
     meta = deployment.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
     owner = controller_owner(deployment)
     if owner is None or owner.get("kind") != KIND:
         return None
@@ -235,6 +266,8 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
         return None
     if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
         return None
+    if _deleting(state.body):
+        return None
     if sweeper_name(key[1]) != meta.get("name"):
         return None
     applied = state.outcome.deployment_generation
@@ -243,26 +276,76 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
     return key
 
 
-def revert_drift(ctl: Controller, deployment: Mapping[str, Any]) -> None:
+def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
+    """The field managers of the Deployment other than ours, most recent first."""
+    from stalledpolicy.controller import FIELD_MANAGER
+
+    entries = [e for e in (deployment.get("metadata") or {}).get("managedFields") or []
+               if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER]
+    entries.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
+    names: list[str] = []
+    for entry in entries:
+        if entry["manager"] not in names:
+            names.append(entry["manager"])
+    return names
+
+
+def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
+    """Count this revert against the policy's budget (under its apply_lock); False
+    (and a DriftConflict Warning, once per conflict) when another writer keeps
+    changing the sweeper."""
+    if state.drift_conflict_since is not None:
+        if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
+            state.drift_last_seen = now
+            return False
+        state.drift_conflict_since = None  # left alone long enough: revert again
+        state.drift_reverts.clear()
+    state.drift_last_seen = now
+    state.drift_reverts[:] = [t for t in state.drift_reverts if now - t < DRIFT_WINDOW]
+    if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
+        state.drift_reverts.append(now)
+        return True
+    state.drift_conflict_since = now
+    meta = deployment.get("metadata") or {}
+    others = other_field_managers(deployment)
+    who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
+           if others else "another writer")
+    message = (f"Deployment {meta.get('name')} was changed outside the policy {DRIFT_MAX_REVERTS + 1} times "
+               f"in {int(DRIFT_WINDOW)} s, last by {who}; the operator stops reverting it until it is "
+               f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
+               "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
+    log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
+                                "reason": events.DRIFT_CONFLICT})
+    ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
+    return False
+
+
+def revert_drift(ctl: Controller, deployment: Mapping[str, Any], clock=time.monotonic) -> None:
     """Someone changed a sweeper Deployment: apply the policy's spec over it (server-side
-    apply, forced: the fields the operator owns come back; fields it never set stay)."""
+    apply, forced: the fields the operator owns come back; fields it never set stay),
+    at most DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds."""
     key = drifted_policy(ctl, deployment)
     if key is None:
         return
-    state = ctl.policies[key]
+    state = ctl.policies.get(key)
+    if state is None:
+        return
     with state.apply_lock:
-        # A reconcile of ours may have made this generation while we waited.
-        if drifted_policy(ctl, deployment) is None:
+        # A reconcile of ours may have made this generation while we waited, or the
+        # policy may be gone (or on its way out).
+        if not _current(ctl, key, state) or drifted_policy(ctl, deployment) is None:
+            return
+        if not _drift_allowed(ctl, state, deployment, clock()):
             return
         meta = deployment.get("metadata") or {}
         seen = int(meta.get("generation") or 0)
         log.info("sweeper Deployment changed outside the policy; re-applying", extra={
             "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
         outcome = _reconcile_again(ctl, key, state.body)
-    if outcome is not None and (outcome.deployment_generation or 0) > seen:
-        ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
-                          f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
-                          "the operator re-applied the policy's spec: edit the StalledPolicy instead")
+        if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
+            ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
+                              f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
+                              "the operator re-applied the policy's spec: edit the StalledPolicy instead")
 
 
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:

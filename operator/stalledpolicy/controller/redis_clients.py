@@ -50,6 +50,16 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     return base64.b64decode(secret_data[key]).decode("utf-8").strip()
 
 
+def secret_value_digest(namespace: str, name: str, key: str, encoded: str | None) -> str | None:
+    """A digest of one Secret value (its base64 text as in ``data``) for the sweeper's
+    pod template: it changes when that value does, and shows nothing of it (salted
+    with the Secret's namespace, name and key, so equal values of two Secrets differ)."""
+    if not encoded:
+        return None
+    salted = f"{namespace}\0{name}\0{key}\0{encoded}".encode()
+    return hashlib.sha256(salted).hexdigest()[:16]
+
+
 @dataclass
 class _CachedSecret:
     fetched_at: float

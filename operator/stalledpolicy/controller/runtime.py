@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import GROUP, KIND, PLURAL, VERSION, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.redis_clients import (
-    PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url)
+    PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url, secret_value_digest)
 from stalledpolicy.controller.replay import (
     InvalidReplayRequest, replay_message, requested_replay, run_replay)
 from stalledpolicy.controller.scheduler import Scheduler
@@ -85,14 +85,19 @@ class PolicyState:
     # re-applies after drift or deletion, and the status loop's after a Secret change.
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
     reapply_pending: bool = False  # a re-apply outside kopf failed: the status loop tries again
+    reapply_failures: int = 0  # failed re-applies in a row: the status loop's retry delay grows with it
+    # Drift reverts of the last DRIFT_WINDOW seconds; past DRIFT_MAX_REVERTS another
+    # writer is fighting us: no more reverts until the sweeper has been left alone a while.
+    drift_reverts: list = field(default_factory=list)
+    drift_conflict_since: float | None = None
+    drift_last_seen: float | None = None
 
 
 class Controller:
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
-                 replay_fn: Callable[..., Any] | None = None,
-                 secret_versions: Mapping[tuple[str, str], str] | None = None) -> None:
+                 replay_fn: Callable[..., Any] | None = None) -> None:
         self.config = config
         self.apps, self.core, self.custom = apps, core, custom
         self.recorder = recorder
@@ -102,13 +107,14 @@ class Controller:
             from stalledpolicy.engine import queue_snapshot as snapshot_fn
         self.snapshot_fn = snapshot_fn
         self.replay_fn = replay_fn
-        # resourceVersion of each Secret as last read through ``secrets`` (filled by
-        # the reader wiring builds; empty when the reader does not tell).
-        self.secret_versions = {} if secret_versions is None else secret_versions
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()
         self.scheduler: Scheduler | None = None
+        # The key the status loop is refreshing on this thread: a re-apply it runs
+        # must not kick that key again (the scheduler would rerun it at once, and
+        # a refused re-apply would then be retried with no delay at all).
+        self._local = threading.local()
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -120,6 +126,8 @@ class Controller:
         self.clients.close_all()
 
     def _kick(self, key: PolicyKey) -> None:
+        if getattr(self._local, "refreshing", None) == key:
+            return  # the status loop's own re-apply: refresh() returns the next delay itself
         if self.scheduler is not None:
             self.scheduler.kick(key)
 
@@ -203,14 +211,19 @@ class Controller:
                 self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)
         self._kick(state.key)
 
-    def secret_version(self, namespace: str, name: str) -> str | None:
-        """The resourceVersion of Secret ``name`` as last read (read again once the
-        reader's cache has expired); None when it is missing or cannot be read."""
+    def secret_version(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
+        """A digest of the value the sweeper reads from ``spec.redis.secretRef``
+        (the Secret read again once the reader's cache has expired): a new one
+        rolls the sweeper, a label or annotation on the Secret does not. None
+        when that value is no usable Redis URL now (Secret missing or unreadable,
+        key missing, not a Redis URL): the caller keeps what the pods have."""
         try:
-            self.secrets.get(namespace, name)
-        except Exception:  # noqa: BLE001 - unreadable now: the caller keeps what it has
+            resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
+            data = self.secrets.get(namespace, ref["name"])
+        except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
             return None
-        return self.secret_versions.get((namespace, name))
+        key = ref.get("key") or "url"
+        return secret_value_digest(namespace, ref["name"], key, (data or {}).get(key))
 
     # -- the status loop -------------------------------------------------------
     def refresh(self, key: PolicyKey) -> float | None:
@@ -231,9 +244,18 @@ class Controller:
                 state.failures += 1
                 delay = backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
         if why is not None:
-            from stalledpolicy.controller.reconcile import reapply
+            from stalledpolicy.controller.reconcile import APPLY_FAILED_FIRST_RETRY, reapply
 
-            reapply(self, key, why)  # outside the status lock: it records its outcome
+            self._local.refreshing = key
+            try:
+                reapply(self, key, why)  # outside the status lock: it records its outcome
+            finally:
+                self._local.refreshing = None
+            if state.reapply_pending:
+                # Refused again: retry with a growing delay (kopf's own retries grow the same way).
+                return backoff(max(0, state.reapply_failures - 1), APPLY_FAILED_FIRST_RETRY,
+                               self.config.max_backoff)
+            return min(delay, 1.0)  # applied: show the new outcome in status soon
         return delay
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
@@ -249,14 +271,15 @@ class Controller:
             return None  # kopf's handler retries its own failures
         if problem is not None and problem.reason in CONFIGURATION_REASONS:
             return None
-        ref = ((state.body.get("spec") or {}).get("redis") or {}).get("secretRef") or {}
-        if not ref.get("name"):
+        redis_spec = (state.body.get("spec") or {}).get("redis") or {}
+        ref = redis_spec.get("secretRef") or {}
+        if not ref.get("name") or redis_spec.get("url"):
             return None
-        version = self.secret_version(state.key[0], ref["name"])
+        version = self.secret_version(state.key[0], ref)
         if version is None or version == outcome.secret_version:
             return None
-        return (f"Secret {state.key[0]}/{ref['name']} changed "
-                f"(resourceVersion {outcome.secret_version} -> {version})")
+        return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
+                f"(digest {outcome.secret_version} -> {version})")
 
     def _read_queue(self, state: PolicyState, spec: Mapping[str, Any]):
         """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""

@@ -27,20 +27,14 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     api = api_client or kubernetes_api_client(config.api_connections)
     core = client.CoreV1Api(api)
 
-    # Each Secret's resourceVersion as of its last read: a new one rolls the
-    # sweeper's pods (the builder puts it in the pod template), so a rotated
-    # password reaches them. Read by name only (RBAC: get), never watched.
-    versions: dict[tuple[str, str], str] = {}
-
+    # Secrets are read by name only (RBAC: get), never watched; a digest of the
+    # referenced value (Controller.secret_version) rolls the sweeper when it changes.
     def read_secret(namespace: str, name: str):
         try:
             secret = core.read_namespaced_secret(name, namespace)
-            if secret.metadata is not None and secret.metadata.resource_version:
-                versions[(namespace, name)] = secret.metadata.resource_version
             return secret.data or {}
         except ApiException as exc:
             if exc.status == 404:
-                versions.pop((namespace, name), None)
                 return None
             raise RedisConfigError(
                 "SecretUnreadable",
@@ -53,5 +47,4 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
         recorder=EventRecorder(core),
         secrets=SecretReader(read_secret, ttl=config.secret_ttl),
         clients=RedisClients(timeout=config.redis_timeout),
-        secret_versions=versions,
     )

@@ -9,8 +9,8 @@ arrives by ``secretKeyRef`` and is never inlined.
 
 The pod template carries :data:`CONFIG_HASH_ANNOTATION`: a sha256 over the
 sweep configuration (env values, the Secret's name and key, never its content),
-the Lua scripts' digest and the referenced Secret's ``resourceVersion`` (passed
-in by the caller, also shown in :data:`SECRET_VERSION_ANNOTATION`). Any change
+the Lua scripts' digest and a digest of the referenced Secret value (computed
+by the caller, also shown in :data:`SECRET_VERSION_ANNOTATION`). Any change
 to the budget, lanes, interval, the scripts or the Secret (a rotated password)
 changes the template and so rolls the pods; replicas, suspend and metadata do
 not.
@@ -138,10 +138,10 @@ def build_sweeper_deployment(
     in a Deployment annotation only, so it never rolls the pods.
     ``scripts_digest`` defaults to :func:`stalledpolicy.lua.scripts_digest`
     (injectable for tests). ``suspend`` gives zero replicas.
-    ``secret_version`` is the ``resourceVersion`` of the Secret named by
-    ``spec.redis.secretRef`` (the caller reads it; None: unknown): a new version
-    changes the pod template, so a rotated password reaches the pods. Only the
-    version is ever used, never the Secret's content. Ignored for an inline URL.
+    ``secret_version`` is an opaque version of the value of ``spec.redis.secretRef``
+    (the operator passes a digest of that key's value, never the value; None:
+    unknown): a new one changes the pod template, so a rotated password reaches
+    the pods. Used as given, never read from the Secret here. Ignored for an inline URL.
     """
     if scripts_digest is None:
         from stalledpolicy.lua import scripts_digest as current_digest
