@@ -1009,3 +1009,12 @@ def test_ids_lanes_and_errors_that_are_not_utf8_are_listed_replayed_and_purged(r
     assert not raw.exists(prefix + b"job:JOB\xff3")
     assert raw.zrange(prefix + b"dead", 0, -1) == [b"JOB001"]
     raw.close()
+
+
+def test_a_stdout_closed_before_the_start_is_not_a_traceback(url, queue_name):
+    argv = [sys.executable, "-m", "stalledpolicy", "morgue", "stats", "--queue", queue_name, "--redis-url", url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    # the child starts with file descriptor 1 closed, as `stalledpolicy morgue stats >&-` does
+    result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *argv],
+                            capture_output=False, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr

@@ -53,8 +53,9 @@ def open_client(url: str) -> Any:
 def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
         stderr: IO[str] | None = None) -> int:
     stdin = stdin or sys.stdin
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
+    # a stream closed before we start (`morgue stats >&-`) is None in sys: discarded, not a traceback
+    out = stdout or sys.stdout or open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    err = stderr or sys.stderr or open(os.devnull, "w")  # noqa: SIM115
     for stream in (out, err):
         if stream in (sys.stdout, sys.stderr) and hasattr(stream, "reconfigure"):
             # the last guard for text from Redis that is not UTF-8 (kept as lone
