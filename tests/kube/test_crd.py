@@ -19,7 +19,6 @@ from kubernetes.client.rest import ApiException
 
 from stalledpolicy.policy.builder import CONFIG_HASH_ANNOTATION, FIELD_MANAGER, build_sweeper_deployment
 from stalledpolicy.policy.conditions import (
-    READY,
     REDIS_REACHABLE,
     SWEEPER_AVAILABLE,
     Condition,

@@ -333,12 +333,8 @@ def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, 
         morgue_replay(client, queue, lane=lane)  # the jobs move ...
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")  # ... the reply is unreadable
 
-    ctl = make_controller(secrets, StatusSink(), NullRecorder())
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
     ctl.replay_fn = replay_then_fail_to_parse
-    body = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
-    ctl.observe_policy(body, "ADDED")
-    ctl.observe_deployment(sweeper())
-    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
     try:
         ctl.refresh(("ns", "p"))
         dead_letter(r, queue_name, "JOB0002")
@@ -374,12 +370,8 @@ def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_serv
 
         return engine.morgue_replay(client, queue, lane=lane, progress=one_call_then_fail)
 
-    ctl = make_controller(secrets, StatusSink(), NullRecorder())
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
     ctl.replay_fn = replay_then_lose_redis
-    body = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
-    ctl.observe_policy(body, "ADDED")
-    ctl.observe_deployment(sweeper())
-    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
     try:
         ctl.refresh(("ns", "p"))
         dead_letter(r, queue_name, "JOB99999")  # died after the token was acted on

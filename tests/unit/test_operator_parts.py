@@ -474,6 +474,18 @@ def policy_body(spec=None, generation=1):
             "spec": spec or {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}}}}
 
 
+def reconciled_policy(*controller_args):
+    """A fake cluster, its controller, and one policy it has reconciled."""
+    from stalledpolicy.controller.reconcile import reconcile
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, *controller_args)
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    return apps, ctl, body
+
+
 def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
     from stalledpolicy.controller.reconcile import RetryLater, reconcile
 
@@ -543,15 +555,9 @@ def test_the_applied_template_names_the_secret_version_and_keeps_it_when_unreada
 
 
 def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
-    from stalledpolicy.controller.reconcile import reconcile
-
-    apps = FakeApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, secrets, versions)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy(secrets, versions)
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 1, "an unchanged Secret re-applies nothing"
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
@@ -572,14 +578,8 @@ def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
 
 
 def test_a_failed_reapply_is_tried_again_by_the_status_loop():
-    from stalledpolicy.controller.reconcile import reconcile
-
-    apps = FakeApps()
     versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, {("ns", "creds"): {"url": b64("redis://db:6379/0")}}, versions)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}}, versions)
     before = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
     ctl.secrets._read = lambda ns, name: {"url": b64("redis://:rotated@db:6379/0")}
     versions[("ns", "creds")] = "8"
@@ -594,13 +594,9 @@ def test_a_failed_reapply_is_tried_again_by_the_status_loop():
 
 
 def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
-    from stalledpolicy.controller.reconcile import drifted_policy, reconcile, revert_drift
+    from stalledpolicy.controller.reconcile import drifted_policy, revert_drift
 
-    apps = FakeApps()
-    ctl = fake_controller(apps)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy()
     ours = copy.deepcopy(apps.stored)
     assert drifted_policy(ctl, ours) is None  # the generation our apply made
     scaled = apps.scale_by_hand(0)
@@ -659,15 +655,9 @@ def test_a_refused_reapply_of_the_status_loop_waits_a_growing_delay_and_logs_onc
 
 
 def test_only_a_new_secret_value_rolls_the_sweeper_not_a_label_on_the_secret():
-    from stalledpolicy.controller.reconcile import reconcile
-
-    apps = FakeApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0"), "other": b64("x")}}
     versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, secrets, versions)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy(secrets, versions)
     # external-secrets annotates the Secret, or another key of it changes: a new
     # resourceVersion, the same value for the sweeper.
     versions[("ns", "creds")] = "8"
@@ -701,13 +691,9 @@ def test_an_unrelated_apply_keeps_the_running_secret_version_while_the_secret_is
 
 
 def test_a_policy_or_sweeper_being_deleted_is_not_drift():
-    from stalledpolicy.controller.reconcile import drifted_policy, reconcile, revert_drift
+    from stalledpolicy.controller.reconcile import drifted_policy, revert_drift
 
-    apps = FakeApps()
-    ctl = fake_controller(apps)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy()
     scaled = apps.scale_by_hand(0)
     going = copy.deepcopy(scaled)
     going["metadata"]["deletionTimestamp"] = "2026-12-03T00:00:00Z"
@@ -724,11 +710,7 @@ def test_a_policy_or_sweeper_being_deleted_is_not_drift():
 def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_brought_back(monkeypatch):
     from stalledpolicy.controller import reconcile as rec
 
-    apps = FakeApps()
-    ctl = fake_controller(apps)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    rec.reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy()
     scaled = apps.scale_by_hand(0)
     real = rec.drifted_policy
 
@@ -759,11 +741,7 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
 def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
     from stalledpolicy.controller import reconcile as rec
 
-    apps = FakeApps()
-    ctl = fake_controller(apps)
-    body = policy_body()
-    ctl.observe_policy(body, "ADDED")
-    rec.reconcile(ctl, body)
+    apps, ctl, body = reconciled_policy()
     now = [1000.0]
 
     def theirs():
