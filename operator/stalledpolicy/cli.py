@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import sys
 
 # command -> module exposing add_arguments(parser) and run(args) -> int
@@ -20,7 +19,6 @@ COMMANDS = {
 }
 
 EXIT_USAGE = 2
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s']*")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,9 +27,9 @@ class _Parser(argparse.ArgumentParser):
     Subcommand parsers are of the same class, so theirs are too."""
 
     def error(self, message: str):  # type: ignore[override]
-        from stalledpolicy.redis_url import redact_url
+        from stalledpolicy.redis_url import redact_urls
 
-        super().error(_URL.sub(lambda url: redact_url(url.group(0)), message))
+        super().error(redact_urls(message))
 
 
 def build_parser() -> argparse.ArgumentParser:

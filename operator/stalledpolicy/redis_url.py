@@ -15,6 +15,7 @@ for the credentials instead; when in doubt we mask too much, never too little.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
@@ -123,6 +124,16 @@ def scrub(text: str, url: str | None) -> str:
     return text
 
 
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL in it redacted (:func:`redact_url`), for text we
+    did not write: argparse's complaints, an API server's or a library's message."""
+    return _URL_IN_TEXT.sub(lambda url: redact_url(url.group(0)), text)
+
+
+@functools.lru_cache(maxsize=1024)
 def check_redis_url(url: str) -> str | None:
     """What is wrong with ``url`` as a Redis URL, or None when redis-py will
     read it as written.

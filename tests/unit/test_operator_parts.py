@@ -531,7 +531,10 @@ def test_api_messages_never_show_a_password():
     from stalledpolicy.controller.reconcile import describe_api_error
 
     text = describe_api_error(api_error(422, "Unprocessable Entity", "bad value redis://:hunter2@db:6379/0"))
-    assert "hunter2" not in text and "redis://***@db:6379/0" in text
+    assert "hunter2" not in text and "redis://:***@db:6379/0" in text
+    # a password holding '/' or '?' (the old masker stopped at '/')
+    text = describe_api_error(api_error(422, "Unprocessable Entity", 'bad "redis://u:hun/ter?2@db:6379/0"'))
+    assert "hun" not in text and "ter" not in text and "redis://:***@db:6379/0" in text
 
 
 def test_the_applied_template_names_the_secret_version_and_keeps_it_when_unreadable():

@@ -175,3 +175,12 @@ def test_check_redis_url_names_the_problem_without_any_value(url, words):
 def test_a_port_cut_short_by_an_unencoded_password_says_to_encode():
     assert "%3F" in check_redis_url("redis://u:pa?password=x@h:6379/0")
     assert "%3F" not in check_redis_url("redis://h:99999/0")
+
+
+def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
+    from stalledpolicy.redis_url import redact_urls
+
+    text = "refused 'redis://u:pa/ss@h:6379/0' and rediss://:x?y@h2/1, see https://k8s.io/docs"
+    shown = redact_urls(text)
+    assert "pa/ss" not in shown and "x?y" not in shown
+    assert shown == "refused 'redis://:***@h:6379/0' and rediss://:***@h2/1, see https://k8s.io/docs"

@@ -17,7 +17,7 @@ def _seconds(text: str) -> float:
     try:
         value = parse_duration(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None  # it quotes the value, shortened
     if value < MIN_LOOP_SECONDS:
         # 0s would spin the status loop; 1ms nearly so. (The chart's schema refuses them too.)
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1s")

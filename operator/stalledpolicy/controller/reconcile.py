@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from typing import Any, Mapping, NoReturn
 
@@ -74,9 +73,6 @@ def _api_errors() -> tuple[type[BaseException], ...]:
     return ApiException, urllib3.exceptions.HTTPError, OSError
 
 
-_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
-
-
 def describe_api_error(exc: BaseException) -> str:
     """The API server's own words for a refused request: ``HTTP 422 Unprocessable
     Entity: Deployment.apps "x" is invalid: ...``. The request was our sweeper
@@ -96,7 +92,9 @@ def describe_api_error(exc: BaseException) -> str:
             text += f": {detail}"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return _USERINFO.sub(r"\1***@", text)[:API_MESSAGE_MAX]
+    from stalledpolicy.redis_url import redact_urls
+
+    return redact_urls(text)[:API_MESSAGE_MAX]
 
 
 def _secret_version(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
