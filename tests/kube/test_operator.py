@@ -394,7 +394,7 @@ def test_a_rotated_secret_rolls_the_sweeper(operator, apis, kube_namespace, redi
     create_policy(custom, kube_namespace, policy_manifest("rotated", queue_name, secret="rotating"))
     first = wait_for(lambda: read_deployment(apps, kube_namespace, "rotated-sweeper"), "the sweeper")
     before = first.spec.template.metadata.annotations
-    digest = before["queues.emq.dev/redis-secret-version"]
+    digest = before["queues.emq.dev/redis-secret-digest"]
     assert len(digest) == 16 and digest != core.read_namespaced_secret(
         "rotating", kube_namespace).metadata.resource_version  # a digest of the value, not the version
 
@@ -409,7 +409,7 @@ def test_a_rotated_secret_rolls_the_sweeper(operator, apis, kube_namespace, redi
 
     # The operator reads the Secret again when its cache (30 s) expires.
     rolled = wait_for(lambda: (lambda d: d if d.spec.template.metadata.annotations.get(
-        "queues.emq.dev/redis-secret-version") != digest else None)(
+        "queues.emq.dev/redis-secret-digest") != digest else None)(
         read_deployment(apps, kube_namespace, "rotated-sweeper")), "a new Secret digest in the pod template",
         timeout=75, interval=1)
     assert rolled.metadata.generation == first.metadata.generation + 1, "one rollout, for the value only"

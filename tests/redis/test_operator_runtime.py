@@ -95,7 +95,7 @@ def world(redis_server, r, queue_name):
     ctl.observe_deployment(sweeper())
     # Applied with this Secret value (its digest in the pod template): no re-apply for it.
     ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1,
-                                              secret_version=ctl.secret_version("ns", {"name": "creds"})))
+                                              secret_digest=ctl.secret_digest("ns", {"name": "creds"})))
     yield ctl, sink, recorder, body, secrets
     ctl.stop()
 

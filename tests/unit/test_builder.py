@@ -217,41 +217,41 @@ def test_the_config_hash_ignores_what_is_not_sweep_config(kwargs, changes):
     assert config_hash(build(spec_of(**changes), **kwargs)) == config_hash(build())
 
 
-SECRET_VERSION = "queues.emq.dev/redis-secret-version"
+SECRET_DIGEST = "queues.emq.dev/redis-secret-digest"
 
 
 def template_annotations(deployment):
     return deployment["spec"]["template"]["metadata"]["annotations"]
 
 
-def test_a_new_secret_version_rolls_the_pods():
-    # A rotated password changes the Secret's resourceVersion, not its name or
+def test_a_new_secret_digest_rolls_the_pods():
+    # A rotated password changes the digest of the Secret value, not its name or
     # key: the pod template must change with it, or the pods keep the old env.
-    before, after = build(secret_version="41"), build(secret_version="42")
+    before, after = build(secret_digest="41"), build(secret_digest="42")
     assert config_hash(before) != config_hash(after)
-    assert template_annotations(before)[SECRET_VERSION] == "41"
-    assert template_annotations(after)[SECRET_VERSION] == "42"
-    assert build(secret_version="42") == after  # still pure
+    assert template_annotations(before)[SECRET_DIGEST] == "41"
+    assert template_annotations(after)[SECRET_DIGEST] == "42"
+    assert build(secret_digest="42") == after  # still pure
     # Only the template changes: a rollout, nothing else.
     assert {k: v for k, v in before["spec"].items() if k != "template"} == {
         k: v for k, v in after["spec"].items() if k != "template"}
 
 
-def test_the_secret_version_is_the_only_thing_taken_from_the_secret():
-    deployment = build(secret_version="42")
+def test_the_secret_digest_is_the_only_thing_taken_from_the_secret():
+    deployment = build(secret_digest="42")
     text = json.dumps(deployment)
-    # The version appears once, as itself; the URL arrives by secretKeyRef only.
-    assert text.count('"42"') == 1 and template_annotations(deployment)[SECRET_VERSION] == "42"
+    # The digest appears once, as itself; the URL arrives by secretKeyRef only.
+    assert text.count('"42"') == 1 and template_annotations(deployment)[SECRET_DIGEST] == "42"
     assert env(deployment)[ENV_REDIS_URL] == {
         "name": ENV_REDIS_URL, "valueFrom": {"secretKeyRef": {"name": "orders-redis", "key": "url"}}}
-    # Without a version (Secret not read yet) the hash is what it always was: no rollout on upgrade.
-    assert SECRET_VERSION not in template_annotations(build())
-    assert config_hash(build()) == config_hash(build(secret_version=None))
+    # Without a digest (Secret not read yet) the hash is what it always was: no rollout on upgrade.
+    assert SECRET_DIGEST not in template_annotations(build())
+    assert config_hash(build()) == config_hash(build(secret_digest=None))
 
 
-def test_an_inline_url_ignores_a_secret_version():
+def test_an_inline_url_ignores_a_secret_digest():
     inline = spec_of(redis={"url": "redis://db:6379/0"})
-    assert build(inline, secret_version="42") == build(inline)
+    assert build(inline, secret_digest="42") == build(inline)
 
 
 def test_a_different_uid_only_changes_the_owner_reference():

@@ -441,11 +441,7 @@ class FakeApps:
         return copy.deepcopy(self.stored)
 
 
-def fake_controller(apps, secrets=None, versions=None):
-    """``versions``: Secret resourceVersions, for the Controller of before 2026-12
-    (it keyed the rollout on them); today's ignores them and digests the value."""
-    import inspect
-
+def fake_controller(apps, secrets=None):
     from stalledpolicy.controller.events import NullRecorder
     from stalledpolicy.controller.runtime import Controller
     from stalledpolicy.engine import QueueSnapshot
@@ -458,14 +454,11 @@ def fake_controller(apps, secrets=None, versions=None):
         def patch_namespaced_custom_object_status(self, *args, **kwargs):
             pass
 
-    extra = {}
-    if "secret_versions" in inspect.signature(Controller).parameters:
-        extra["secret_versions"] = versions
     return Controller(OperatorConfig(sweeper_image="img:1", max_backoff=60), apps=apps, core=None,
                       custom=Custom(), recorder=NullRecorder(),
                       secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
                       clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
-                      snapshot_fn=lambda *a, **k: snap, **extra)
+                      snapshot_fn=lambda *a, **k: snap)
 
 
 def policy_body(spec=None, generation=1):
@@ -537,62 +530,55 @@ def test_api_messages_never_show_a_password():
     assert "hun" not in text and "ter" not in text and "redis://:***@db:6379/0" in text
 
 
-def test_the_applied_template_names_the_secret_version_and_keeps_it_when_unreadable():
+def test_the_applied_template_names_the_secret_digest_and_keeps_it_when_unreadable():
     from stalledpolicy.controller.reconcile import reconcile
 
     apps = FakeApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
-    versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, secrets, versions)
+    ctl = fake_controller(apps, secrets)
     outcome = reconcile(ctl, policy_body())
     annotations = apps.stored["spec"]["template"]["metadata"]["annotations"]
-    digest = annotations["queues.emq.dev/redis-secret-version"]
-    assert len(digest) == 16 and outcome.secret_version == digest
+    digest = annotations["queues.emq.dev/redis-secret-digest"]
+    assert len(digest) == 16 and outcome.secret_digest == digest
     assert "redis://db" not in json.dumps(apps.stored) and b64("redis://db:6379/0") not in json.dumps(apps.stored)
     # The Secret is gone (or forbidden) for a moment: no rollout for that.
     secrets.clear()
-    versions.clear()
     reconcile(ctl, policy_body())
-    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"] == digest
+    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"] == digest
     assert apps.stored["metadata"]["generation"] == 1
 
 
 def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
-    versions = {("ns", "creds"): "7"}
-    apps, ctl, body = reconciled_policy(secrets, versions)
+    apps, ctl, body = reconciled_policy(secrets)
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 1, "an unchanged Secret re-applies nothing"
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-    versions[("ns", "creds")] = "8"
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 2
     template = apps.stored["spec"]["template"]["metadata"]["annotations"]
-    assert template["queues.emq.dev/redis-secret-version"] == ctl.policies[("ns", "p")].outcome.secret_version
+    assert template["queues.emq.dev/redis-secret-digest"] == ctl.policies[("ns", "p")].outcome.secret_digest
     assert apps.stored["metadata"]["generation"] == 2  # a new pod template: a rollout
     assert "rotated" not in json.dumps(apps.applied)
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 2, "once per change"
     # A Secret changed to something no sweeper can use rolls nothing (the pods keep the last good URL).
     secrets[("ns", "creds")] = {"url": b64("http://not-redis")}
-    versions[("ns", "creds")] = "9"
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 2
 
 
 def test_a_failed_reapply_is_tried_again_by_the_status_loop():
-    versions = {("ns", "creds"): "7"}
-    apps, ctl, body = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}}, versions)
-    before = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    apps, ctl, body = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
+    before = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"]
     ctl.secrets._read = lambda ns, name: {"url": b64("redis://:rotated@db:6379/0")}
-    versions[("ns", "creds")] = "8"
     apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
     ctl.refresh(("ns", "p"))
     assert ctl.policies[("ns", "p")].outcome.reason == "ApplyFailed"
     apps.refuse = None
     ctl.refresh(("ns", "p"))
     assert ctl.policies[("ns", "p")].outcome.ok
-    after = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    after = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"]
     assert after != before
 
 
@@ -630,13 +616,11 @@ def test_a_refused_reapply_of_the_status_loop_waits_a_growing_delay_and_logs_onc
 
     apps = CountingApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
-    versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, secrets, versions)
+    ctl = fake_controller(apps, secrets)
     body = policy_body()
     ctl.observe_policy(body, "ADDED")
     reconcile(ctl, body)
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-    versions[("ns", "creds")] = "8"
     apps.refuse = api_error(422, "Unprocessable Entity", "refused by a webhook")
     caplog.set_level(logging.INFO, logger="stalledpolicy.operator")
     ctl.start()
@@ -659,38 +643,33 @@ def test_a_refused_reapply_of_the_status_loop_waits_a_growing_delay_and_logs_onc
 
 def test_only_a_new_secret_value_rolls_the_sweeper_not_a_label_on_the_secret():
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0"), "other": b64("x")}}
-    versions = {("ns", "creds"): "7"}
-    apps, ctl, body = reconciled_policy(secrets, versions)
+    apps, ctl, body = reconciled_policy(secrets)
     # external-secrets annotates the Secret, or another key of it changes: a new
     # resourceVersion, the same value for the sweeper.
-    versions[("ns", "creds")] = "8"
     secrets[("ns", "creds")] = {"url": b64("redis://db:6379/0"), "other": b64("y")}
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 1 and apps.stored["metadata"]["generation"] == 1
-    versions[("ns", "creds")] = "9"
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0"), "other": b64("y")}
     ctl.refresh(("ns", "p"))
     assert len(apps.applied) == 2 and apps.stored["metadata"]["generation"] == 2
     assert "rotated" not in json.dumps(apps.applied)
 
 
-def test_an_unrelated_apply_keeps_the_running_secret_version_while_the_secret_is_broken():
+def test_an_unrelated_apply_keeps_the_running_secret_digest_while_the_secret_is_broken():
     from stalledpolicy.controller.reconcile import reconcile
 
     apps = FakeApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
-    versions = {("ns", "creds"): "7"}
-    ctl = fake_controller(apps, secrets, versions)
+    ctl = fake_controller(apps, secrets)
     reconcile(ctl, policy_body())
-    running = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-version"]
+    running = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"]
     for broken in ({"uri": b64("redis://db:6379/0")}, {"url": b64("http://not-redis")}):
         secrets[("ns", "creds")] = broken
-        versions[("ns", "creds")] = str(int(versions[("ns", "creds")]) + 1)
         spec = {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}},
                 "sweeper": {"replicas": 2}}
         reconcile(ctl, policy_body(spec, generation=2))  # a replicas change: no pod template change
         template = apps.stored["spec"]["template"]["metadata"]["annotations"]
-        assert template["queues.emq.dev/redis-secret-version"] == running
+        assert template["queues.emq.dev/redis-secret-digest"] == running
 
 
 def test_a_policy_or_sweeper_being_deleted_is_not_drift():

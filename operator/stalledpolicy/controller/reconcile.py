@@ -56,14 +56,14 @@ def default_sweeper_image() -> str:
 
 
 def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
-          secret_version: str | None = None) -> dict:
+          secret_digest: str | None = None) -> dict:
     from stalledpolicy.policy.builder import build_sweeper_deployment
 
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
         image=sweeper_image or default_sweeper_image(), generation=meta.get("generation"),
-        secret_version=secret_version)
+        secret_digest=secret_digest)
 
 
 def _api_errors() -> tuple[type[BaseException], ...]:
@@ -97,21 +97,21 @@ def describe_api_error(exc: BaseException) -> str:
     return redact_urls(text)[:API_MESSAGE_MAX]
 
 
-def _secret_version(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
+def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
     """The digest of the policy's Secret value for the pod template. When that value
     is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
     not a Redis URL), the digest the running pods have, so neither a passing error
     nor an apply for another reason rolls the sweeper onto a broken Secret."""
-    from stalledpolicy.policy.builder import SECRET_VERSION_ANNOTATION
+    from stalledpolicy.policy.builder import SECRET_DIGEST_ANNOTATION
 
     ref = spec.redis.secret_ref
     if ref is None:
         return None
-    version = ctl.secret_version(namespace, {"name": ref.name, "key": ref.key})
-    if version is None and existing is not None:
+    digest = ctl.secret_digest(namespace, {"name": ref.name, "key": ref.key})
+    if digest is None and existing is not None:
         template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
-        version = (template.get("annotations") or {}).get(SECRET_VERSION_ANNOTATION)
-    return version
+        digest = (template.get("annotations") or {}).get(SECRET_DIGEST_ANNOTATION)
+    return digest
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
@@ -154,8 +154,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
         raise RetryLater(message, delay)
 
-    secret_version = _secret_version(ctl, namespace, spec, existing)
-    deployment = build(body, spec, ctl.config.sweeper_image, secret_version)
+    secret_digest = _secret_digest(ctl, namespace, spec, existing)
+    deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
     try:
         applied = apply_deployment(ctl.apps, deployment)
     except _api_errors() as exc:
@@ -176,7 +176,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         generation, True, "Applied", f"sweeper Deployment {deployment_name} applied",
         suspended=spec.suspend,
         deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None,
-        replicas=int(deployment["spec"]["replicas"]), secret_version=secret_version)
+        replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
     ctl.record_outcome(body, outcome)
     return outcome
 

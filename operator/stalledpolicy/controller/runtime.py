@@ -211,7 +211,7 @@ class Controller:
                 self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)
         self._kick(state.key)
 
-    def secret_version(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
+    def secret_digest(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
         """A digest of the value the sweeper reads from ``spec.redis.secretRef``
         (the Secret read again once the reader's cache has expired): a new one
         rolls the sweeper, a label or annotation on the Secret does not. None
@@ -260,7 +260,7 @@ class Controller:
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
         """Why the sweeper must be applied again now, or None: the Secret of
-        ``spec.redis.secretRef`` has a new resourceVersion (a rotated password
+        ``spec.redis.secretRef`` holds a new value (a rotated password
         reaches the pods only through a new pod template), or a re-apply failed.
         A Secret that is missing or holds no valid URL rolls nothing: the running
         pods keep the last good one, the condition says what is wrong."""
@@ -275,11 +275,11 @@ class Controller:
         ref = redis_spec.get("secretRef") or {}
         if not ref.get("name") or redis_spec.get("url"):
             return None
-        version = self.secret_version(state.key[0], ref)
-        if version is None or version == outcome.secret_version:
+        digest = self.secret_digest(state.key[0], ref)
+        if digest is None or digest == outcome.secret_digest:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
-                f"(digest {outcome.secret_version} -> {version})")
+                f"(digest {outcome.secret_digest} -> {digest})")
 
     def _read_queue(self, state: PolicyState, spec: Mapping[str, Any]):
         """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""

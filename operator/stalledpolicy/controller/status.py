@@ -40,8 +40,8 @@ class ReconcileOutcome:
     # spec.replicas the policy asks for (0 when suspended): availability is
     # judged against it, never against a Deployment someone scaled by hand.
     replicas: int | None = None
-    # resourceVersion of the spec.redis.secretRef Secret the applied pod template names.
-    secret_version: str | None = None
+    # Digest of the spec.redis.secretRef value the applied pod template names.
+    secret_digest: str | None = None
 
 
 @dataclass(frozen=True)

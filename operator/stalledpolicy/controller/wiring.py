@@ -28,11 +28,10 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     core = client.CoreV1Api(api)
 
     # Secrets are read by name only (RBAC: get), never watched; a digest of the
-    # referenced value (Controller.secret_version) rolls the sweeper when it changes.
+    # referenced value (Controller.secret_digest) rolls the sweeper when it changes.
     def read_secret(namespace: str, name: str):
         try:
-            secret = core.read_namespaced_secret(name, namespace)
-            return secret.data or {}
+            return core.read_namespaced_secret(name, namespace).data or {}
         except ApiException as exc:
             if exc.status == 404:
                 return None

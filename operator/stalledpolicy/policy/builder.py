@@ -10,7 +10,7 @@ arrives by ``secretKeyRef`` and is never inlined.
 The pod template carries :data:`CONFIG_HASH_ANNOTATION`: a sha256 over the
 sweep configuration (env values, the Secret's name and key, never its content),
 the Lua scripts' digest and a digest of the referenced Secret value (computed
-by the caller, also shown in :data:`SECRET_VERSION_ANNOTATION`). Any change
+by the caller, also shown in :data:`SECRET_DIGEST_ANNOTATION`). Any change
 to the budget, lanes, interval, the scripts or the Secret (a rotated password)
 changes the template and so rolls the pods; replicas, suspend and metadata do
 not.
@@ -35,8 +35,8 @@ RUN_AS_USER = 65532  # the image's unprivileged user (Dockerfile)
 
 FIELD_MANAGER = "stalledpolicy-operator"
 CONFIG_HASH_ANNOTATION = "queues.emq.dev/config-hash"
-# The resourceVersion of the Secret of spec.redis.secretRef the pods were started with.
-SECRET_VERSION_ANNOTATION = "queues.emq.dev/redis-secret-version"
+# The digest of the spec.redis.secretRef value the pods were started with.
+SECRET_DIGEST_ANNOTATION = "queues.emq.dev/redis-secret-digest"
 POLICY_LABEL = "queues.emq.dev/policy"
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -95,13 +95,13 @@ def owner_reference(policy_name: str, uid: str) -> dict[str, Any]:
     }
 
 
-def config_hash(env: list[dict[str, Any]], scripts_digest: str, secret_version: str | None = None) -> str:
+def config_hash(env: list[dict[str, Any]], scripts_digest: str, secret_digest: str | None = None) -> str:
     """sha256 over the container env (values and secretKeyRef names, never
-    secret contents), the Lua scripts' digest and the referenced Secret's
-    resourceVersion (when known; without one the hash is what it always was)."""
+    secret contents), the Lua scripts' digest and the digest of the referenced
+    Secret value (when known; without one the hash is what it always was)."""
     config: dict[str, Any] = {"env": env, "scripts": scripts_digest}
-    if secret_version is not None:
-        config["secretVersion"] = secret_version
+    if secret_digest is not None:
+        config["secretDigest"] = secret_digest
     canonical = json.dumps(config, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -129,7 +129,7 @@ def build_sweeper_deployment(
     generation: int | None = None,
     scripts_digest: str | None = None,
     metrics_port: int = DEFAULT_METRICS_PORT,
-    secret_version: str | None = None,
+    secret_digest: str | None = None,
 ) -> dict[str, Any]:
     """The sweeper Deployment (apps/v1) for one policy, ready for server-side apply.
 
@@ -138,7 +138,7 @@ def build_sweeper_deployment(
     in a Deployment annotation only, so it never rolls the pods.
     ``scripts_digest`` defaults to :func:`stalledpolicy.lua.scripts_digest`
     (injectable for tests). ``suspend`` gives zero replicas.
-    ``secret_version`` is an opaque version of the value of ``spec.redis.secretRef``
+    ``secret_digest`` is an opaque digest of the value of ``spec.redis.secretRef``
     (the operator passes a digest of that key's value, never the value; None:
     unknown): a new one changes the pod template, so a rotated password reaches
     the pods. Used as given, never read from the Secret here. Ignored for an inline URL.
@@ -201,15 +201,15 @@ def build_sweeper_deployment(
         pod_spec["priorityClassName"] = overrides.priority_class_name
 
     if spec.redis.secret_ref is None:
-        secret_version = None
+        secret_digest = None
     template_annotations = {
-        CONFIG_HASH_ANNOTATION: config_hash(env, scripts_digest, secret_version),
+        CONFIG_HASH_ANNOTATION: config_hash(env, scripts_digest, secret_digest),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(metrics_port),
         "prometheus.io/path": METRICS_PATH,
     }
-    if secret_version is not None:
-        template_annotations[SECRET_VERSION_ANNOTATION] = str(secret_version)
+    if secret_digest is not None:
+        template_annotations[SECRET_DIGEST_ANNOTATION] = secret_digest
 
     annotations = {}
     if generation is not None:
