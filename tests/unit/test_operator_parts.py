@@ -590,7 +590,7 @@ def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
     assert drifted_policy(ctl, ours) is None  # the generation our apply made
     scaled = apps.scale_by_hand(0)
     assert drifted_policy(ctl, scaled) == ("ns", "p")
-    revert_drift(ctl, scaled)
+    revert_drift(ctl, ("ns", "p"), scaled)
     assert apps.stored["spec"]["replicas"] == 1
     assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # no loop: our apply is not drift
     [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
@@ -684,7 +684,7 @@ def test_a_policy_or_sweeper_being_deleted_is_not_drift():
     deleting["metadata"].update(deletionTimestamp="2026-12-03T00:00:00Z", resourceVersion="5")
     ctl.observe_policy(deleting, "MODIFIED")
     assert drifted_policy(ctl, scaled) is None
-    revert_drift(ctl, scaled)
+    revert_drift(ctl, ("ns", "p"), scaled)
     assert apps.stored["spec"]["replicas"] == 0
     assert not [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
 
@@ -702,7 +702,7 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
         return key
 
     monkeypatch.setattr(rec, "drifted_policy", deleted_right_after)
-    rec.revert_drift(ctl, scaled)  # before: KeyError
+    rec.revert_drift(ctl, ("ns", "p"), scaled)  # before: KeyError
     monkeypatch.undo()
     assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
 
@@ -735,7 +735,7 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
         return changed
 
     for _ in range(6):
-        rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+        rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
         now[0] += 10
     assert len([e for e in ctl.recorder.events if e[2] == "DriftReverted"]) == rec.DRIFT_MAX_REVERTS == 3
     [conflict] = [e for e in ctl.recorder.events if e[2] == "DriftConflict"]
@@ -743,10 +743,10 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
     assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
     # Still fought over: no revert while the changes keep coming.
     now[0] += rec.DRIFT_WINDOW - 20
-    rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+    rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 0
     # Left alone for the whole window: the next change is reverted again.
     now[0] += rec.DRIFT_WINDOW + 1
-    rec.revert_drift(ctl, theirs(), clock=lambda: now[0])
+    rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 1
     assert len([e for e in ctl.recorder.events if e[2] == "DriftConflict"]) == 1

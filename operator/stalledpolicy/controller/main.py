@@ -97,5 +97,7 @@ async def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
     _controller.observe_deployment(body, type)  # short: one in-memory lock
     if type == "DELETED":
         await asyncio.to_thread(reapply_after_deletion, _controller, body)
-    elif drifted_policy(_controller, body) is not None:  # memory only: cheap on every event
-        await asyncio.to_thread(revert_drift, _controller, body)
+        return
+    key = drifted_policy(_controller, body)  # memory only: cheap on every event
+    if key is not None:
+        await asyncio.to_thread(revert_drift, _controller, key, body)

@@ -220,10 +220,8 @@ def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -
         except InvalidPolicy:
             outcome = None
         except RetryLater:
-            state.reapply_pending = True
             state.reapply_failures += 1
             return None
-        state.reapply_pending = False
         state.reapply_failures = 0
         return outcome
 
@@ -246,15 +244,11 @@ def _deleting(obj: Mapping[str, Any] | None) -> bool:
     return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
-def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
-    """The policy whose sweeper Deployment someone else changed (``kubectl scale``,
-    an env edit): its generation is past the one our last apply made. Memory only,
-    so kopf's watch can ask on every event; our own no-op applies never bump the
-    generation, so they never look like drift. A policy or Deployment being deleted
-    (foreground deletion bumps the generation) is never drift."""
+def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
+    """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
+    we know that policy (same uid), it is not being deleted, its last reconcile
+    succeeded and the Deployment has its sweeper's name; else None. Memory only."""
     meta = deployment.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return None
     owner = controller_owner(deployment)
     if owner is None or owner.get("kind") != KIND:
         return None
@@ -268,6 +262,22 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
         return None
     if sweeper_name(key[1]) != meta.get("name"):
         return None
+    return key, state, owner
+
+
+def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The policy whose sweeper Deployment someone else changed (``kubectl scale``,
+    an env edit): its generation is past the one our last apply made. Memory only,
+    so kopf's watch can ask on every event; our own no-op applies never bump the
+    generation, so they never look like drift. A policy or Deployment being deleted
+    (foreground deletion bumps the generation) is never drift."""
+    meta = deployment.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    owned = _owned_policy_state(ctl, deployment)
+    if owned is None:
+        return None
+    key, state, _ = owned
     applied = state.outcome.deployment_generation
     if applied is None or int(meta.get("generation") or 0) <= applied:
         return None
@@ -292,18 +302,18 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     """Count this revert against the policy's budget (under its apply_lock); False
     (and a DriftConflict Warning, once per conflict) when another writer keeps
     changing the sweeper."""
-    if state.drift_conflict_since is not None:
+    if state.drift_conflict:
         if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
             state.drift_last_seen = now
             return False
-        state.drift_conflict_since = None  # left alone long enough: revert again
+        state.drift_conflict = False  # left alone long enough: revert again
         state.drift_reverts.clear()
     state.drift_last_seen = now
     state.drift_reverts[:] = [t for t in state.drift_reverts if now - t < DRIFT_WINDOW]
     if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
         state.drift_reverts.append(now)
         return True
-    state.drift_conflict_since = now
+    state.drift_conflict = True
     meta = deployment.get("metadata") or {}
     others = other_field_managers(deployment)
     who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
@@ -318,20 +328,18 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     return False
 
 
-def revert_drift(ctl: Controller, deployment: Mapping[str, Any], clock=time.monotonic) -> None:
-    """Someone changed a sweeper Deployment: apply the policy's spec over it (server-side
-    apply, forced: the fields the operator owns come back; fields it never set stay),
-    at most DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds."""
-    key = drifted_policy(ctl, deployment)
-    if key is None:
-        return
+def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=time.monotonic) -> None:
+    """Someone changed a sweeper Deployment (``key``: its policy, as ``drifted_policy``
+    found it): apply the policy's spec over it (server-side apply, forced: the fields
+    the operator owns come back; fields it never set stay), at most DRIFT_MAX_REVERTS
+    times in DRIFT_WINDOW seconds."""
     state = ctl.policies.get(key)
     if state is None:
         return
     with state.apply_lock:
         # A reconcile of ours may have made this generation while we waited, or the
         # policy may be gone (or on its way out).
-        if not _current(ctl, key, state) or drifted_policy(ctl, deployment) is None:
+        if drifted_policy(ctl, deployment) != key or not _current(ctl, key, state):
             return
         if not _drift_allowed(ctl, state, deployment, clock()):
             return
@@ -348,20 +356,10 @@ def revert_drift(ctl: Controller, deployment: Mapping[str, Any], clock=time.mono
 
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
     """Someone deleted a sweeper whose policy still exists: put it back."""
-    meta = deployment.get("metadata") or {}
-    owner = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
-    if owner is None:
+    owned = _owned_policy_state(ctl, deployment)
+    if owned is None:
         return
-    key = (meta.get("namespace"), owner.get("name"))
-    state = ctl.policies.get(key)
-    if state is None or state.outcome is None or not state.outcome.ok:
-        return
-    if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
-        return
-    if (state.body.get("metadata") or {}).get("deletionTimestamp"):
-        return
-    if sweeper_name(owner.get("name")) != meta.get("name"):
-        return
+    key, _, owner = owned
     # The policy may be on its way out (the garbage collector deletes the sweeper
     # right after it): ask the API server, not our memory.
     from kubernetes.client.exceptions import ApiException
@@ -369,13 +367,11 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     from stalledpolicy.controller import GROUP, PLURAL, VERSION
 
     try:
-        current = ctl.custom.get_namespaced_custom_object(
-            GROUP, VERSION, meta.get("namespace"), PLURAL, owner.get("name"))
+        current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
     except ApiException:
         return
     if (current.get("metadata") or {}).get("uid") != owner.get("uid") or (
             current.get("metadata") or {}).get("deletionTimestamp"):
         return
-    log.info("sweeper Deployment deleted; re-applying", extra={
-        "namespace": meta.get("namespace"), "policy": owner.get("name")})
+    log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
     _reconcile_again(ctl, key, current)

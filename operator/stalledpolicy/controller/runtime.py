@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from stalledpolicy.controller import GROUP, KIND, PLURAL, VERSION, events
+from stalledpolicy.controller.apply import controller_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.redis_clients import (
     PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url, secret_value_digest)
@@ -84,12 +85,12 @@ class PolicyState:
     # One reconcile (apply) of this policy at a time: kopf's handlers, the
     # re-applies after drift or deletion, and the status loop's after a Secret change.
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
-    reapply_pending: bool = False  # a re-apply outside kopf failed: the status loop tries again
-    reapply_failures: int = 0  # failed re-applies in a row: the status loop's retry delay grows with it
+    # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
+    reapply_failures: int = 0
     # Drift reverts of the last DRIFT_WINDOW seconds; past DRIFT_MAX_REVERTS another
     # writer is fighting us: no more reverts until the sweeper has been left alone a while.
     drift_reverts: list = field(default_factory=list)
-    drift_conflict_since: float | None = None
+    drift_conflict: bool = False
     drift_last_seen: float | None = None
 
 
@@ -181,9 +182,8 @@ class Controller:
                 known = self.deployments.get(dkey)
                 if known is None or _rv(body) >= _rv(known):
                     self.deployments[dkey] = snapshot(body)
-        owner = next((ref for ref in meta.get("ownerReferences") or []
-                      if ref.get("controller") and ref.get("kind") == KIND), None)
-        if owner is None:
+        owner = controller_owner(body)
+        if owner is None or owner.get("kind") != KIND:
             return None
         key = (dkey[0], owner.get("name"))
         if key in self.policies:
@@ -251,7 +251,7 @@ class Controller:
                 reapply(self, key, why)  # outside the status lock: it records its outcome
             finally:
                 self._local.refreshing = None
-            if state.reapply_pending:
+            if state.reapply_failures:
                 # Refused again: retry with a growing delay (kopf's own retries grow the same way).
                 return backoff(max(0, state.reapply_failures - 1), APPLY_FAILED_FIRST_RETRY,
                                self.config.max_backoff)
@@ -264,7 +264,7 @@ class Controller:
         reaches the pods only through a new pod template), or a re-apply failed.
         A Secret that is missing or holds no valid URL rolls nothing: the running
         pods keep the last good one, the condition says what is wrong."""
-        if state.reapply_pending:
+        if state.reapply_failures:
             return "an earlier re-apply failed"
         outcome = state.outcome
         if outcome is None or not outcome.ok:
