@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from stalledpolicy.tables import shown
+
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
@@ -16,15 +18,18 @@ _SHOWN_MAX = 40
 def parse_duration(text: str) -> float:
     """Seconds in ``text`` (at most 36500d); raises ValueError with the accepted forms."""
     value = text.strip() if isinstance(text, str) else ""
-    shown = repr(text) if len(repr(text)) <= _SHOWN_MAX else f"{repr(text)[:_SHOWN_MAX]}... ({len(text)} characters)"
     if not _WHOLE.fullmatch(value):
         raise ValueError(
-            f"{shown} is not a duration; write a number with a unit, for example 30s, 2m, 1h or 1h30m"
+            f"{_shown(text)} is not a duration; write a number with a unit, for example 30s, 2m, 1h or 1h30m"
         )
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
     if not seconds <= LONGEST_S:  # also inf
-        raise ValueError(f"{shown} is longer than 36500d (100 years); write a shorter duration")
+        raise ValueError(f"{_shown(text)} is longer than 36500d (100 years); write a shorter duration")
     return seconds
+
+
+def _shown(text: object) -> str:
+    return shown(text, _SHOWN_MAX, quoted=True) if isinstance(text, str) else repr(text)
 
 
 def format_duration(seconds: float) -> str:

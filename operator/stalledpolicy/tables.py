@@ -38,6 +38,17 @@ def printable(value: object) -> str:
     return "".join(out).strip()
 
 
+def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = None) -> str:
+    """``text`` for a message: whole when it has at most ``limit`` characters,
+    else its first ``keep`` (default ``limit``), ``...`` and its length;
+    ``quoted`` puts the text (or the part shown) in repr quotes."""
+    if len(text) <= limit:
+        return repr(text) if quoted else text
+    part = text[:limit if keep is None else keep]
+    head = repr(part) if quoted else part
+    return f"{head}... ({len(text)} characters)"
+
+
 def char_width(ch: str) -> int:
     if unicodedata.combining(ch):
         return 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from typing import Any
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.redis_url import check_redis_url
+from stalledpolicy.sweeper.config import NumberOutOfRange, whole_number
+from stalledpolicy.tables import shown
 
 ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
 ENV_QUEUE = "STALLEDPOLICY_QUEUE"
@@ -57,17 +58,14 @@ def _int_between(minimum: int, maximum: int):
     and more) and never echoed whole."""
 
     def parse(text: str) -> int:
-        number = re.fullmatch(r"\s*([+-]?)([0-9]+)\s*", text)
-        if number is None:
-            raise argparse.ArgumentTypeError(f"{_shown_number(text)} is not a whole number")
-        sign, digits = number.groups()
-        digits = digits.lstrip("0") or "0"
-        if len(digits) > len(str(maximum)):
-            if sign == "-":
-                raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {_shown_number(text)})")
+        try:
+            value = whole_number(text, maximum)
+        except NumberOutOfRange as exc:
+            if exc.negative:
+                raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {_shown_number(text)})") from None
             value = maximum + 1
-        else:
-            value = int(sign + digits)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{_shown_number(text)} is not a whole number")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {value})")
         if value > maximum:
@@ -81,9 +79,7 @@ def _int_between(minimum: int, maximum: int):
 
 def _shown_number(text: str) -> str:
     """``text`` quoted, or its start and length when it is too long to show."""
-    if len(text) <= 40:
-        return repr(text)
-    return f"{text[:20]!r}... ({len(text)} characters)"
+    return shown(text, 40, quoted=True, keep=20)
 
 
 def _duration(text: str) -> float:

@@ -55,15 +55,11 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run)
         return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
-                       refused=dict(getattr(result, "unreplayable", {}) or {}),
-                       problems=list(getattr(result, "problems", []) or []))
+                       refused=dict(result.unreplayable), problems=list(result.problems))
     result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
                                  ids=ids, dry_run=dry_run)
-    return Outcome(ids=list(result.ids), missing=list(getattr(result, "missing", []) or []),
-                   refused=dict(getattr(result, "kept", {}) or {}),
-                   undated=int(getattr(result, "undated", 0) or 0),
-                   undatable=int(getattr(result, "undatable", 0) or 0),
-                   problems=list(getattr(result, "problems", []) or []))
+    return Outcome(ids=list(result.ids), missing=list(result.missing), refused=dict(result.kept),
+                   undated=result.undated, undatable=result.undatable, problems=list(result.problems))
 
 
 def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:

@@ -20,6 +20,7 @@ from stalledpolicy.morgue.exit_codes import (
 )
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
+from stalledpolicy.streams import discard
 
 __all__ = ["add_arguments", "run"]
 
@@ -93,13 +94,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         # the reader went away (`morgue list | head`): not an error worth a traceback;
         # point stdout at /dev/null so the interpreter's final flush stays quiet.
         # (Before the OSError of an outage: BrokenPipeError is one too.)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, out.fileno())
-        except (AttributeError, OSError, ValueError):
-            pass
-        finally:
-            os.close(devnull)
+        discard(out)
         return EXIT_OK
     except unreachable_errors() as exc:
         reason = scrub(str(exc), url) or type(exc).__name__

@@ -41,6 +41,7 @@ from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.sweeper.config import BATCH_DEFAULT
 from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
+from stalledpolicy.sweeper.config import BUDGET_MAX
 from stalledpolicy.sweeper.config import BATCH_MIN as BATCH_SIZE_MIN
 from stalledpolicy.sweeper.config import INTERVAL_MAX_S as SWEEP_INTERVAL_MAX_S
 from stalledpolicy.sweeper.config import INTERVAL_MIN_S as SWEEP_INTERVAL_MIN_S
@@ -61,7 +62,6 @@ DEFAULT_METRICS_PORT = 9090
 QUEUE_MAX_LENGTH = 128
 LANE_NAME_MAX_LENGTH = 128
 MAX_LANES = 256
-BUDGET_MAX = 2_147_483_647
 SWEEPER_REPLICAS_MAX = 100
 # Go's duration syntax without "d" (the CRD checks bounds with CEL duration(),
 # which is Go's parser); digit counts bounded so the sum never overflows int64 ns.

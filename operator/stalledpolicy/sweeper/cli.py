@@ -10,14 +10,14 @@ import argparse
 import errno
 import logging
 import os
-import re
 import signal
 import socket
 import sys
-from typing import Any, Mapping
+from typing import Mapping
 
+from stalledpolicy.streams import discard
 from stalledpolicy.sweeper.config import (
-    BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
+    BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, BUDGET_MAX, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
 )
 
 EXIT_OK = 0
@@ -27,11 +27,6 @@ EXIT_USAGE = 2
 # number (130 for SIGINT, 143 for SIGTERM). The long-running mode exits 0 on
 # either: stopping it is its normal end.
 EXIT_SIGNALLED_BASE = 128
-
-# The CRD's maximum for spec.maxStalled and a lane's maxStalled (int32).
-BUDGET_MAX = 2_147_483_647
-PORT_MAX = 65_535
-_WHOLE_NUMBER = re.compile(r"\s*([+-]?)([0-9]+)\s*")
 
 log = logging.getLogger("stalledpolicy.sweeper")
 
@@ -84,88 +79,13 @@ def _one_lane(text: str) -> str:
     return text
 
 
-def _shown_number(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
-
-
-_DIGITS_WRITTEN_MAX = 64
-
-
-def _out_of_range(text: Any, maximum: int, *, whole_value: bool) -> bool:
-    """``text`` is a whole number past ``maximum`` (or below -``maximum``), judged
-    by its digits before int() could refuse it; with ``whole_value`` also any
-    value past ``maximum``. Anything else is for the settings model to judge."""
-    if not isinstance(text, str):
-        return False
-    number = _WHOLE_NUMBER.fullmatch(text)
-    if number is None:
-        return False
-    sign, written = number.groups()
-    digits = written.lstrip("0") or "0"
-    # leading zeros count too: int() refuses 4,300 digits whatever they are
-    if len(digits) > len(str(maximum)) or len(written) > _DIGITS_WRITTEN_MAX:
-        return True
-    return whole_value and sign != "-" and int(digits) > maximum
-
-
-# The integer settings: (largest value, checked whole here, what is accepted,
-# worded as the settings model words it). A value with more digits than the
-# largest is refused here, by its digits, before int() (which refuses 4,300
-# digits and more with its own words) or the model ever sees it.
-_INT_RULES = {
-    "max_stalled": (BUDGET_MAX, True, f"must be from 0 to {BUDGET_MAX} (the CRD's limit for maxStalled; "
-                                      "0 = never dead-letter)"),
-    "batch_size": (BATCH_MAX, False, f"must be from {BATCH_MIN} to {BATCH_MAX} (default {BATCH_DEFAULT})"),
-    "metrics_port": (PORT_MAX, False, "must be a port number from 1 to 65535, or 0 to disable the metrics server"),
-}
-
-
-def _range_problems(flags: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
-    """Integer settings out of range, judged before the model: field -> problem.
-    The model checks ranges too, but int() refuses 4,300 digits and more with
-    its own words, the model echoes the value whole, and it has no upper bound
-    for a budget while the CRD caps budgets at 2147483647."""
-    problems: dict[str, str] = {}
-
-    def given(field: str) -> Any:
-        # as load_config merges them: a flag beats its variable; an empty variable is unset
-        if flags.get(field) not in (None, []):
-            return flags[field]
-        value = environ.get(SETTINGS[field].env)
-        return value if value is not None and value.strip() else None
-
-    for field, (maximum, whole_value, rule) in _INT_RULES.items():
-        value = given(field)
-        if _out_of_range(value, maximum, whole_value=whole_value):
-            problems[field] = f"{SETTINGS[field].names}: {rule}, got {_shown_number(value)}"
-    lanes = given("lanes")
-    entries = lanes.split(",") if isinstance(lanes, str) else list(lanes or ())
-    for entry in entries:
-        name, _, budget = str(entry).partition("=")
-        if _out_of_range(budget, BUDGET_MAX, whole_value=True):
-            problems["lanes"] = (f"{SETTINGS['lanes'].names}: lane {name.strip()!r} has budget "
-                                 f"{_shown_number(budget)}; a budget must be from 0 to {BUDGET_MAX} "
-                                 "(the CRD's limit for a lane's maxStalled)")
-            break
-    return problems
-
-
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     flags = {field: getattr(args, field, None) for field in SETTINGS}
-    early = _range_problems(flags, environ)
-    # the model judges the rest; the settings refused above are left out of it
-    checked_flags = {k: (None if k in early else v) for k, v in flags.items()}
-    checked_env = {k: v for k, v in environ.items() if k not in {SETTINGS[f].env for f in early}}
-    problems = list(early.values())
-    config = None
     try:
-        config = load_config(checked_flags, checked_env)
+        config = load_config(flags, environ)
     except ConfigError as exc:
-        problems += exc.problems
-    if problems:
-        for problem in problems:
+        for problem in exc.problems:
             print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
         print("stalledpolicy sweep: see --help for every setting", file=sys.stderr)
         return EXIT_USAGE
@@ -174,18 +94,6 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 
     configure(config.log_format, config.log_level)
     return _serve(config)
-
-
-def _quiet_stdout() -> None:
-    """The reader of stdout went away (``sweep --once | head -c0``): point stdout
-    at /dev/null so neither this print nor the interpreter's final flush fails."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (AttributeError, OSError, ValueError):
-        pass
-    finally:
-        os.close(devnull)
 
 
 def _listen_problem(exc: OSError, address: str, port: int) -> str:
@@ -233,7 +141,7 @@ def _serve(config) -> int:
             try:
                 print(result_summary(config.queue, sweeper.last_result, interrupted), flush=True)
             except BrokenPipeError:
-                _quiet_stdout()
+                discard(sys.stdout)
             if interrupted:
                 code = EXIT_SIGNALLED_BASE + received[0]
                 log.warning("sweep --once stopped by a signal before the pass finished; jobs still "

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.redis_url import check_redis_url, redact_url
+from stalledpolicy.tables import shown
 
 ENV_PREFIX = "STALLEDPOLICY_"
 # Limits and the batch default of the sweeper; the policy model (and through
@@ -26,6 +27,9 @@ ENV_PREFIX = "STALLEDPOLICY_"
 INTERVAL_MIN_S = 1.0
 INTERVAL_MAX_S = 3600.0
 BATCH_MIN, BATCH_MAX = 1, 10_000
+# The CRD's maximum for spec.maxStalled and a lane's maxStalled (int32).
+BUDGET_MAX = 2_147_483_647
+PORT_MAX = 65_535
 # The default keeps other clients' latency low while a sweep drains (their
 # commands wait for the call in progress): at 25 a call takes about 0.5 ms of Redis time and a second client's PING p99 stays
 # near 1.2-1.5 ms on a 2-core machine (at 100 it was 2.8-4.7 ms). A stall
@@ -37,6 +41,15 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+# A setting's number written with more characters than this (leading zeros
+# too) is refused as out of range: int() refuses 4,300 digits whatever they are.
+DIGITS_WRITTEN_MAX = 64
+_WHOLE_NUMBER = re.compile(r"\s*([+-]?)([0-9]+)\s*")
+# What a refused setting's message shows of the value given.
+_VALUE_SHOWN_MAX = 64
+_NUMBER_SHOWN_MAX, _NUMBER_SHOWN_KEPT = 24, 12
+_INT_FIELDS = ("max_stalled", "batch_size", "metrics_port")
+_BUDGET_RANGE = f"a budget must be from 0 to {BUDGET_MAX}"
 
 
 @dataclass(frozen=True)
@@ -71,20 +84,65 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+# set in the context of a message that already shows the value: no ", got ..." after it
+_SHOWS_VALUE = "shows_value"
+
+
 def _fail(message: str, **context: Any) -> PydanticCustomError:
     # A custom error keeps our wording as is (a plain ValueError would be
     # prefixed with "Value error, ").
     return PydanticCustomError("setting", message, context)
 
 
-def _parse_int(value: Any, what: str) -> int:
+class NumberOutOfRange(ValueError):
+    """A whole number past a maximum, judged by its digits alone (never int())."""
+
+    def __init__(self, negative: bool):
+        super().__init__("negative" if negative else "positive")
+        self.negative = negative
+
+
+def whole_number(text: str, maximum: int, *, written_max: int | None = None) -> int | None:
+    """The whole number written in ``text`` (spaces around and a sign allowed);
+    None when ``text`` is not one. A number with more digits than ``maximum``
+    (or than -``maximum``), or written with more than ``written_max``
+    characters, raises :class:`NumberOutOfRange` before int() sees it (int()
+    refuses 4,300 digits and more with its own words). A smaller number past
+    ``maximum`` is returned: the caller judges it."""
+    number = _WHOLE_NUMBER.fullmatch(text)
+    if number is None:
+        return None
+    sign, written = number.groups()
+    digits = written.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or (written_max is not None and len(written) > written_max):
+        raise NumberOutOfRange(negative=sign == "-")
+    return int(sign + digits)
+
+
+def _parse_int(value: Any, what: str, *, maximum: int, out_of_range: str, shows_value: bool = False) -> int:
+    """A whole number at most ``maximum``: ``what`` says what is accepted when
+    ``value`` is not a whole number, ``out_of_range`` when it is past
+    ``maximum`` or too long to judge (more digits than ``maximum`` has, or
+    written with more than DIGITS_WRITTEN_MAX characters, either sign). The
+    lower bound is the caller's. ``shows_value``: ``out_of_range`` shows the
+    value itself."""
+    context = {_SHOWS_VALUE: True} if shows_value else {}
     if isinstance(value, bool):
         raise _fail(f"must be {what}")
     if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    raise _fail(f"must be {what}")
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = whole_number(value, maximum, written_max=DIGITS_WRITTEN_MAX)
+        except NumberOutOfRange:
+            raise _fail(out_of_range, **context) from None
+        if number is None:
+            raise _fail(f"must be {what}")
+    else:
+        raise _fail(f"must be {what}")
+    if number > maximum:
+        raise _fail(out_of_range, **context)
+    return number
 
 
 class SweeperConfig(BaseModel):
@@ -126,7 +184,9 @@ class SweeperConfig(BaseModel):
     @field_validator("max_stalled", mode="before")
     @classmethod
     def _max_stalled(cls, value: Any) -> int:
-        budget = _parse_int(value, "a whole number >= 0 (0 = never dead-letter)")
+        budget = _parse_int(value, "a whole number >= 0 (0 = never dead-letter)", maximum=BUDGET_MAX,
+                            out_of_range=f"must be from 0 to {BUDGET_MAX} (the CRD's limit for maxStalled; "
+                                         "0 = never dead-letter)")
         if budget < 0:
             raise _fail("must be >= 0 (0 = never dead-letter, 1 = no recovery, 2 = one recovery, ...)")
         return budget
@@ -146,7 +206,7 @@ class SweeperConfig(BaseModel):
             if not isinstance(name, str) or not name:
                 raise _fail("has a lane with an empty name; write NAME=BUDGET, for example imports=1")
             if len(name) > LANE_NAME_MAX:
-                raise _fail(f"lane name {name[:20]!r}... is longer than {LANE_NAME_MAX} characters")
+                raise _fail(f"lane name {shown(name, 20, quoted=True)} is longer than {LANE_NAME_MAX} characters")
             bad = _bad_lane_character(name)
             if bad is not None:
                 raise _fail(
@@ -155,7 +215,10 @@ class SweeperConfig(BaseModel):
                 )
             if name in lanes:
                 raise _fail(f"lane {name!r} is given twice; give each lane one budget")
-            number = _parse_int(budget, f"NAME=BUDGET with a whole-number budget >= 0 (lane {name!r})")
+            number = _parse_int(
+                budget, f"NAME=BUDGET with a whole-number budget >= 0 (lane {name!r})", maximum=BUDGET_MAX,
+                out_of_range=(f"lane {name!r} has budget {_shown_number(budget)}; {_BUDGET_RANGE} "
+                              "(the CRD's limit for a lane's maxStalled)"), shows_value=True)
             if number < 0:
                 raise _fail(f"lane {name!r} has budget {number}; a budget must be >= 0 (0 = never dead-letter)")
             lanes[name] = number
@@ -183,17 +246,20 @@ class SweeperConfig(BaseModel):
     @field_validator("batch_size", mode="before")
     @classmethod
     def _batch_size(cls, value: Any) -> int:
-        size = _parse_int(value, f"a whole number from {BATCH_MIN} to {BATCH_MAX}")
-        if not BATCH_MIN <= size <= BATCH_MAX:
-            raise _fail(f"must be from {BATCH_MIN} to {BATCH_MAX} (default {BATCH_DEFAULT})")
+        out_of_range = f"must be from {BATCH_MIN} to {BATCH_MAX} (default {BATCH_DEFAULT})"
+        size = _parse_int(value, f"a whole number from {BATCH_MIN} to {BATCH_MAX}", maximum=BATCH_MAX,
+                          out_of_range=out_of_range)
+        if size < BATCH_MIN:
+            raise _fail(out_of_range)
         return size
 
     @field_validator("metrics_port", mode="before")
     @classmethod
     def _metrics_port(cls, value: Any) -> int:
-        port = _parse_int(value, "a port number from 1 to 65535, or 0 to disable the metrics server")
-        if not 0 <= port <= 65535:
-            raise _fail("must be a port number from 1 to 65535, or 0 to disable the metrics server")
+        rule = f"a port number from 1 to {PORT_MAX}, or 0 to disable the metrics server"
+        port = _parse_int(value, rule, maximum=PORT_MAX, out_of_range=f"must be {rule}")
+        if port < 0:
+            raise _fail(f"must be {rule}")
         return port
 
     @field_validator("metrics_address", mode="before")
@@ -248,6 +314,10 @@ class SweeperConfig(BaseModel):
         }
 
 
+def _shown_number(value: Any) -> str:
+    return shown(str(value).strip(), _NUMBER_SHOWN_MAX, keep=_NUMBER_SHOWN_KEPT)
+
+
 def _bad_lane_character(name: str) -> str | None:
     """Lane names end up inside keys (``emq:{q}:g:<lane>:pending``) and in the
     ``a=3,b=0`` list syntax: the queue-name rule plus the two list separators,
@@ -298,11 +368,15 @@ def _problems(error: ValidationError, given: Mapping[str, Any]) -> list[str]:
             # password from the redaction. The message says what part is wrong.
             problems.append(f"{names}: {item['msg']}")
             continue
-        value = given.get(field, item.get("input"))
-        shown = _shown(value)
-        if not shown or any(c.isspace() for c in shown):
-            shown = repr(shown)
-        problems.append(f"{names}: {item['msg']}, got {shown}")
+        if (item.get("ctx") or {}).get(_SHOWS_VALUE):
+            problems.append(f"{names}: {item['msg']}")
+            continue
+        text = _shown(given.get(field, item.get("input")))
+        if field in _INT_FIELDS and len(text) > _NUMBER_SHOWN_MAX:
+            value = _shown_number(text)
+        else:
+            value = shown(text, _VALUE_SHOWN_MAX, quoted=not text or any(c.isspace() for c in text))
+        problems.append(f"{names}: {item['msg']}, got {value}")
     return problems
 
 
