@@ -197,14 +197,6 @@ def test_every_replay_reason_is_valid_utf8(r_bytes, keys):
     assert sorted(r_bytes.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
 
 
-def test_every_purge_reason_is_valid_utf8(r_bytes, keys):
-    r_bytes.hset(row_key(keys, b"JOBlive"), mapping={b"state": b"activ\xe9"})
-    r_bytes.zadd(keys.dead, {b"JOBlive": 0})
-    k = keys
-    reply = script("morgue_purge")(r_bytes, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
-    kept = reply[1]
-    assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is 'activ{FFFD}', not dead"]
-    assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]
 
 
 # a value over the 64-byte cut: a 2-byte character crosses it and is left out whole
@@ -242,11 +234,15 @@ def test_every_replay_reason_quotes_a_long_value_as_an_excerpt(r_bytes, keys):
     assert sorted(r_bytes.zrange(keys.dead, 0, -1)) == [b"JOBlane", b"JOBstate"]
 
 
-def test_the_purge_quotes_a_long_state_as_an_excerpt(r_bytes, keys):
-    r_bytes.hset(row_key(keys, b"JOBlive"), mapping={b"state": LONG})
+@pytest.mark.parametrize(("state", "quoted"), [
+    (b"activ\xe9", f"activ{FFFD}"),  # made valid UTF-8
+    (LONG, LONG_QUOTED),             # and cut, as an excerpt
+])
+def test_the_purge_quotes_a_state_as_a_valid_utf8_excerpt(r_bytes, keys, state, quoted):
+    r_bytes.hset(row_key(keys, b"JOBlive"), mapping={b"state": state})
     r_bytes.zadd(keys.dead, {b"JOBlive": 0})
     k = keys
     reply = script("morgue_purge")(r_bytes, [k.dead, k.sweeper_totals], [k.prefix, "0", "", "scan", "", "", 500])
     kept = reply[1]
-    assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is '{LONG_QUOTED}', not dead"]
+    assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is '{quoted}', not dead"]
     assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]

@@ -44,9 +44,7 @@ local function lane_refusal(g)
     local kind = redis.call('TYPE', lane).ok
     lane_problem[g] = ''
     if kind ~= 'none' and kind ~= 'zset' then
-      -- the group quoted as an excerpt: the name shown is cut like any quoted value
-      lane_problem[g] = 'malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a ' .. kind
-        .. ', not a sorted set'
+      lane_problem[g] = lane_type_problem(prefix, g, kind)
     end
   end
   return lane_problem[g]

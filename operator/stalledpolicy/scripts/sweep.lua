@@ -211,9 +211,7 @@ if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 -- `stalled` one already sent).
 -- (Their rows were fenced when they were recovered.)
 local function lane_refused(g, lane, jobs)
-  -- the group quoted as an excerpt, like any value a reason quotes
-  local reason = readable('malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a '
-    .. redis.call('TYPE', lane).ok .. ', not a sorted set')
+  local reason = lane_type_problem(prefix, g, redis.call('TYPE', lane).ok)
   for _, id in ipairs(jobs) do
     local row = row_prefix .. id
     redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)

@@ -15,6 +15,9 @@
 --   json_escaped(s)             the inside of a JSON string literal holding s:
 --                               '"', '\', control bytes escaped, U+FFFD written
 --                               as \ufffd
+--   lane_type_problem(prefix, g, kind)
+--                               the reason given for a lane key of the wrong
+--                               type (sweep and replay both refuse such a lane)
 
 -- Nothing is built when the library loads (it loads on every call of a
 -- script): the rules are comparisons, not tables.
@@ -104,4 +107,9 @@ end
 
 local function json_escaped(s)
   return utf8_clean((string.gsub(s, '[%c"\\]', json_escape_byte)), '\\ufffd')
+end
+
+local function lane_type_problem(prefix, g, kind)
+  -- the group quoted as an excerpt, like any value a reason quotes
+  return 'malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a ' .. kind .. ', not a sorted set'
 end
