@@ -230,6 +230,21 @@ def _check_connection_options(url: str) -> str | None:
     return None
 
 
+def single_attempt() -> Any:
+    """The ``retry`` of a client whose scripts change data: none.
+
+    redis-py sends a command again after a timeout or a dropped reply, and a
+    script that ran but answered late would then run twice: its moves are
+    not repeated (each script re-reads where a job is), but the second answer
+    reports them as jobs someone else moved, and the first answer is lost. A
+    connection the server closed while idle costs no attempt: the pool
+    replaces it when it hands it out."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
 def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     """A client for ``url``: a ``RedisCluster`` when the server has cluster mode
     on, else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)

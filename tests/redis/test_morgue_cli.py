@@ -14,6 +14,8 @@ import pty
 import select
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -711,6 +713,47 @@ def test_only_the_confirmed_jobs_change(r, url, queue_name):
     assert_replayed(r, queue_name, "JOB005", "tenant-a")
     assert_still_dead(r, queue_name, "JOB050")
     assert r.zscore(keys.lane_pending("tenant-a"), "JOB004") is None  # not moved twice
+
+
+def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_name):
+    """redis-py resends a command after a timeout; a replay whose first call was
+    only slow would then run twice and report its own moves as jobs that
+    "left the morgue". A change is sent once: a timeout is reported as an
+    outcome the engineer must check, and the call that did run is the only one."""
+    standard_morgue(r, queue_name)
+    keys = QueueKeys(queue_name)
+    busy_s, timeout_s = 1.5, 1.0  # a resend (at ~1.0 s) would be answered at ~1.5 s
+    busy = "local t = redis.call('TIME') local stop = t[1] + t[2] / 1e6 + ARGV[1] " \
+           "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 >= stop"
+
+    def evalsha_calls() -> int:
+        return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    sent = {}
+    other = redis_server.client()
+    worker = threading.Thread(target=other.eval, args=(busy, 0, busy_s))
+
+    def meanwhile():
+        # another client's long script: the server runs ours only after it
+        sent["before"] = evalsha_calls()
+        worker.start()
+        time.sleep(0.1)
+
+    out, err = io.StringIO(), io.StringIO()
+    code = morgue_cli.run(
+        _args("replay", "--redis-url", f"{url}?socket_timeout={timeout_s}", "--queue", queue_name,
+              "--lane", "tenant-a"),
+        stdin=AnswerAfter("y\n", meanwhile), stdout=out, stderr=err,
+    )
+    worker.join()
+    other.close()
+    assert code == 3, err.getvalue() + out.getvalue()
+    assert "got no answer in time" in err.getvalue() and "may have been partly applied" in err.getvalue()
+    assert r.ping()  # the call that was sent has run by now
+    assert evalsha_calls() - sent["before"] == 1
+    for job_id in ("JOB003", "JOB004", "JOB005"):
+        assert_replayed(r, queue_name, job_id, "tenant-a")
+    assert r.zcard(keys.dead) == 3
 
 
 # ------------------------------------------------------------------ cluster

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 
 import pytest
 import redis
@@ -350,6 +352,46 @@ def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, 
     [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning" and "could not be read" in message and "UnicodeDecodeError" in message
     assert [e[2] for e in ctl.recorder.events].count("Replayed") == 1
+
+
+def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_server, r, queue_name):
+    """The first call's answer does not come within the timeout, yet the script
+    runs: neither redis-py (which resends after a timeout) nor the next refresh
+    may run the replay again on what has died since."""
+    from stalledpolicy.engine import morgue_replay
+
+    secrets = {("ns", "creds"): {"url": b64(f"{redis_server.url}?socket_timeout=1")}}
+    keys = QueueKeys(queue_name)
+    dead_letter(r, queue_name, "JOB0001")
+    other = redis_server.client()
+    busy = threading.Thread(target=other.eval, args=(
+        "local t = redis.call('TIME') local stop = t[1] + t[2] / 1e6 + ARGV[1] "
+        "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 >= stop", 0, 1.5))
+    runs = []
+
+    def replay_behind_a_long_script(client, queue, lane=None, progress=None):
+        runs.append(queue)
+        busy.start()  # another client's script: ours runs after it, 0.5 s past our timeout
+        time.sleep(0.1)
+        return morgue_replay(client, queue, lane=lane, progress=progress)
+
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
+    ctl.replay_fn = replay_behind_a_long_script
+    try:
+        ctl.refresh(("ns", "p"))
+        busy.join()
+        dead_letter(r, queue_name, "JOB0002")  # died after the token was acted on
+        ctl.refresh(("ns", "p"))
+    finally:
+        ctl.stop()
+        other.close()
+    assert runs == [queue_name], "the replay ran again"
+    assert r.zscore(keys.pending, "JOB0001") is not None, "the one call sent did run"
+    assert r.zscore(keys.dead, "JOB0002") is not None
+    last = next(p["lastReplay"] for p in reversed(ctl.custom.patches) if "lastReplay" in p)
+    assert last["token"] == "t1" and last["replayed"] is None
+    [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
+    assert kind == "Warning" and "no answer" in message and "TimeoutError" in message
 
 
 def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_server, r, queue_name):

@@ -13,7 +13,8 @@ and reports that replay instead of running it again on what has died since.
 Job ids and errors are bytes to Redis, not always UTF-8: the replay runs on a
 bytes client (the engine decodes with ``errors="replace"``), and a reply that
 still cannot be read serves the token all the same (the script has run: the
-jobs moved), with the count left unknown and a warning saying so.
+jobs moved), with the count left unknown and a warning saying so. So does a
+call that got no answer in time: it may have run, and it is never sent again.
 """
 
 from __future__ import annotations
@@ -83,15 +84,21 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
         import redis
 
         if isinstance(exc, (redis.RedisError, OSError)):
-            if not moved:
-                raise  # refused, or Redis unreachable before anything moved: retried on the next refresh
+            if not moved and not _may_have_run(exc):
+                raise  # refused before anything moved: retried on the next refresh
             # Stopped half-way: running it again would also replay jobs that
             # died since the token was given, so the token is served with what
             # moved (at least that many: the failed call may have run too).
-            record["replayed"] = moved[-1]
-            warning = (f"the replay of queue {queue} stopped after {moved[-1]} jobs "
-                       f"({type(exc).__name__}); annotate the policy again with a new value "
-                       "to replay the rest")
+            if moved:
+                record["replayed"] = moved[-1]
+                warning = (f"the replay of queue {queue} stopped after {moved[-1]} jobs "
+                           f"({type(exc).__name__}); annotate the policy again with a new value "
+                           "to replay the rest")
+            else:
+                # ``replayed`` stays null: unknown
+                warning = (f"the replay of queue {queue} got no answer from Redis ({type(exc).__name__}): "
+                           "it may have run; `stalledpolicy morgue stats` shows what is left, and a new "
+                           "annotation value replays it")
             try:
                 _store(client, record_key, record)
             except (redis.RedisError, OSError):
@@ -104,6 +111,22 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
                    "`stalledpolicy morgue stats` shows what is left")
     _store(client, record_key, record)
     return record, warning
+
+
+def _may_have_run(exc: BaseException) -> bool:
+    """Whether a script call that failed this way may have run on the server.
+
+    The call is made on a connection that has just answered (the record was
+    read), and it is never resent (``redis_url.single_attempt``): a timeout or
+    a connection lost while waiting means the script was sent and may have run.
+    A server still loading its data refused it."""
+    import socket
+
+    import redis
+
+    if isinstance(exc, redis.BusyLoadingError):
+        return False
+    return isinstance(exc, (redis.TimeoutError, redis.ConnectionError, socket.timeout, ConnectionError))
 
 
 def _store(client: Any, record_key: str, record: dict) -> None:

@@ -341,11 +341,12 @@ class Controller:
     def _replay_client(self, url: str):
         """A bytes client for one replay (replays are rare): job ids and errors
         need not be UTF-8, and a decoding client fails on the reply after the
-        script has moved the jobs."""
-        from stalledpolicy.redis_url import connect
+        script has moved the jobs. Never resent: a replay that answered late
+        would otherwise report its own moves as done by someone else."""
+        from stalledpolicy.redis_url import connect, single_attempt
 
         timeout = self.config.redis_timeout
-        return connect(url, decode_responses=False, socket_timeout=timeout,
+        return connect(url, retry=single_attempt(), decode_responses=False, socket_timeout=timeout,
                        socket_connect_timeout=timeout)
 
     def _maybe_replay(self, state: PolicyState, client, url: str, spec, snapshot, now):

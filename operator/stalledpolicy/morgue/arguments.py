@@ -35,7 +35,8 @@ exit codes:
        range, or a change refused because stdin is not a terminal and --yes
        was not given
   3    Redis unreachable or refused our credentials (or the connection was
-       lost during the operation)
+       lost, or no answer came in time, during the operation: a change is
+       never sent twice, so check what it did with stats and list)
   4    aborted at the confirmation prompt (nothing changed)
   130  interrupted (Ctrl-C)
 

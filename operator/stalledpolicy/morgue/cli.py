@@ -19,7 +19,7 @@ from stalledpolicy.morgue.exit_codes import (
     EXIT_USAGE,
 )
 from stalledpolicy.morgue.views import show_list, show_stats
-from stalledpolicy.redis_url import connect, redact_url, scrub, unreachable_errors
+from stalledpolicy.redis_url import connect, redact_url, scrub, single_attempt, unreachable_errors
 from stalledpolicy.streams import discard
 
 __all__ = ["add_arguments", "run"]
@@ -32,7 +32,7 @@ SOCKET_TIMEOUT_S = 30.0
 READ_ONLY_ACTIONS = {"stats": show_stats, "list": show_list}
 
 
-def open_client(url: str) -> Any:
+def open_client(url: str, *, changing: bool = False) -> Any:
     """A decoded client for ``url`` (a RedisCluster on a cluster node).
 
     Job ids, lanes and errors are written by other programs and need not be
@@ -44,9 +44,10 @@ def open_client(url: str) -> Any:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    # One quick retry replaces a stale pooled connection; an on-call engineer
-    # facing an outage wants exit 3 now, not after a backoff schedule.
-    return connect(url, retry=Retry(NoBackoff(), 1), decode_responses=True,
+    # A read gets one quick retry (an on-call engineer facing an outage wants
+    # exit 3 now, not after a backoff schedule); a change is never sent twice.
+    retry = single_attempt() if changing else Retry(NoBackoff(), 1)
+    return connect(url, retry=retry, decode_responses=True,
                    encoding_errors="surrogateescape",
                    socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     where = redact_url(url)
     client = None
     try:
-        client = open_client(url)
+        client = open_client(url, changing=changing)
         if not changing:
             return READ_ONLY_ACTIONS[args.morgue_action](client, args, engine, out)
         return run_change(client, args, selection, engine, out, err, stdin)
@@ -101,9 +102,11 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         if client is None:
             err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
         else:
-            err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+            lost = "got no answer in time from" if isinstance(exc, TimeoutError | redis.TimeoutError) \
+                else "lost the connection to"
+            err.write(f"{prog}: {lost} Redis at {where}: {reason}\n")
             if changing and not args.dry_run:
-                err.write("the change may have been partly applied; check with "
+                err.write("the change may have been partly applied (it is not sent twice); check with "
                           "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
