@@ -157,6 +157,21 @@ def test_missing_secret_then_created(world):
     assert "RedisReachable" in [e[2] for e in recorder.events]
 
 
+def test_the_secret_digest_follows_the_url_the_sweeper_uses(world, redis_server):
+    """Only a new URL rolls the sweeper: a value saved again with a trailing
+    newline (``echo url | kubectl create secret ... --from-file``) is the same URL."""
+    ctl, _, _, _, secrets = world
+    ref = {"name": "creds"}
+    digest = ctl.secret_digest("ns", ref)
+    assert digest is not None and redis_server.url.split("//")[-1] not in digest
+    secrets[("ns", "creds")] = {"url": b64(redis_server.url + "\n")}
+    assert ctl.secret_digest("ns", ref) == digest
+    secrets[("ns", "creds")] = {"url": b64(redis_server.url.replace("127.0.0.1", "localhost"))}
+    assert ctl.secret_digest("ns", ref) not in (digest, None)
+    secrets[("ns", "creds")] = {"url": b64("http://not-redis")}
+    assert ctl.secret_digest("ns", ref) is None  # not usable: the pods keep what they have
+
+
 def test_unreachable_redis_is_a_condition_and_an_event_never_a_password(world):
     ctl, sink, recorder, _, secrets = world
     ctl.refresh(("ns", "p"))

@@ -50,13 +50,13 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     return base64.b64decode(secret_data[key]).decode("utf-8").strip()
 
 
-def secret_value_digest(namespace: str, name: str, key: str, encoded: str | None) -> str | None:
-    """A digest of one Secret value (its base64 text as in ``data``) for the sweeper's
-    pod template: it changes when that value does, and shows nothing of it (salted
-    with the Secret's namespace, name and key, so equal values of two Secrets differ)."""
-    if not encoded:
-        return None
-    salted = f"{namespace}\0{name}\0{key}\0{encoded}".encode()
+def secret_value_digest(namespace: str, name: str, key: str, url: str) -> str:
+    """A digest of the URL one Secret value holds (decoded and stripped, as the
+    sweeper uses it: a trailing newline added by an edit rolls nothing) for the
+    sweeper's pod template: it changes when that URL does, and shows nothing of it
+    (salted with the Secret's namespace, name and key, so equal values of two
+    Secrets differ)."""
+    salted = f"{namespace}\0{name}\0{key}\0{url}".encode()
     return hashlib.sha256(salted).hexdigest()[:16]
 
 

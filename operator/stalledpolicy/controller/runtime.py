@@ -218,12 +218,10 @@ class Controller:
         when that value is no usable Redis URL now (Secret missing or unreadable,
         key missing, not a Redis URL): the caller keeps what the pods have."""
         try:
-            resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
-            data = self.secrets.get(namespace, ref["name"])
+            url = resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
         except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
             return None
-        key = ref.get("key") or "url"
-        return secret_value_digest(namespace, ref["name"], key, (data or {}).get(key))
+        return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url)
 
     # -- the status loop -------------------------------------------------------
     def refresh(self, key: PolicyKey) -> float | None:
