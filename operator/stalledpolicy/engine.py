@@ -252,8 +252,11 @@ class DeadJob:
 @dataclass
 class MorgueStats:
     size: int
-    lanes: dict[str, int]  # lane -> dead jobs; "" = flat jobs and rows without a lane
+    lanes: dict[str, int]  # lane -> dead jobs; "" = flat jobs
     oldest_dead_at_ms: int | None
+    #: entries whose job row is missing or not a hash: no lane is known, so a
+    #: ``--lane`` (flat included) never selects them; ``--id`` or ``--all`` does
+    unreadable: int = 0
 
 
 @dataclass
@@ -328,18 +331,25 @@ def morgue_stats(client: Any, queue: str) -> MorgueStats:
     """Size, dead jobs per lane and the oldest time of death (bounded calls)."""
     keys = QueueKeys(queue)
     lanes: dict[str, int] = {}
+    unreadable = 0
     oldest: int | None = None
     for job in _scan_all(client, keys):
+        if job.problem:
+            unreadable += 1
+            continue
         name = job.lane or ""
         lanes[name] = lanes.get(name, 0) + 1
         if job.dead_at_ms is not None and (oldest is None or job.dead_at_ms < oldest):
             oldest = job.dead_at_ms
-    return MorgueStats(size=int(client.zcard(keys.dead)), lanes=lanes, oldest_dead_at_ms=oldest)
+    return MorgueStats(size=int(client.zcard(keys.dead)), lanes=lanes, oldest_dead_at_ms=oldest,
+                       unreadable=unreadable)
 
 
 def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int = 100,
                 offset: int = 0) -> list[DeadJob]:
-    """A page of the morgue in id (= mint) order; ``lane=""`` selects flat jobs."""
+    """A page of the morgue in id (= mint) order; ``lane=""`` selects flat jobs
+    (as replay and purge do: an entry whose row is missing or not a hash has
+    no lane, flat or other)."""
     _check_positive("limit", limit)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
@@ -356,7 +366,7 @@ def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int 
         return page
     skipped = 0
     for job in _scan_all(client, keys):
-        if (job.lane or "") != lane:
+        if job.problem or (job.lane or "") != lane:
             continue
         if skipped < offset:
             skipped += 1

@@ -484,6 +484,22 @@ def test_a_lane_replay_says_nothing_of_rows_that_have_no_lane(r, url, queue_name
     assert r.zrange(keys.dead, 0, -1) == ["JOB002", "JOB003"]
 
 
+def test_stats_and_a_flat_list_count_rows_without_a_lane_apart(r, url, queue_name):
+    """What `--lane ''` lists and counts is what replay and purge `--lane ''` select."""
+    laneless_morgue(r, queue_name)
+    bury(r, queue_name, "JOB004")  # flat
+    doc = json.loads(morgue(url, "stats", "--queue", queue_name, "-o", "json").stdout)
+    assert (doc["size"], doc["lanes"], doc["unreadable"]) == (4, {"imports": 1, "": 1}, 2)
+    result = morgue(url, "stats", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    assert "unreadable rows" in result.stdout and "2 (missing or not a hash" in result.stdout
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert [job["id"] for job in json.loads(result.stdout)["jobs"]] == ["JOB004"]
+    preview = morgue(url, "replay", "--queue", queue_name, "--lane", "", "--dry-run", "-o", "json")
+    assert json.loads(preview.stdout)["ids"] == ["JOB004"]
+
+
 def test_rows_that_cannot_be_replayed_stay_and_are_explained(r, url, queue_name):
     keys = QueueKeys(queue_name)
     bury(r, queue_name, "JOB001")

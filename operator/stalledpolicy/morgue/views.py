@@ -39,14 +39,17 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
             "oldest_dead_at_ms": stats.oldest_dead_at_ms,
             "oldest_dead_at": iso_time(stats.oldest_dead_at_ms),
             "oldest_age_s": oldest_age,
+            "unreadable": stats.unreadable,
         }, out)
         return EXIT_OK
     oldest = "-" if oldest_age is None else (
         f"{tables.format_age(oldest_age)} ({iso_time(stats.oldest_dead_at_ms)})"
     )
-    out.write(tables.render_pairs([
-        ("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest),
-    ]) + "\n")
+    pairs: list[tuple[str, Any]] = [("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest)]
+    if stats.unreadable:
+        pairs.append(("unreadable rows", f"{stats.unreadable} (missing or not a hash: in no lane; "
+                                         "`list` shows them, `purge --id` removes them)"))
+    out.write(tables.render_pairs(pairs) + "\n")
     if stats.lanes:
         out.write("\n" + tables.render_table(("LANE", "DEAD"), lane_rows(stats.lanes), right=("DEAD",)) + "\n")
     return EXIT_OK
