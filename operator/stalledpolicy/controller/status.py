@@ -125,23 +125,24 @@ def redis_condition(problem: Problem | None) -> Condition:
 
 
 # RedisReachable reasons that a person must fix in the policy or its Secret (or
-# the operator's RBAC): they explain a sweeper that cannot start as well, so
-# Ready shows them before any rollout reason.
+# the operator's RBAC), as opposed to an outage that passes.
 CONFIGURATION_REASONS = frozenset({
     "SecretNotFound", "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL", "InvalidSpec"})
 
 
 def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
     """Ready's reason is the most telling failure: the reconcile's own (NameConflict,
-    ApplyFailed, InvalidSpec), then a configuration problem, then the sweeper's
-    rollout, then Redis being unreachable."""
+    ApplyFailed, InvalidSpec), then Redis (a configuration problem, or Redis being
+    unreachable: a sweeper reports ready only while it reaches Redis, so an
+    outage would otherwise read as a rollout that does not finish), then the
+    sweeper's rollout."""
     if not outcome.ok:
         return Condition(FALSE, outcome.reason, outcome.message)
-    if redis.status != TRUE and redis.reason in CONFIGURATION_REASONS:
-        return Condition(FALSE, redis.reason, redis.message)
-    for condition in (sweeper, redis):
-        if condition.status != TRUE:
-            return Condition(FALSE, condition.reason, condition.message)
+    if redis.status != TRUE:
+        also = "" if sweeper.status == TRUE else f"; sweeper: {sweeper.message}"
+        return Condition(FALSE, redis.reason, redis.message + also)
+    if sweeper.status != TRUE:
+        return Condition(FALSE, sweeper.reason, sweeper.message)
     if sweeper.reason == "Suspended":
         return Condition(TRUE, "Suspended", "the policy is suspended; Redis is reachable")
     return Condition(TRUE, "Ready", "the sweeper is available and Redis is reachable")
