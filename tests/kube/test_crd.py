@@ -183,6 +183,7 @@ def test_a_full_policy_is_accepted_as_written(crd_installed, objects, kube_names
             "nodeSelector": {"pool": "queues"},
             "tolerations": [{"key": "queues", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}],
             "priorityClassName": "queue-critical",
+            "imagePullSecrets": [{"name": "registry-credentials"}, {"name": "mirror.example"}],
         },
     }
     assert create(objects, kube_namespace, spec)["spec"] == spec
@@ -229,6 +230,19 @@ REFUSED = [
         (with_(redis={"secretRef": {"name": "Bad_Name"}}), ["spec.redis.secretRef.name"]),
         (with_(sweeper={"replicas": -1}), ["spec.sweeper.replicas", "greater than or equal to 0"]),
         (with_(sweeper={"tolerations": [{"operator": "Maybe"}]}), ["spec.sweeper.tolerations[0].operator", "Exists"]),
+        (
+            with_(sweeper={"imagePullSecrets": [{"name": "Registry_Credentials"}]}),
+            ["spec.sweeper.imagePullSecrets[0].name", "imagePullSecrets name must be a Secret name"],
+        ),
+        (with_(sweeper={"imagePullSecrets": [{}]}), ["spec.sweeper.imagePullSecrets[0].name", "Required value"]),
+        (
+            with_(sweeper={"imagePullSecrets": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}),
+            ["spec.sweeper.imagePullSecrets[2]", "Duplicate value"],
+        ),
+        (
+            with_(sweeper={"imagePullSecrets": [{"name": f"s{i}"} for i in range(17)]}),
+            ["spec.sweeper.imagePullSecrets", "must have at most 16 items"],
+        ),
 ]
 
 
@@ -352,6 +366,7 @@ def test_kubectl_explain_reaches_nested_fields(crd_installed, control_plane):
     assert "overriding spec.maxStalled" in explain(control_plane, "stalledpolicy.spec.lanes.maxStalled")
     assert "never copied into the Deployment" in explain(control_plane, "stalledpolicy.spec.redis")
     assert "morgue" in explain(control_plane, "stalledpolicy.status.deadLetters")
+    assert "private registry" in explain(control_plane, "stalledpolicy.spec.sweeper.imagePullSecrets")
 
 
 # --- status subresource and printer columns -----------------------------------------
@@ -456,7 +471,9 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
 ):
     apps = client.AppsV1Api(kube_api)
     created = create(objects, kube_namespace, with_(redis={"secretRef": {"name": "emails-redis", "key": "url"}},
-                                                   lanes=[{"name": "imports", "maxStalled": 1}]), name="emails")
+                                                   lanes=[{"name": "imports", "maxStalled": 1}],
+                                                   sweeper={"imagePullSecrets": [{"name": "registry-credentials"}]}),
+                     name="emails")
     uid = created["metadata"]["uid"]
 
     def built(raw_spec, generation):
@@ -486,6 +503,16 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
     old_hash = first.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
     assert changed.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION] != old_hash
     assert {e.name: e.value for e in changed.spec.template.spec.containers[0].env}["STALLEDPOLICY_MAX_STALLED"] == "4"
+    assert [s.name for s in changed.spec.template.spec.image_pull_secrets] == ["registry-credentials"]
+
+    # Dropping the pull Secrets from the policy drops them from the pods (server-side apply
+    # removes what the operator set before and no longer sets).
+    unpulled = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails",
+                                                      {"spec": {"sweeper": {"imagePullSecrets": None}}})
+    assert "imagePullSecrets" not in unpulled["spec"].get("sweeper", {})
+    dropped = apply_deployment(apps, built(unpulled["spec"], unpulled["metadata"]["generation"]))
+    assert not dropped.spec.template.spec.image_pull_secrets
+    assert dropped.metadata.generation == changed.metadata.generation + 1
 
     suspended = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails", {"spec": {"suspend": True}})
     assert apply_deployment(apps, built(suspended["spec"], suspended["metadata"]["generation"])).spec.replicas == 0

@@ -211,6 +211,8 @@ def test_the_default_digest_is_the_lua_loaders():
         ({}, {"suspend": True}),
         ({}, {"sweeper": {"replicas": 3}}),
         ({}, {"sweeper": {"image": "other:1"}}),
+        # Shown in the template itself: a change rolls the pods without the hash.
+        ({}, {"sweeper": {"imagePullSecrets": [{"name": "registry-credentials"}]}}),
     ],
 )
 def test_the_config_hash_ignores_what_is_not_sweep_config(kwargs, changes):
@@ -301,8 +303,28 @@ def test_without_overrides_the_default_image_and_modest_resources():
     deployment = build()
     assert container(deployment)["image"] == "ghcr.io/stalledpolicy/stalledpolicy-operator:0.1.0"
     assert container(deployment)["resources"]["requests"]
-    for key in ("nodeSelector", "tolerations", "priorityClassName"):
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
         assert key not in pod(deployment)
+
+
+def test_image_pull_secrets_reach_the_pod_in_order():
+    deployment = build(spec_of(sweeper={"imagePullSecrets": [{"name": "registry-credentials"}, {"name": "mirror.example"}]}))
+    assert pod(deployment)["imagePullSecrets"] == [{"name": "registry-credentials"}, {"name": "mirror.example"}]
+
+
+def test_no_image_pull_secrets_leave_the_template_as_it_was():
+    # No empty list on the pod: a policy without them (or with []) gets the
+    # same Deployment as before the field existed, so an upgrade rolls nothing.
+    assert build(spec_of(sweeper={"imagePullSecrets": []})) == build(spec_of(sweeper={})) == build()
+
+
+def test_a_change_of_image_pull_secrets_rolls_the_pods():
+    # The Deployment controller rolls on any change of the pod template.
+    one = build(spec_of(sweeper={"imagePullSecrets": [{"name": "registry-a"}]}))
+    two = build(spec_of(sweeper={"imagePullSecrets": [{"name": "registry-b"}]}))
+    assert one["spec"]["template"] != two["spec"]["template"] != build()["spec"]["template"]
+    assert {k: v for k, v in one["spec"].items() if k != "template"} == {
+        k: v for k, v in two["spec"].items() if k != "template"}
 
 
 def test_the_object_is_plain_json():

@@ -56,6 +56,7 @@ def test_defaults_match_the_documented_ones():
     assert spec.suspend is False
     assert spec.lanes == []
     assert spec.sweeper.replicas == 1 and spec.sweeper.image is None
+    assert spec.sweeper.image_pull_secrets == []
 
 
 def test_camel_case_and_snake_case_names_are_both_accepted():
@@ -138,6 +139,20 @@ def test_every_example_policy_is_valid(path):
         ({"sweeper": {"tolerations": [{"operator": "Maybe"}]}}, "spec.sweeper.tolerations[0].operator", "Exists"),
         ({"sweeper": {"tolerations": [{"effect": "Sometimes"}]}}, "spec.sweeper.tolerations[0].effect", "NoSchedule"),
         ({"sweeper": {"nodeSelector": {"zone": 1}}}, "spec.sweeper.nodeSelector.zone", "string"),
+        ({"sweeper": {"imagePullSecrets": [{"name": "Bad_Name"}]}}, "spec.sweeper.imagePullSecrets[0].name", "Secret name"),
+        ({"sweeper": {"imagePullSecrets": [{}]}}, "spec.sweeper.imagePullSecrets[0].name", "is required"),
+        ({"sweeper": {"imagePullSecrets": [{"name": ""}]}}, "spec.sweeper.imagePullSecrets[0].name", "must not be empty"),
+        ({"sweeper": {"imagePullSecrets": ["regcred"]}}, "spec.sweeper.imagePullSecrets[0]", "{name} objects"),
+        (
+            {"sweeper": {"imagePullSecrets": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}},
+            "spec.sweeper.imagePullSecrets[2].name",
+            "already listed at imagePullSecrets[0]",
+        ),
+        (
+            {"sweeper": {"imagePullSecrets": [{"name": f"s{i}"} for i in range(17)]}},
+            "spec.sweeper.imagePullSecrets",
+            "at most 16",
+        ),
     ],
 )
 def test_each_bad_field_is_named_in_the_users_words(changes, path, words):
@@ -329,6 +344,11 @@ def test_crd_limits_are_the_model_limits():
     assert lane["name"]["maxLength"] == models.LANE_NAME_MAX_LENGTH
     assert lane["maxStalled"]["minimum"] == props["maxStalled"]["minimum"] == 0
     assert props["sweeper"]["properties"]["replicas"]["maximum"] == models.SWEEPER_REPLICAS_MAX
+    pull_secrets = props["sweeper"]["properties"]["imagePullSecrets"]
+    assert pull_secrets["maxItems"] == models.SWEEPER_PULL_SECRETS_MAX
+    assert pull_secrets["x-kubernetes-list-map-keys"] == ["name"]
+    secret_name = props["redis"]["properties"]["secretRef"]["properties"]["name"]
+    assert pull_secrets["items"]["properties"]["name"]["pattern"] == secret_name["pattern"] == models._DNS_SUBDOMAIN.pattern
 
 
 def test_every_crd_field_has_a_description():

@@ -13,7 +13,9 @@ the Lua scripts' digest and a digest of the referenced Secret value (computed
 by the caller, also shown in :data:`SECRET_DIGEST_ANNOTATION`). Any change
 to the budget, lanes, interval, the scripts or the Secret (a rotated password)
 changes the template and so rolls the pods; replicas, suspend and metadata do
-not.
+not. What the template shows itself (image, resources, scheduling, image pull
+Secrets) is not hashed: a change of it changes the template directly, which
+rolls the pods just the same.
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ def build_sweeper_deployment(
         pod_spec["tolerations"] = [t.to_k8s() for t in overrides.tolerations]
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [secret.to_k8s() for secret in overrides.image_pull_secrets]
 
     if spec.redis.secret_ref is None:
         secret_digest = None

@@ -63,6 +63,7 @@ QUEUE_MAX_LENGTH = 128
 LANE_NAME_MAX_LENGTH = 128
 MAX_LANES = 256
 SWEEPER_REPLICAS_MAX = 100
+SWEEPER_PULL_SECRETS_MAX = 16
 # Go's duration syntax without "d" (the CRD checks bounds with CEL duration(),
 # which is Go's parser); digit counts bounded so the sum never overflows int64 ns.
 SWEEP_INTERVAL_PATTERN = r"^([0-9]{1,5}(\.[0-9]{1,9})?(ms|s|m|h))+$"
@@ -193,20 +194,20 @@ class LanePolicy(_Model):
     max_stalled: Budget | None = Field(default=None, alias="maxStalled")
 
 
+def _check_secret_name(value: str) -> str:
+    if not _DNS_SUBDOMAIN.fullmatch(value):
+        raise _problem(f"{value!r} is not a Secret name; use lowercase letters, digits, '-' and '.'")
+    return value
+
+
+SecretName = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_check_secret_name)]
+
+
 class SecretKeyRef(_Model):
     """A key of a Secret (in the policy's namespace) holding the Redis URL."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: SecretName
     key: str = Field(default="url", min_length=1, max_length=253)
-
-    @field_validator("name")
-    @classmethod
-    def _dns_name(cls, value: str) -> str:
-        if not _DNS_SUBDOMAIN.fullmatch(value):
-            raise _problem(
-                f"{value!r} is not a Secret name; use lowercase letters, digits, '-' and '.'"
-            )
-        return value
 
     @field_validator("key")
     @classmethod
@@ -246,6 +247,15 @@ class RedisSource(_Model):
                 "(a Secret key holding the URL)"
             )
         return self
+
+
+class PullSecret(_Model):
+    """An image pull Secret of the sweeper pods (a LocalObjectReference, as in a Pod spec)."""
+
+    name: SecretName
+
+    def to_k8s(self) -> dict[str, Any]:
+        return {"name": self.name}
 
 
 class Toleration(_Model):
@@ -294,6 +304,23 @@ class SweeperOverrides(_Model):
     priority_class_name: str | None = Field(
         default=None, alias="priorityClassName", min_length=1, max_length=253
     )
+    image_pull_secrets: list[PullSecret] = Field(
+        default_factory=list, alias="imagePullSecrets", max_length=SWEEPER_PULL_SECRETS_MAX
+    )
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _unique_pull_secrets(cls, secrets: list[PullSecret]) -> list[PullSecret]:
+        first_at: dict[str, int] = {}
+        for index, secret in enumerate(secrets):
+            if secret.name in first_at:
+                raise _problem(
+                    f"Secret {secret.name!r} is already listed at imagePullSecrets[{first_at[secret.name]}]; "
+                    "list each Secret once",
+                    at=(index, "name"),
+                )
+            first_at[secret.name] = index
+        return secrets
 
 
 class StalledPolicySpec(_Model):
@@ -433,6 +460,9 @@ _FIXES = {
     "nodeSelector": "give node labels as a map of strings",
     "tolerations": "give tolerations as in a Pod spec",
     "priorityClassName": "name an existing PriorityClass",
+    "imagePullSecrets": (
+        f"list at most {SWEEPER_PULL_SECRETS_MAX} Secrets of the policy's namespace as {{name}} objects"
+    ),
 }
 _SECRET_FIELDS = {"url"}
 
