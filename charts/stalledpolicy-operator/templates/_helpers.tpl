@@ -83,11 +83,9 @@ tests run with.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# Events on the policies.
+# Events on the policies, core/v1 only (ours and kopf's): created, and patched
+# when a repeat is counted on the same Event. Nothing posts events.k8s.io.
 - apiGroups: [""]
-  resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
 {{- end -}}

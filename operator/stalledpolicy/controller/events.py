@@ -3,14 +3,38 @@
 Posted through the core API from any thread (the status workers are not kopf
 handlers, so kopf's own posting cannot be used there). A failed post is logged
 and dropped: an Event is a courtesy, never a reason to fail a reconcile.
+
+Repeats are folded the way client-go's EventRecorder does it (its correlator):
+
+- the same (policy, type, reason, message) again within ``WINDOW_SECONDS`` of
+  its last occurrence patches the existing Event's ``count``, ``lastTimestamp``
+  and ``message`` instead of creating another object; if that Event is gone
+  (404: expired or deleted) a new one is created;
+- more than ``SIMILAR_MAX`` distinct messages of the same (policy, type, reason)
+  within the window (a poison-job storm posts a ``DeadLettered`` with a new
+  morgue size every refresh) are one Event from the ``SIMILAR_MAX + 1``-th on,
+  its message the latest one prefixed with ``COMBINED_PREFIX``, its count the
+  number of occurrences it stands for.
+
+What is remembered for that (the Event's name and count per key, the distinct
+messages per reason) lives in memory in two LRU caches of ``CACHE_SIZE``
+entries each: a key pushed out, or a restart, only means the next repeat
+creates a new Event. Messages pass ``redact_urls`` (callers scrub already; this
+is the last line) and are cut to ``MESSAGE_MAX`` characters.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import logging
 import socket
-from typing import Any, Mapping
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, VERSION
 
@@ -19,6 +43,12 @@ log = logging.getLogger(__name__)
 NORMAL = "Normal"
 WARNING = "Warning"
 MESSAGE_MAX = 1024
+# client-go's correlator: a repeat within 10 minutes is counted on the same
+# Event; more than 10 distinct messages of one reason in 10 minutes are combined.
+WINDOW_SECONDS = 600.0
+SIMILAR_MAX = 10
+CACHE_SIZE = 4096
+COMBINED_PREFIX = "(combined from similar events): "
 
 
 # Reasons (CamelCase, as kubectl shows them).
@@ -74,12 +104,20 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _message(text: str) -> str:
+    from stalledpolicy.redis_url import redact_urls
+
+    text = redact_urls(text)
+    if len(text) > MESSAGE_MAX:
+        text = text[: MESSAGE_MAX - 3] + "..."
+    return text
+
+
 def build_event(policy: Mapping[str, Any], type_: str, reason: str, message: str,
                 now: str | None = None) -> dict:
     meta = policy.get("metadata") or {}
     stamp = now or _now()
-    if len(message) > MESSAGE_MAX:
-        message = message[: MESSAGE_MAX - 3] + "..."
+    message = _message(message)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -104,19 +142,152 @@ def build_event(policy: Mapping[str, Any], type_: str, reason: str, message: str
     }
 
 
+class _LRU:
+    """A dict bounded to ``size`` entries; the least recently used goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, int(size))
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable) -> Any:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def pop(self, key: Hashable) -> None:
+        self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class _Posted:
+    """The Event a key was last posted as."""
+    name: str
+    count: int
+    seen: float  # clock() of the last occurrence
+
+
+@dataclass
+class _Similar:
+    """Distinct messages (digests) of one (policy, type, reason) in the window."""
+    messages: set
+    seen: float
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
+
+
+def _created_name(response) -> str | None:
+    """The name the API server gave (generateName) from a create's response."""
+    try:
+        data = getattr(response, "data", response)
+        body = json.loads(data) if isinstance(data, (bytes, str)) else data
+        name = (body.get("metadata") or {}).get("name") if isinstance(body, Mapping) else None
+        return name if isinstance(name, str) and name else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 class EventRecorder:
-    def __init__(self, core_api) -> None:
+    """Posts Events on policies, folding repeats (see the module docstring).
+
+    Thread-safe: posts of the same (policy, type, reason) are serialised (so a
+    repeat never races its first post into two Events), others run in parallel.
+    """
+
+    _STRIPES = 32
+
+    def __init__(self, core_api, *, window: float = WINDOW_SECONDS, similar_max: int = SIMILAR_MAX,
+                 cache_size: int = CACHE_SIZE, clock: Callable[[], float] = time.monotonic) -> None:
         self._core = core_api
+        self._window = float(window)
+        self._similar_max = int(similar_max)
+        self._clock = clock
+        self._posted = _LRU(cache_size)    # event key -> _Posted
+        self._similar = _LRU(cache_size)   # (policy, type, reason) -> _Similar
+        self._cache_lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(self._STRIPES)]
+
+    def cached(self) -> tuple[int, int]:
+        """How many Events and how many (policy, type, reason) groups are remembered."""
+        with self._cache_lock:
+            return len(self._posted), len(self._similar)
 
     def post(self, policy: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         event = build_event(policy, type_, reason, message)
         namespace = event["metadata"]["namespace"]
-        try:
-            self._core.create_namespaced_event(namespace, event, _preload_content=False)
-        except Exception as exc:  # noqa: BLE001 - see module docstring
-            log.warning("could not post event", extra={
-                "namespace": namespace, "policy": event["involvedObject"]["name"],
-                "reason": reason, "error": type(exc).__name__})
+        involved = event["involvedObject"]
+        group = (namespace, involved["apiVersion"], involved["kind"], involved["name"],
+                 involved["uid"], type_, reason)
+        with self._stripes[hash(group) % self._STRIPES]:
+            try:
+                self._post(event, group)
+            except Exception as exc:  # noqa: BLE001 - see module docstring
+                log.warning("could not post event", extra={
+                    "namespace": namespace, "policy": involved["name"],
+                    "reason": reason, "error": type(exc).__name__})
+
+    def _key(self, event: dict, group: tuple, now: float) -> Hashable:
+        """The event's key: its own message, or the group's combined Event once
+        more than ``similar_max`` distinct messages came within the window."""
+        digest = _digest(event["message"])
+        with self._cache_lock:
+            similar = self._similar.get(group)
+            if similar is None or now - similar.seen > self._window:
+                similar = _Similar(set(), now)
+            similar.seen = now
+            self._similar.put(group, similar)
+            if digest in similar.messages:
+                return group + (digest,)
+            if len(similar.messages) < self._similar_max:
+                similar.messages.add(digest)
+                return group + (digest,)
+        event["message"] = _message(COMBINED_PREFIX + event["message"])
+        return group + (None,)
+
+    def _post(self, event: dict, group: tuple) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        now = self._clock()
+        key = self._key(event, group, now)
+        namespace = event["metadata"]["namespace"]
+        with self._cache_lock:
+            posted = self._posted.get(key)
+        if posted is not None and now - posted.seen <= self._window:
+            count = posted.count + 1
+            patch = {"count": count, "lastTimestamp": event["lastTimestamp"],
+                     "message": event["message"]}
+            try:
+                response = self._core.patch_namespaced_event(posted.name, namespace, patch,
+                                                             _preload_content=False)
+                getattr(response, "data", None)  # read: the connection goes back to the pool
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                # expired or deleted: forget it, and create it anew below
+                with self._cache_lock:
+                    self._posted.pop(key)
+            else:
+                with self._cache_lock:
+                    self._posted.put(key, _Posted(posted.name, count, now))
+                return
+        response = self._core.create_namespaced_event(namespace, event, _preload_content=False)
+        name = _created_name(response)
+        with self._cache_lock:
+            if name:
+                self._posted.put(key, _Posted(name, 1, now))
+            else:  # no name to patch: the next repeat creates again
+                self._posted.pop(key)
 
 
 class NullRecorder:
