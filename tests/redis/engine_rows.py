@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -142,3 +143,16 @@ def dump(r) -> dict:
             value = r.dump(key)
         state[key] = (kind, value)
     return state
+
+
+@contextlib.contextmanager
+def restricted_user(redis_server, r, name, *rules):
+    """A client logged in as a Redis user with every key, channel and command
+    but what ``rules`` (ACL SETUSER's, applied after those) take away."""
+    r.execute_command("ACL", "SETUSER", name, "reset", "on", "nopass", "~*", "&*", "+@all", *rules)
+    client = redis_server.client(decode_responses=True, username=name, password="unused")
+    try:
+        yield client
+    finally:
+        client.close()
+        r.acl_deluser(name)

@@ -8,7 +8,7 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, DeadJob
 
-from tests.redis.engine_rows import dump, put_active, put_dead, reclaim, server_ms
+from tests.redis.engine_rows import dump, put_active, put_dead, reclaim, restricted_user, server_ms
 
 pytestmark = pytest.mark.redis
 
@@ -559,3 +559,38 @@ def test_morgue_operations_with_a_bytes_client(r_bytes, keys):
     replay = engine.morgue_replay(r_bytes, keys.queue, ids=["JOB1", "JOB9"])
     assert (replay.ids, replay.lanes, replay.missing) == (["JOB1"], {"g": 1}, ["JOB9"])
     assert engine.morgue_purge(r_bytes, keys.queue).ids == ["JOB2"]
+
+
+# ----------------------------------------------------------------- permissions (ACL)
+
+
+@pytest.mark.parametrize("change", ["replay", "purge"])
+def test_a_user_that_may_not_make_the_change_changes_nothing(redis_server, r, keys, change):
+    """A write refused half-way would leave a job out of the morgue and in no
+    other set (replay) or a row without its entry (purge): asked for first."""
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g", dead_at=1)
+    before = dump(r)
+    rule = "-hdel" if change == "replay" else "-del"
+    with restricted_user(redis_server, r, "no-" + change, rule) as client:
+        with pytest.raises(redis.ResponseError, match=f"EMQNOPERM the Redis user may not run {rule[1:].upper()} "):
+            if change == "replay":
+                engine.morgue_replay(client, keys.queue)
+            else:
+                engine.morgue_purge(client, keys.queue)
+    assert dump(r) == before
+
+
+def test_a_lane_the_user_may_not_write_keeps_its_jobs_in_the_morgue(redis_server, r, keys):
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g")
+    lanes_read_only = ("resetkeys", "%R~*", f"~{keys.prefix}[^g]*", f"~{keys.prefix}ga*", f"~{keys.prefix}gl*")
+    with restricted_user(redis_server, r, "no-lanes", *lanes_read_only) as client:
+        preview = engine.morgue_replay(client, keys.queue, dry_run=True)
+        result = engine.morgue_replay(client, keys.queue)
+    for outcome in (preview, result):
+        assert outcome.ids == ["JOB1"]
+        assert outcome.unreplayable == {"JOB2": f"the Redis user may not write lane {keys.prefix}g:g:pending (ACL)"}
+    assert r.zrange(keys.pending, 0, -1) == ["JOB1"] and morgue_ids(r, keys) == ["JOB2"]
+    assert r.hget(keys.job("JOB2"), "state") == "dead"
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import re
 
 import pytest
@@ -11,7 +12,7 @@ from stalledpolicy import engine
 from stalledpolicy.engine import Budgets
 
 from tests.redis.engine_rows import (
-    EXPIRED, EventTap, echomq_complete, put_active, reclaim, server_ms,
+    EXPIRED, EventTap, echomq_complete, put_active, reclaim, restricted_user, server_ms,
 )
 
 pytestmark = pytest.mark.redis
@@ -649,22 +650,60 @@ def test_problems_are_reported_once_per_drain(r, keys):
     assert len(result.problems) == 1 and result.problems[0].startswith(f"{keys.ring} is a string")
 
 
-def test_an_error_that_is_not_a_wrong_type_still_fails_the_call_after_placing_every_job(redis_server, r, keys):
+def test_a_refused_step_after_the_moves_is_a_problem_not_a_lost_reply(redis_server, r, keys):
     put_active(r, keys, "JOB1", group="g")
     put_active(r, keys, "JOB2")
-    r.acl_setuser("no-lpush", enabled=True, nopass=True, keys=["*"], channels=["*"],
-                  categories=["+@all"], commands=["-lpush"])
-    client = redis_server.client(decode_responses=True, username="no-lpush", password="unused")
-    try:
-        with pytest.raises(redis.ResponseError, match="can.t run this command"):
-            sweep(client, keys, default=2)
-    finally:
-        client.close()
-        r.acl_deluser("no-lpush")
-    # the wake push (the last lane step) was refused: every job is already in its set
+    with restricted_user(redis_server, r, "no-lpush", "-lpush") as client:
+        result = sweep(client, keys, default=2)
+    # the wake push (the last lane step) was refused: every job is already in its
+    # set, and the call answers with its counts and the problem
+    assert result.recovered == 2
+    [problem] = result.problems
+    assert "lane slots, ring and wake were not (all) settled" in problem and "can't run this command" in problem
     assert r.zcard(keys.active) == 0
     assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.pending, 0, -1) == ["JOB2"]
     assert r.lrange(keys.ring, 0, -1) == ["g"]
+    assert r.hget(keys.sweeper_totals, "recovered") == "2"
+
+
+@pytest.mark.parametrize("refusal", [("-hset",), ("-zadd",), ("resetkeys", "%R~*", "~{prefix}[^j]*")],
+                         ids=["no-hset", "no-zadd", "rows-read-only"])
+def test_a_user_that_may_not_write_the_queue_moves_nothing(redis_server, r, keys, refusal):
+    """Refused after the batch left `active`, the call would stop with its jobs in
+    no set: every write is asked for first, on the real keys."""
+    refusal = [rule.format(prefix=keys.prefix) for rule in refusal]
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2")
+    before = {key: r.dump(key) for key in r.keys("*")}
+    with restricted_user(redis_server, r, "read-mostly", *refusal) as client:
+        with pytest.raises(redis.ResponseError, match="EMQNOPERM the Redis user may not run .*nothing was moved"):
+            sweep(client, keys, default=2)
+    assert {key: r.dump(key) for key in r.keys("*")} == before
+
+
+def test_a_lane_the_user_may_not_write_sends_its_jobs_to_the_morgue(redis_server, r, keys):
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2")
+    lanes_read_only = ("resetkeys", "%R~*", f"~{keys.prefix}[^g]*", f"~{keys.prefix}ga*", f"~{keys.prefix}gl*")
+    with restricted_user(redis_server, r, "no-lanes", *lanes_read_only) as client:
+        result = sweep(client, keys, default=5)
+    assert (result.recovered, result.quarantined) == (1, 1)
+    assert r.zrange(keys.pending, 0, -1) == ["JOB2"] and r.zrange(keys.dead, 0, -1) == ["JOB1"]
+    reason = r.hget(keys.job("JOB1"), "last_error")
+    assert reason.startswith(f"lane {keys.prefix}g:g:pending refused the job: ") and "can't access" in reason
+
+
+def test_without_the_events_channel_the_jobs_still_move(redis_server, r, keys):
+    """Redis 7 gives a new user no channel (acl-pubsub-default resetchannels):
+    the events are fire-and-forget, the recovery is not."""
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", stalled=1)
+    with restricted_user(redis_server, r, "no-channels", "resetchannels") as client:
+        result = sweep(client, keys, default=2)
+    assert (result.recovered, result.dead_lettered) == (1, 1)
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.dead, 0, -1) == ["JOB2"]
+    [problem] = result.problems
+    assert f"may not PUBLISH to {keys.events}" in problem and "2 events were not sent" in problem
 
 
 def test_dead_at_is_the_server_clock_in_ms(r, keys):

@@ -22,6 +22,7 @@
 -- @include counters
 -- @include guard
 -- @include morgue_window
+-- @include permitted
 -- @include text
 
 local prefix = ARGV[1]
@@ -35,6 +36,11 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local now_s = string.format('%d', now)
 
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[6], tonumber(ARGV[7]), 8)
+if not dry and #candidates > 0 then
+  local id, row = candidates[1], prefix .. 'job:' .. candidates[1]
+  local refusal = refused({{'ZREM', KEYS[1], id}, {'DEL', row}, {'HSET', row, 'dead_at', now_s}})
+  if refusal then return no_permission(prefix, refusal, 'nothing was purged or dated') end
+end
 
 local purged = {}
 local kept = {}

@@ -20,6 +20,7 @@
 -- @include guard
 -- @include lanes
 -- @include morgue_window
+-- @include permitted
 -- @include text
 
 local prefix = ARGV[1]
@@ -45,12 +46,20 @@ local function lane_refusal(g)
     lane_problem[g] = ''
     if kind ~= 'none' and kind ~= 'zset' then
       lane_problem[g] = lane_type_problem(prefix, g, kind)
+    elseif refused({{'ZADD', lane, '0', 'x'}}) then
+      lane_problem[g] = 'the Redis user may not write lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending (ACL)'
     end
   end
   return lane_problem[g]
 end
 
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[5], tonumber(ARGV[6]), 8)
+if not dry and #candidates > 0 then
+  local id, row = candidates[1], prefix .. 'job:' .. candidates[1]
+  local refusal = refused({{'ZREM', KEYS[1], id}, {'HSET', row, 'state', 'pending'}, {'HDEL', row, 'stalled'},
+    {'ZADD', KEYS[2], '0', id}})
+  if refusal then return no_permission(prefix, refusal, 'nothing was replayed') end
+end
 
 local replayed = {}
 local refused = {}

@@ -19,6 +19,7 @@
 -- @include counters
 -- @include guard
 -- @include lanes
+-- @include permitted
 -- @include text
 
 local prefix = ARGV[1]
@@ -55,6 +56,19 @@ for _, dest in ipairs({KEYS[2], KEYS[3]}) do
     return redis.error_reply('EMQWRONGTYPE ' .. dest .. ' is a ' .. kind .. ', not a sorted set: '
       .. 'nothing was moved; repair or delete that key (EchoMQ cannot use it either)')
   end
+end
+
+local first_row = prefix .. 'job:' .. expired[1]
+local refusal = refused({{'ZREM', KEYS[1], expired[1]}, {'ZADD', KEYS[2], '0', expired[1]},
+  {'ZADD', KEYS[3], '0', expired[1]}, {'HSET', first_row, 'state', 'dead'},
+  {'HINCRBY', first_row, 'attempts', '1'}})
+if refusal then return no_permission(prefix, refusal, 'nothing was moved') end
+-- Events are fire-and-forget (the contract): without the channel the jobs
+-- still move, and the call reports the events it could not send.
+local can_publish = refused({{'PUBLISH', channel, ''}}) == nil
+local unsent = 0
+local function announce(event)
+  if can_publish then redis.call('PUBLISH', channel, event) else unsent = unsent + 1 end
 end
 
 variadic('ZREM', KEYS[1], expired, false)
@@ -104,8 +118,7 @@ local function quarantine(id, row, g, problem, fence)
   if g then touch(g) end
   to_dead[#to_dead + 1] = id
   quarantined = quarantined + 1
-  redis.call('PUBLISH', channel,
-    '{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
+  announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
 end
 
 -- A stray lease: the row says the job waits in pending (or its lane),
@@ -178,8 +191,7 @@ for _, id in ipairs(expired) do
           to_dead[#to_dead + 1] = id
           dead_lettered = dead_lettered + 1
           if g then lane_dead[g] = lane_dead[g] + 1 end
-          redis.call('PUBLISH', channel,
-            '{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
+          announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
         else
           redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'pending', 'attempts', fence)
           if g then
@@ -194,7 +206,7 @@ for _, id in ipairs(expired) do
             to_pending[#to_pending + 1] = id
           end
           recovered = recovered + 1
-          redis.call('PUBLISH', channel, '{"event":"stalled","job":"' .. json_id(id) .. '"}')
+          announce('{"event":"stalled","job":"' .. json_id(id) .. '"}')
         end
       end
     end
@@ -210,13 +222,19 @@ if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 -- morgue instead, quarantined with the reason (a `failed` event follows the
 -- `stalled` one already sent).
 -- (Their rows were fenced when they were recovered.)
-local function lane_refused(g, lane, jobs)
-  local reason = lane_type_problem(prefix, g, redis.call('TYPE', lane).ok)
+local function lane_refused(g, lane, jobs, err)
+  local kind = redis.call('TYPE', lane).ok
+  local reason
+  if kind == 'none' or kind == 'zset' then
+    -- the right type, so the write itself was refused (ACL)
+    reason = 'lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending refused the job: ' .. error_text(err)
+  else
+    reason = lane_type_problem(prefix, g, kind)
+  end
   for _, id in ipairs(jobs) do
     local row = row_prefix .. id
     redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
-    redis.call('PUBLISH', channel,
-      '{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
+    announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
   end
   variadic('ZADD', KEYS[3], jobs, true)
   recovered = recovered - #jobs
@@ -230,7 +248,8 @@ for _, g in ipairs(touched) do
   local jobs = lane_jobs[g]
   if jobs then
     local lane = prefix .. 'g:' .. g .. ':pending'
-    if not pcall(variadic, 'ZADD', lane, jobs, true) then lane_refused(g, lane, jobs) end
+    local ok, err = pcall(variadic, 'ZADD', lane, jobs, true)
+    if not ok then lane_refused(g, lane, jobs, err) end
   end
   if lane_rec[g] > 0 or lane_dead[g] > 0 then
     lanes_out[#lanes_out + 1] = g
@@ -242,6 +261,10 @@ end
 -- Every job is in its set now: a shared key of the wrong type from here on is
 -- reported in problems, never a reason to fail the call (guard).
 local problems = {}
+if unsent > 0 then
+  problems[#problems + 1] = 'the Redis user may not PUBLISH to ' .. channel .. " (ACL): this call's "
+    .. unsent .. ' events were not sent (its jobs moved all the same); grant it &' .. channel
+end
 guarded(problems, {KEYS[5], 'hash', KEYS[7], 'set', KEYS[6], 'hash', KEYS[4], 'list', KEYS[8], 'list'},
   "this call's lane slots, ring and wake were not (all) settled",
   settle_lanes, {prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6],

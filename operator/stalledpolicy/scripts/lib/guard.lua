@@ -5,16 +5,25 @@
 -- interval later and recover one batch per interval. So such a step runs
 -- guarded: when it fails and one of its keys has the wrong type, that key is
 -- named in `problems` (returned to the caller, who reports it) and the call
--- goes on. Any other error is raised as before.
+-- goes on. So does any other error (a command the Redis user may not run):
+-- raised, it would lose the reply just the same.
 --
 --   guarded(problems, keys, consequence, step, ...)
 --
 -- keys         flat list: key, the type it should be ('hash', 'list', ...)
 -- consequence  what was not done, for the report
 -- Returns true when step(...) ran to the end.
+--
+--   error_text(err)   the message of an error pcall caught (a redis.call
+--                     error is a table {err = message})
 
 local A_TYPE = {hash = 'a hash', list = 'a list', set = 'a set', zset = 'a sorted set',
                 string = 'a string', stream = 'a stream'}
+
+local function error_text(err)
+  if type(err) == 'table' and err.err then return err.err end
+  return tostring(err)
+end
 
 local function guarded(problems, keys, consequence, step, ...)
   local ok, err = pcall(step, ...)
@@ -29,6 +38,8 @@ local function guarded(problems, keys, consequence, step, ...)
       named = true
     end
   end
-  if not named then error(err, 0) end -- as raised: no second position prefix
+  if not named then
+    problems[#problems + 1] = consequence .. ' (' .. error_text(err) .. ')'
+  end
   return false
 end
