@@ -306,7 +306,8 @@ def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
     return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
-def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str, count: int) -> tuple[list[DeadJob], str]:
+def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str | bytes, count: int
+          ) -> tuple[list[DeadJob], str | bytes]:
     rows, next_cursor = script("morgue_scan")(client, [keys.dead], [keys.prefix, mode, cursor, count])
     jobs = []
     for raw in rows:
@@ -315,7 +316,7 @@ def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str, count: int) -> t
             id=job_id, lane=group or None, stalled=_int(stalled), attempts=_int(attempts),
             last_error=last_error, dead_at_ms=_int(dead_at), state=state, problem=problem,
         ))
-    return jobs, _text(next_cursor)
+    return jobs, next_cursor  # as sent: a decoded non-UTF-8 id would point elsewhere in `dead`
 
 
 def _scan_all(client: Any, keys: QueueKeys) -> Iterable[DeadJob]:
@@ -399,7 +400,7 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
     result = ReplayResult(replayed=0, ids=[], lanes={}, missing=[])
     dry = "1" if dry_run else "0"
 
-    def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
+    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
         budget = MORGUE_BATCH if limit is None else min(MORGUE_BATCH, limit - result.replayed)
         args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, MORGUE_BATCH, budget, *chunk]
         replayed, refused, missing, next_cursor, problems = script("morgue_replay")(
@@ -413,7 +414,7 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
         result.problems = _union(result.problems, (_text(p) for p in problems))
         if progress is not None:
             progress(result)
-        return _text(next_cursor)
+        return next_cursor  # as sent (see _scan)
 
     if ids is not None:
         wanted = _unique(ids)
@@ -448,7 +449,7 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
     result = PurgeResult(purged=0, ids=[])
     dry = "1" if dry_run else "0"
 
-    def call(mode: str, cursor: str, chunk: Sequence[str]) -> str:
+    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
         purged, kept, missing, undated, next_cursor, problems, undatable = script("morgue_purge")(
             client, [keys.dead, keys.sweeper_totals], args)
@@ -459,7 +460,7 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
         result.undated += int(undated)
         result.undatable += int(undatable)
         result.problems = _union(result.problems, (_text(p) for p in problems))
-        return _text(next_cursor)
+        return next_cursor  # as sent (see _scan)
 
     if ids is not None:
         wanted = _unique(ids)

@@ -548,6 +548,26 @@ def test_purge_refuses_a_negative_age(r, keys):
         engine.morgue_purge(r, keys.queue, older_than_s=-1)
 
 
+@pytest.mark.parametrize("operation", ["stats", "replay", "lane replay", "purge"])
+def test_a_bytes_client_walks_past_ids_that_are_not_utf8(r_bytes, keys, small_batches, operation):
+    """The scan cursor is the last id seen, sent back as it came: decoded, JOB\\xff
+    would become 'JOB\ufffd', which sorts elsewhere (windows skipped, or read for ever)."""
+    ids = [b"JOB1", b"JOB\xe9", b"JOB\xea", b"JOB\xeb", b"JOB\xf0", b"JOB\xff"]
+    for job_id in ids:
+        r_bytes.hset(keys.prefix.encode() + b"job:" + job_id, mapping={"state": "dead", "attempts": "1", "group": "g"})
+        r_bytes.zadd(keys.dead, {job_id: 0})
+    if operation == "stats":
+        assert engine.morgue_stats(r_bytes, keys.queue).lanes == {"g": len(ids)}
+        return
+    if operation == "purge":
+        assert len(engine.morgue_purge(r_bytes, keys.queue).ids) == len(ids)
+    else:
+        result = engine.morgue_replay(r_bytes, keys.queue, lane="g" if operation == "lane replay" else None)
+        assert result.replayed == len(ids)
+        assert sorted(r_bytes.zrange(keys.lane_pending("g"), 0, -1)) == sorted(ids)
+    assert r_bytes.zcard(keys.dead) == 0
+
+
 def test_morgue_operations_with_a_bytes_client(r_bytes, keys):
     r_bytes.hset(keys.job("JOB1"), mapping={"state": "dead", "attempts": "2", "group": "g",
                                             "last_error": "stalled", "dead_at": "7"})
