@@ -564,6 +564,29 @@ def test_a_destination_of_the_wrong_type_refuses_the_call_before_any_write(r, ke
     assert r.hget(keys.job("JOB1"), "state") == "active" and r.hget(keys.job("JOB1"), "stalled") is None
 
 
+@pytest.mark.parametrize("row", ["grouped, in the flat pending", "empty group", "not a hash"])
+def test_a_stray_lease_of_a_job_waiting_in_pending_is_an_orphan(r, keys, row):
+    """The id waits in the flat `pending` and a stale `active` entry names it too:
+    a grouped job put there by EchoMQ's own replay, a row whose group is empty,
+    a row that is not a hash. Counted as a stall, it would sit in two sets (and
+    a grouped one would free a lane slot it does not hold)."""
+    r.hset(keys.gactive, "a", 1)  # the lane's one job in flight, elsewhere
+    r.hset(keys.glimit, "a", 1)
+    if row == "not a hash":
+        r.set(keys.job("JOB9"), "x")
+    else:
+        r.hset(keys.job("JOB9"), mapping={"state": "pending", "attempts": "1", "payload": "{}",
+                                          "group": "a" if row.startswith("grouped") else ""})
+    r.zadd(keys.pending, {"JOB9": 0})
+    r.zadd(keys.active, {"JOB9": EXPIRED})
+    before = {key: r.dump(key) for key in r.keys("*") if key != keys.active}
+    result = sweep(r, keys, default=1)
+    assert (result.orphans, result.recovered, result.dead_lettered, result.quarantined) == (1, 0, 0, 0)
+    assert r.zcard(keys.active) == 0 and r.zrange(keys.pending, 0, -1) == ["JOB9"]
+    after = {key: r.dump(key) for key in r.keys("*") if key not in (keys.active, keys.sweeper_totals)}
+    assert after == before  # no lane slot freed, nothing on the ring, the row untouched
+
+
 @pytest.mark.parametrize("state, where", [("scheduled", "schedule"), ("pending", "lane")])
 def test_a_stray_lease_check_on_a_key_of_the_wrong_type_counts_a_stall(r, keys, state, where):
     key = keys.schedule if where == "schedule" else keys.lane_pending("g")
