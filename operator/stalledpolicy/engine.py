@@ -276,7 +276,8 @@ class PurgeResult:
     purged: int
     ids: list[str]
     missing: list[str] = field(default_factory=list)
-    #: selected ids kept because deleting them could drop a live job (id -> why)
+    #: ids kept and why: deleting them could drop a live job, or (ids given with a
+    #: lane filter) they are not in that lane (id -> why)
     kept: dict[str, str] = field(default_factory=dict)
     #: entries an age purge kept for want of a valid time of death (no ``dead_at``, a
     #: malformed one, or one later than now) whose row exists and is a hash: dated now
