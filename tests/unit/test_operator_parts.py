@@ -416,6 +416,9 @@ class FakeApps:
         self.applied = []
         self.refuse = None
         self.rv = 0
+        # pod template annotations another field manager owns: an apply of ours
+        # leaves them (server-side apply), as `kubectl rollout restart`'s
+        self.foreign_annotations = {}
 
     def read_namespaced_deployment(self, name, namespace, **_):
         if self.stored is None:
@@ -428,16 +431,31 @@ class FakeApps:
             raise self.refuse
         self.applied.append(copy.deepcopy(body))
         generation = int((self.stored or {}).get("metadata", {}).get("generation") or 0)
-        if self.stored is None or self.stored["spec"] != body["spec"]:
+        merged = copy.deepcopy(body)
+        template_meta = merged["spec"]["template"].setdefault("metadata", {})
+        template_meta.setdefault("annotations", {}).update(self.foreign_annotations)
+        if self.stored is None or self.stored["spec"] != merged["spec"]:
             generation += 1
             self.rv += 1
-        self.stored = copy.deepcopy(body)
+        self.stored = merged
         self.stored["metadata"].update(generation=generation, resourceVersion=str(self.rv))
         return Response(self.stored)
 
     def scale_by_hand(self, replicas):
         self.stored["spec"]["replicas"] = replicas
         self.stored["metadata"]["generation"] += 1
+        return copy.deepcopy(self.stored)
+
+    def restart_by_hand(self, at):
+        """`kubectl rollout restart`: a pod template annotation of its own."""
+        self.foreign_annotations["kubectl.kubernetes.io/restartedAt"] = at
+        self.stored["spec"]["template"].setdefault("metadata", {}).setdefault("annotations", {}).update(
+            self.foreign_annotations)
+        self.stored["metadata"]["generation"] += 1
+        self.stored["metadata"]["managedFields"] = [
+            {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+             "time": f"{at}"},
+            {"manager": "kubectl-rollout", "operation": "Update", "time": f"{at}"}]
         return copy.deepcopy(self.stored)
 
 
@@ -718,6 +736,36 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
     state.apply_lock.release()
     worker.join(5)
     assert ("ns", "p") not in ctl.policies, "a forgotten policy's state came back"
+
+
+def test_rollout_restarts_are_not_reverts_and_use_up_no_budget():
+    """`kubectl rollout restart` bumps the generation with a field the operator
+    never sets: the re-apply changes nothing, so it is no revert, and a real
+    `kubectl scale` right after is still reverted."""
+    from stalledpolicy.controller import reconcile as rec
+
+    apps, ctl, body = reconciled_policy()
+    now = [1000.0]
+    for n in range(rec.DRIFT_MAX_REVERTS + 3):
+        rec.revert_drift(ctl, ("ns", "p"), apps.restart_by_hand(f"2026-12-03T00:00:0{n}Z"), clock=lambda: now[0])
+        now[0] += 10
+    names = [e[2] for e in ctl.recorder.events]
+    assert "DriftReverted" not in names and "DriftConflict" not in names
+    assert apps.stored["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
+    rec.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    assert apps.stored["spec"]["replicas"] == 1
+    assert [e[2] for e in ctl.recorder.events] == ["DriftReverted"]
+
+
+def test_the_status_writer_is_not_named_as_the_other_writer():
+    from stalledpolicy.controller.reconcile import other_field_managers
+
+    deployment = {"metadata": {"managedFields": [
+        {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+         "time": "2026-12-03T00:00:09Z"},
+        {"manager": "stalledpolicy-operator", "operation": "Apply", "time": "2026-12-03T00:00:08Z"},
+        {"manager": "kubectl-edit", "operation": "Update", "time": "2026-12-03T00:00:07Z"}]}}
+    assert other_field_managers(deployment) == ["kubectl-edit"]
 
 
 def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():

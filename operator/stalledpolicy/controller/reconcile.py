@@ -285,11 +285,13 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
 
 
 def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
-    """The field managers of the Deployment other than ours, most recent first."""
+    """The field managers of the Deployment's spec and metadata other than ours,
+    most recent first (the status writers, the deployment controller, change no spec)."""
     from stalledpolicy.controller import FIELD_MANAGER
 
     entries = [e for e in (deployment.get("metadata") or {}).get("managedFields") or []
-               if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER]
+               if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER
+               and e.get("subresource") != "status"]
     entries.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
     names: list[str] = []
     for entry in entries:
@@ -299,9 +301,9 @@ def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
 
 
 def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
-    """Count this revert against the policy's budget (under its apply_lock); False
-    (and a DriftConflict Warning, once per conflict) when another writer keeps
-    changing the sweeper."""
+    """Whether the policy's budget allows another revert (under its apply_lock;
+    a revert that happens is counted by the caller); False (and a DriftConflict
+    Warning, once per conflict) when another writer keeps changing the sweeper."""
     if state.drift_conflict:
         if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
             state.drift_last_seen = now
@@ -311,7 +313,6 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     state.drift_last_seen = now
     state.drift_reverts[:] = [t for t in state.drift_reverts if now - t < DRIFT_WINDOW]
     if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
-        state.drift_reverts.append(now)
         return True
     state.drift_conflict = True
     meta = deployment.get("metadata") or {}
@@ -341,14 +342,19 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # policy may be gone (or on its way out).
         if drifted_policy(ctl, deployment) != key or not _current(ctl, key, state):
             return
-        if not _drift_allowed(ctl, state, deployment, clock()):
+        now = clock()
+        if not _drift_allowed(ctl, state, deployment, now):
             return
         meta = deployment.get("metadata") or {}
         seen = int(meta.get("generation") or 0)
         log.info("sweeper Deployment changed outside the policy; re-applying", extra={
             "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
         outcome = _reconcile_again(ctl, key, state.body)
+        # Only an apply that changed the spec reverted something: a change to a
+        # field the operator never sets (`kubectl rollout restart`'s annotation)
+        # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
+            state.drift_reverts.append(now)
             ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
                               f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
                               "the operator re-applied the policy's spec: edit the StalledPolicy instead")
