@@ -395,8 +395,12 @@ def test_a_rotated_secret_rolls_the_sweeper(operator, apis, kube_namespace, redi
     first = wait_for(lambda: read_deployment(apps, kube_namespace, "rotated-sweeper"), "the sweeper")
     before = first.spec.template.metadata.annotations
     digest = before["queues.emq.dev/redis-secret-digest"]
-    assert len(digest) == 16 and digest != core.read_namespaced_secret(
-        "rotating", kube_namespace).metadata.resource_version  # a digest of the value, not the version
+    secret = core.read_namespaced_secret("rotating", kube_namespace)
+    assert len(digest) == 16 and digest != secret.metadata.resource_version  # a digest of the value, not the version
+    # keyed with the Secret's uid: who may only read pods cannot test guesses of the password
+    from stalledpolicy.controller.redis_clients import secret_value_digest
+    assert digest == secret_value_digest(kube_namespace, "rotating", "url", redis_server.url, secret.metadata.uid)
+    assert digest != secret_value_digest(kube_namespace, "rotating", "url", redis_server.url, None)
 
     # A label (say, external-secrets' own) is a new resourceVersion, not a new value: no rollout.
     core.patch_namespaced_secret("rotating", kube_namespace, {"metadata": {"labels": {"synced": "yes"}}})

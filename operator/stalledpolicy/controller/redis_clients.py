@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import threading
 import time
 from dataclasses import dataclass
@@ -50,14 +51,28 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     return base64.b64decode(secret_data[key]).decode("utf-8").strip()
 
 
-def secret_value_digest(namespace: str, name: str, key: str, url: str) -> str:
+class SecretData(dict):
+    """A Secret's ``data``, with the Secret's ``uid`` (None when unknown)."""
+
+    def __init__(self, data: Mapping[str, str], uid: str | None = None) -> None:
+        super().__init__(data)
+        self.uid = uid
+
+
+def secret_value_digest(namespace: str, name: str, key: str, url: str, secret_uid: str | None) -> str:
     """A digest of the URL one Secret value holds (decoded and stripped, as the
     sweeper uses it: a trailing newline added by an edit rolls nothing) for the
-    sweeper's pod template: it changes when that URL does, and shows nothing of it
-    (salted with the Secret's namespace, name and key, so equal values of two
-    Secrets differ)."""
+    sweeper's pod template: it changes when that URL does, and shows nothing of it.
+
+    Anyone who may read pods sees it, far more people than may read the Secret:
+    keyed with the Secret's uid (known to those who may read the Secret anyway),
+    a weak password cannot be guessed from it offline. Salted with the Secret's
+    namespace, name and key, so equal values of two Secrets differ; a Secret
+    deleted and created again (a new uid) rolls the pods once."""
     salted = f"{namespace}\0{name}\0{key}\0{url}".encode()
-    return hashlib.sha256(salted).hexdigest()[:16]
+    if secret_uid is None:
+        return hashlib.sha256(salted).hexdigest()[:16]
+    return hmac.new(secret_uid.encode(), salted, hashlib.sha256).hexdigest()[:16]
 
 
 @dataclass

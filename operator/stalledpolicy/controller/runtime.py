@@ -219,9 +219,11 @@ class Controller:
         key missing, not a Redis URL): the caller keeps what the pods have."""
         try:
             url = resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
+            secret = self.secrets.get(namespace, ref["name"])  # cached by resolve_url's read
         except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
             return None
-        return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url)
+        return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url,
+                                   getattr(secret, "uid", None))
 
     # -- the status loop -------------------------------------------------------
     def refresh(self, key: PolicyKey) -> float | None:

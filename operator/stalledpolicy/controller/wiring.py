@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.events import EventRecorder
-from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader
+from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretData, SecretReader
 from stalledpolicy.controller.runtime import Controller
 
 
@@ -31,7 +31,8 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     # referenced value (Controller.secret_digest) rolls the sweeper when it changes.
     def read_secret(namespace: str, name: str):
         try:
-            return core.read_namespaced_secret(name, namespace).data or {}
+            secret = core.read_namespaced_secret(name, namespace)
+            return SecretData(secret.data or {}, secret.metadata.uid)
         except ApiException as exc:
             if exc.status == 404:
                 return None
