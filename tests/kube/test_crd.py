@@ -19,10 +19,10 @@ from kubernetes.client.rest import ApiException
 
 from stalledpolicy.policy.builder import CONFIG_HASH_ANNOTATION, FIELD_MANAGER, build_sweeper_deployment
 from stalledpolicy.policy.conditions import (
+    READY,
     REDIS_REACHABLE,
     SWEEPER_AVAILABLE,
     Condition,
-    ready_from,
     set_conditions,
 )
 from stalledpolicy.policy.crd import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION, crd_path, load_crd
@@ -378,12 +378,11 @@ def _status(generation: int) -> dict:
         [
             Condition(SWEEPER_AVAILABLE, "True", "Available", "1 of 1 sweeper replicas available"),
             Condition(REDIS_REACHABLE, "True", "Reachable", "the queue was read"),
+            Condition(READY, "True", "Ready", "the sweeper is available and Redis is reachable"),
         ],
         generation,
         "2026-12-02T16:00:00Z",
     )
-    ready = ready_from(conditions)
-    conditions = set_conditions(conditions, [ready], generation, "2026-12-02T16:00:00Z")
     return {
         "observedGeneration": generation,
         "conditions": conditions,
@@ -394,7 +393,6 @@ def _status(generation: int) -> dict:
         "deadLetteredTotal": 3,
         "orphansTotal": 1,
         "quarantinedTotal": 0,
-        "oldestDeadLetterTime": "2026-12-02T15:00:00Z",
         "lanes": [{"name": "imports", "pending": 5, "deadLettered": 2, "recovered": 4}],
         "lastReplay": {"token": "r1", "replayed": 2, "time": "2026-12-02T15:30:00Z", "lane": "imports"},
         "lastUpdateTime": "2026-12-02T16:00:00Z",

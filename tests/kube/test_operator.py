@@ -278,7 +278,11 @@ def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, que
     time.sleep(3)  # the Deployment settles (the deployment controller) and the status with it
     before = get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"]
     time.sleep(5)  # five status intervals
-    assert get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"] == before
+    policy = get_policy(custom, kube_namespace, "quiet")
+    assert policy["metadata"]["resourceVersion"] == before
+    # the status is written under the operator's name (the client's default is "OpenAPI-Generator")
+    status_writers = {e["manager"] for e in policy["metadata"]["managedFields"] if e.get("subresource") == "status"}
+    assert status_writers == {"stalledpolicy-operator"}
 
 
 def test_redis_unreachable_then_back_is_a_condition_and_two_events(operator, apis, kube_api, kube_namespace,

@@ -14,7 +14,6 @@ from stalledpolicy.policy.conditions import (
     condition_status,
     format_time,
     get_condition,
-    ready_from,
     set_condition,
     set_conditions,
 )
@@ -106,42 +105,3 @@ def test_set_conditions_applies_several_at_once():
         (SWEEPER_AVAILABLE, "True", 5),
         (REDIS_REACHABLE, "False", 5),
     ]
-
-
-SWEEPER_OK = Condition(SWEEPER_AVAILABLE, "True", "DeploymentAvailable", "1/1")
-SWEEPER_DOWN = Condition(SWEEPER_AVAILABLE, "False", "DeploymentUnavailable", "0/1 available")
-REDIS_OK = Condition(REDIS_REACHABLE, "True", "Pinged", "ok")
-REDIS_DOWN = Condition(REDIS_REACHABLE, "False", "RedisUnreachable", "connection refused")
-REDIS_UNKNOWN = Condition(REDIS_REACHABLE, "Unknown", "NotChecked", "not checked yet")
-
-
-def test_ready_when_every_part_is_true():
-    ready = ready_from([SWEEPER_OK, REDIS_OK])
-    assert (ready.type, ready.status, ready.reason) == (READY, "True", "Sweeping")
-
-
-def test_the_first_false_part_explains_not_ready():
-    ready = ready_from([REDIS_DOWN, SWEEPER_DOWN])
-    assert (ready.status, ready.reason, ready.message) == ("False", "RedisUnreachable", "connection refused")
-    assert ready_from([SWEEPER_DOWN, REDIS_DOWN]).reason == "DeploymentUnavailable"
-
-
-def test_false_wins_over_unknown():
-    assert ready_from([REDIS_UNKNOWN, SWEEPER_DOWN]).status == "False"
-    unknown = ready_from([REDIS_UNKNOWN, SWEEPER_OK])
-    assert (unknown.status, unknown.reason) == ("Unknown", "NotChecked")
-
-
-def test_a_suspended_policy_does_not_need_its_sweeper():
-    ready = ready_from([SWEEPER_DOWN, REDIS_OK], suspended=True)
-    assert (ready.status, ready.reason) == ("True", "Suspended")
-    assert ready_from([SWEEPER_DOWN, REDIS_DOWN], suspended=True).reason == "RedisUnreachable"
-
-
-def test_nothing_observed_is_unknown():
-    assert ready_from([]).status == "Unknown"
-
-
-def test_ready_from_accepts_stored_condition_dicts():
-    stored = set_conditions([], [SWEEPER_OK, REDIS_DOWN], 1, T0)
-    assert ready_from(stored).reason == "RedisUnreachable"

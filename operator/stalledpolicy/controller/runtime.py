@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from stalledpolicy.controller import GROUP, KIND, PLURAL, VERSION, events
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, events
 from stalledpolicy.controller.apply import controller_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.redis_clients import (
@@ -394,7 +394,7 @@ class Controller:
         try:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": patch},
-                _content_type="application/merge-patch+json")
+                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
             return True
         except ApiException as exc:
             if exc.status == 404:

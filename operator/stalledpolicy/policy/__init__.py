@@ -6,7 +6,7 @@ share it cheaply.
 - :mod:`.crd`: API names (group, version, kind, plural) and the CRD manifest.
 - :mod:`.models`: :class:`StalledPolicySpec` (``from_k8s``, ``sweeper_env``), :class:`PolicyError`.
 - :mod:`.builder`: :func:`build_sweeper_deployment`, :func:`sweeper_name`.
-- :mod:`.conditions`: :func:`set_condition`, :func:`ready_from`.
+- :mod:`.conditions`: :func:`set_condition`.
 """
 
 from stalledpolicy.policy.builder import (
@@ -21,7 +21,6 @@ from stalledpolicy.policy.conditions import (
     REDIS_REACHABLE,
     SWEEPER_AVAILABLE,
     Condition,
-    ready_from,
     set_condition,
 )
 from stalledpolicy.policy.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -42,7 +41,6 @@ __all__ = [
     "StalledPolicySpec",
     "VERSION",
     "build_sweeper_deployment",
-    "ready_from",
     "set_condition",
     "sweeper_labels",
     "sweeper_name",

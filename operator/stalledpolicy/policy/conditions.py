@@ -25,9 +25,6 @@ TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 _STATUSES = (TRUE, FALSE, UNKNOWN)
 
 # Reasons used by the summary below; the operator may use any CamelCase word.
-REASON_SWEEPING = "Sweeping"
-REASON_SUSPENDED = "Suspended"
-REASON_PENDING = "Pending"
 
 MESSAGE_MAX = 32768
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -143,32 +140,3 @@ def set_conditions(
             result, update.type, update.status, update.reason, update.message, generation, now
         )
     return result
-
-
-def ready_from(
-    parts: Iterable[Condition | Mapping[str, Any]],
-    *,
-    suspended: bool = False,
-) -> Condition:
-    """The ``Ready`` summary of the other conditions.
-
-    Ready is True when every part is True. Otherwise the first False part (in
-    the order given, so list the most telling first) decides the reason and
-    message; failing that, the first Unknown one, as Ready=Unknown. When the
-    policy is suspended a sweeper at zero replicas is expected, so the
-    ``SweeperAvailable`` part is left out and Ready=True has reason Suspended.
-    """
-    considered = [p if isinstance(p, Condition) else Condition.of(p) for p in parts]
-    if suspended:
-        considered = [c for c in considered if c.type != SWEEPER_AVAILABLE]
-    if not considered:
-        return Condition(READY, UNKNOWN, REASON_PENDING, "nothing observed yet")
-    for wanted in (FALSE, UNKNOWN):
-        for condition in considered:
-            if condition.status == wanted:
-                return Condition(READY, wanted, condition.reason, condition.message)
-    if suspended:
-        return Condition(
-            READY, TRUE, REASON_SUSPENDED, "sweeping is suspended (spec.suspend); status is still published"
-        )
-    return Condition(READY, TRUE, REASON_SWEEPING, "the sweeper is available and Redis is reachable")
