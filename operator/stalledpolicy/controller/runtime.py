@@ -77,6 +77,10 @@ class PolicyState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     outcome: ReconcileOutcome | None = None
     status: dict | None = None  # as last written (or first seen)
+    # as the API server holds it, as far as we know: what we wrote, or what a
+    # newer watch event shows (someone else's edit); the status patch is made
+    # against it, so a status edited or wiped by hand is written back
+    stored_status: dict | None = None
     failures: int = 0
     logged_problem: Problem | None = None
     served_token: str | None = None
@@ -158,6 +162,7 @@ class Controller:
             fresh = snapshot(body)
             if _rv(fresh) >= _rv(state.body):
                 state.body = fresh
+                state.stored_status = dict(fresh.get("status") or {})
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
             token = annotations.get(f"{GROUP}/replay")
             wants_replay = token is not None and token != state.served_token
@@ -199,6 +204,7 @@ class Controller:
             fresh = snapshot(body)
             if _rv(fresh) >= _rv(state.body):
                 state.body = fresh
+                state.stored_status = dict(fresh.get("status") or {})
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)
         if changed:
@@ -326,11 +332,12 @@ class Controller:
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
             last_replay=state.unwritten_replay, now=now)
-        patch = status_patch(previous, desired)
+        stored = previous if state.stored_status is None else state.stored_status
+        patch = status_patch(stored, desired)
         if patch is not None:
             if not self._write_status(state, patch):
                 return problem or Problem("StatusWriteFailed", "could not write status")
-            state.status = desired
+            state.status = state.stored_status = desired
             if state.unwritten_replay is not None:
                 self._announce_replay(state, spec, state.unwritten_replay, state.replay_warning)
                 state.unwritten_replay = state.replay_warning = None

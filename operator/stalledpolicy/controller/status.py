@@ -199,6 +199,16 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
     return status
 
 
+def _stored_form(value: Any) -> Any:
+    """``value`` as the API server keeps it after a merge patch: a null removes
+    its field, so a stored status never holds one."""
+    if isinstance(value, Mapping):
+        return {k: _stored_form(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_stored_form(v) for v in value]
+    return value
+
+
 def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict | None:
     """A merge patch turning ``previous`` into ``desired`` (top-level keys), or None if equal.
 
@@ -206,7 +216,7 @@ def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any])
     """
     previous = previous or {}
     patch = {key: value for key, value in desired.items()
-             if key != "lastUpdateTime" and previous.get(key) != value}
+             if key != "lastUpdateTime" and _stored_form(previous.get(key)) != _stored_form(value)}
     if not patch:
         return None
     if "lastUpdateTime" in desired:
