@@ -10,6 +10,8 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from stalledpolicy.tables import shown
+
 QUEUE_NAME_MAX = 128
 # The CRD's rule (crds/stalledpolicies.yaml, spec.queue): ^[^{}:\s\p{Z}\p{Cc}]+$.
 # No hash-tag braces and no key separator (they would let a queue name escape
@@ -43,7 +45,7 @@ def validate_queue_name(name: str) -> str:
     for ch in name:
         if ch in _FORBIDDEN_CHARACTERS or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
             raise InvalidQueueName(
-                f"queue: {name!r} contains {_describe(ch)}; EchoMQ queue names may not contain "
+                f"queue: {shown(name, QUEUE_NAME_MAX, quoted=True)} contains {_describe(ch)}; EchoMQ queue names may not contain "
                 "'{', '}', ':', whitespace or control characters"
             )
     return name

@@ -41,7 +41,11 @@ def printable(value: object) -> str:
 def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = None) -> str:
     """``text`` for a message: whole when it has at most ``limit`` characters,
     else its first ``keep`` (default ``limit``), ``...`` and its length;
-    ``quoted`` puts the text (or the part shown) in repr quotes."""
+    ``quoted`` puts the text (or the part shown) in repr quotes. A URL in it is
+    redacted first: cut before its ``@``, a password could no longer be found."""
+    from stalledpolicy.redis_url import redact_urls
+
+    text = redact_urls(text)
     if len(text) <= limit:
         return repr(text) if quoted else text
     part = text[:limit if keep is None else keep]

@@ -1077,3 +1077,9 @@ def test_a_stdout_closed_before_the_start_is_not_a_traceback(url, queue_name):
     result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", *argv],
                             capture_output=False, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_url_in_the_queue_setting_shows_no_password(url):
+    result = morgue(url, "stats", "--queue", "redis://:s3cr3t@elsewhere")
+    assert result.returncode == 2 and "--queue" in result.stderr
+    assert "s3cr3t" not in result.stderr and "***" in result.stderr

@@ -375,3 +375,15 @@ def test_the_crd_refuses_inline_credentials_with_the_model_rule():
     [rule] = [r for r in rules if "@" in r]
     assert f'!self.url.contains("{models.URL_CREDENTIALS_MARK}")' in rule
     assert f'!self.url.matches(r"{models.URL_SECRET_QUERY_KEY_PATTERN}")' in rule
+
+
+@pytest.mark.parametrize("changes", [
+    {"queue": "redis://:s3cr3t-password@redis.example:6379/0"},
+    {"sweepInterval": "rediss://ops:s3cr3t-password@redis.example:6380/0"},
+    {"lanes": [{"name": "redis://:s3cr3t-password@h"}]},
+])
+def test_a_url_in_the_wrong_field_shows_no_password(changes):
+    """A Redis URL pasted into another field is quoted back redacted (status,
+    events and the operator's log carry this message)."""
+    error = str(problem_of(spec_with(**changes)))
+    assert "s3c" not in error and "***" in error

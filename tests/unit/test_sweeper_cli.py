@@ -96,3 +96,17 @@ def test_redis_url_query_options_are_checked_at_start(capsys, url, needle):
 def test_listen_errors_blame_the_setting_at_fault(exc, address, names, words):
     problem = cli._listen_problem(exc, address, 80)
     assert problem.startswith(names) and words in problem
+
+
+@pytest.mark.parametrize(("argv", "env", "names"), [
+    (["--queue", "redis://:s3cr3t@x"], {}, "--queue"),
+    ([], {"STALLEDPOLICY_INTERVAL": "redis://:s3cr3t@h"}, "--interval"),
+    (["--lane", "redis://:s3cr3t@x=1"], {}, "--lane"),
+    ([], {"STALLEDPOLICY_MAX_STALLED": "rediss://:s3cr3tpasswordlong@h:6380/0"}, "--max-stalled"),
+])
+def test_a_url_in_the_wrong_setting_shows_no_password(capsys, argv, env, names):
+    """Variables swapped in a Deployment put the Redis URL where a value is
+    quoted back: the setting is named, the password never shown."""
+    code, err = start(capsys, *argv, env=env)
+    assert code == 2 and f"error: {names} " in err
+    assert "s3c" not in err  # not even the start of it, where the value is cut short

@@ -37,8 +37,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from stalledpolicy import tables
 from stalledpolicy.durations import parse_duration
-from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.keyspace import QUEUE_NAME_MAX, InvalidQueueName, validate_queue_name
 from stalledpolicy.sweeper.config import BATCH_DEFAULT
 from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
 from stalledpolicy.sweeper.config import BUDGET_MAX
@@ -133,7 +134,7 @@ def _check_queue(name: str) -> str:
     bad = _bad_character(name)
     if bad is not None:
         raise _problem(
-            f"{name!r} contains {bad!r}; EchoMQ queue names may not contain '{{', '}}', ':', "
+            f"{tables.shown(name, QUEUE_NAME_MAX, quoted=True)} contains {bad!r}; EchoMQ queue names may not contain '{{', '}}', ':', "
             "whitespace or control characters"
         )
     return name
@@ -147,7 +148,7 @@ def _check_lane_name(name: str) -> str:
     bad = _bad_character(name, _LANE_EXTRA_FORBIDDEN)
     if bad is not None:
         raise _problem(
-            f"{name!r} contains {bad!r}; lane names may not contain '{{', '}}', ':', ',', '=' "
+            f"{tables.shown(name, LANE_NAME_MAX_LENGTH, quoted=True)} contains {bad!r}; lane names may not contain '{{', '}}', ':', ',', '=' "
             "or whitespace"
         )
     return name
@@ -507,13 +508,14 @@ def _explain(error: Mapping[str, Any]) -> tuple[str, str]:
     path = _path(loc)
     field = next((part for part in reversed(loc) if isinstance(part, str)), "spec")
     message = _describe(error)
-    shown = error.get("input")
+    given = error.get("input")
     if (
         error["type"] != "missing"
         and field not in _SECRET_FIELDS
-        and isinstance(shown, (int, float, str, bool))
+        and isinstance(given, (int, float, str, bool))
     ):
-        message += f" (got {shown!r:.80})"
+        # redacted before it is cut: a URL in the wrong field shows no password
+        message += f" (got {tables.shown(repr(given), 80, keep=77)})"
     fix = _FIXES.get(field)
     return path, f"{message}; {fix}" if fix else message
 

@@ -210,7 +210,7 @@ class SweeperConfig(BaseModel):
             bad = _bad_lane_character(name)
             if bad is not None:
                 raise _fail(
-                    f"lane name {name!r} contains {bad!r}; lane names may not contain "
+                    f"lane name {shown(name, LANE_NAME_MAX, quoted=True)} contains {bad!r}; lane names may not contain "
                     "'{', '}', ':', '=', ',', whitespace or control characters"
                 )
             if name in lanes:
