@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import redis
 
@@ -75,7 +77,8 @@ def test_list_copes_with_missing_wrong_type_and_malformed_rows(r, keys):
     jobs = {j.id: j for j in engine.morgue_list(r, keys.queue)}
     assert jobs["JOBgone"] == DeadJob("JOBgone", None, None, None, None, None, None, problem="job row is missing")
     problem = "malformed: job row is a string, not a hash"
-    assert jobs["JOBstr"] == DeadJob("JOBstr", None, None, None, problem, None, None, problem=problem)
+    # the row's own last_error is unknown: the diagnosis is the problem, not an error the job had
+    assert jobs["JOBstr"] == DeadJob("JOBstr", None, None, None, None, None, None, problem=problem)
     assert jobs["JOBodd"] == DeadJob("JOBodd", None, None, None, "stalled", None, "dead")
 
 
@@ -613,4 +616,23 @@ def test_a_lane_the_user_may_not_write_keeps_its_jobs_in_the_morgue(redis_server
         assert outcome.unreplayable == {"JOB2": f"the Redis user may not write lane {keys.prefix}g:g:pending (ACL)"}
     assert r.zrange(keys.pending, 0, -1) == ["JOB1"] and morgue_ids(r, keys) == ["JOB2"]
     assert r.hget(keys.job("JOB2"), "state") == "dead"
+
+
+@pytest.mark.parametrize("operation", ["stats", "list", "replay", "replay ids", "purge"])
+def test_a_morgue_key_of_the_wrong_type_is_named_and_nothing_changes(r, keys, operation):
+    r.set(keys.dead, "x")
+    put_active(r, keys, "JOB1")
+    before = dump(r)
+    with pytest.raises(redis.ResponseError, match=f"EMQWRONGTYPE {re.escape(keys.dead)} is a string"):
+        if operation == "stats":
+            engine.morgue_stats(r, keys.queue)
+        elif operation == "list":
+            engine.morgue_list(r, keys.queue)
+        elif operation == "replay":
+            engine.morgue_replay(r, keys.queue)
+        elif operation == "replay ids":
+            engine.morgue_replay(r, keys.queue, ids=["JOB1"])
+        else:
+            engine.morgue_purge(r, keys.queue, older_than_s=0)
+    assert dump(r) == before
 

@@ -12,8 +12,11 @@
 -- or not a hash) and `next` is the cursor for the following window, '' at
 -- the end.
 
+-- @include morgue_window
+
 local prefix = ARGV[1]
 local count = tonumber(ARGV[4])
+check_dead_key(KEYS[1])
 local ids
 if ARGV[2] == 'index' then
   local start = tonumber(ARGV[3])
@@ -30,7 +33,7 @@ for i, id in ipairs(ids) do
   local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state')
   if f.err then
     local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
-    rows[i] = {id, false, false, false, problem, false, false, problem}
+    rows[i] = {id, false, false, false, false, false, false, problem}
   else
     local problem = false
     if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6]) and redis.call('EXISTS', key) == 0 then
