@@ -249,6 +249,18 @@ def test_list_empty_morgue(r, url, queue_name):
     assert "empty" in result.stdout
 
 
+def test_list_of_an_empty_lane_is_not_an_empty_morgue(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "nosuch")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"queue {queue_name}: no jobs in lane nosuch (the morgue holds 6)\n"
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "tenant-a", "--offset", "3")
+    assert "no jobs at offset 3 (total 3)" in result.stdout
+    r.delete(QueueKeys(queue_name).dead)
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "nosuch")
+    assert "the morgue is empty" in result.stdout
+
+
 # ------------------------------------------------------------------- replay
 
 

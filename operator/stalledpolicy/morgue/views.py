@@ -68,6 +68,18 @@ def _last_error_width(out: IO[str], other_columns: int) -> int:
     return max(LAST_ERROR_MIN_WIDTH, columns - other_columns)
 
 
+def _nothing_listed(client: Any, args: argparse.Namespace, where: str, total: int) -> str:
+    """Why a page is empty: past the end, an empty lane (of a morgue that
+    holds jobs elsewhere), or an empty morgue."""
+    if total:
+        return f"{where}: no jobs at offset {args.offset} (total {total})"
+    if args.lane is not None:
+        size = int(client.zcard(QueueKeys(args.queue).dead))
+        if size:
+            return f"queue {args.queue}: no jobs in lane {lane_label(args.lane)} (the morgue holds {size})"
+    return f"{where}: the morgue is empty"
+
+
 def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
     jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
     if args.lane is None:
@@ -97,8 +109,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
         return EXIT_OK
     where = f"queue {args.queue}" + (f", lane {lane_label(args.lane)}" if args.lane is not None else "")
     if not jobs:
-        note = "the morgue is empty" if total == 0 else f"no jobs at offset {args.offset} (total {total})"
-        out.write(f"{where}: {note}\n")
+        out.write(_nothing_listed(client, args, where, total) + "\n")
         return EXIT_OK
     headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
     rows = [
