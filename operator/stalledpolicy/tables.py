@@ -17,8 +17,10 @@ GAP = "  "
 
 def printable(value: object) -> str:
     """``value`` as one printable line: None -> ``-``, whitespace runs (newlines
-    included) -> one space, other control characters -> ``\\xNN`` escapes, and
-    bytes that were not UTF-8 (decoded with ``surrogateescape``) -> ``\\xNN``."""
+    included) -> one space, other control characters -> ``\\xNN`` escapes,
+    bytes that were not UTF-8 (decoded with ``surrogateescape``) -> ``\\xNN``,
+    and a backslash -> two, so that an escape shown is never a backslash the
+    value holds (``JOB\\\\xff`` is the text, ``JOB\\xff`` the byte)."""
     if value is None:
         return EMPTY
     text = str(value)
@@ -27,6 +29,8 @@ def printable(value: object) -> str:
         if ch in " \t\n\r\v\f":
             if out and out[-1] != " ":
                 out.append(" ")
+        elif ch == "\\":
+            out.append("\\\\")
         elif 0xDC80 <= ord(ch) <= 0xDCFF:
             # a byte that is not UTF-8, kept as a lone surrogate (surrogateescape):
             # shown as the byte it stands for

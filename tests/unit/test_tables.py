@@ -93,3 +93,11 @@ def test_pairs_align_values():
 )
 def test_format_age(seconds, expected):
     assert format_age(seconds) == expected
+
+
+def test_a_backslash_is_shown_doubled_so_escapes_are_never_ambiguous():
+    raw_byte = b"JOB\xff".decode("utf-8", "surrogateescape")
+    literal = "JOB\\xff"
+    assert printable(raw_byte) == "JOB\\xff"
+    assert printable(literal) == "JOB\\\\xff"
+    assert printable(raw_byte) != printable(literal)

@@ -33,13 +33,19 @@ def age_seconds(now_ms: int, then_ms: int | None) -> float | None:
 
 
 def lane_label(lane: str | None) -> str:
-    return tables.printable(lane) if lane else tables.EMPTY
+    """A lane in a message (a table cell takes :func:`lane_cell`: the table
+    makes every cell printable, and escaping twice would double backslashes)."""
+    return tables.printable(lane_cell(lane))
+
+
+def lane_cell(lane: str | None) -> str:
+    return lane or tables.EMPTY
 
 
 def lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
     """Lane table rows, the largest lane first."""
     return [
-        (lane_label(name), count)
+        (lane_cell(name), count)
         for name, count in sorted(lanes.items(), key=lambda kv: (-kv[1], kv[0] or ""))
     ]
 

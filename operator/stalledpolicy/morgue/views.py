@@ -10,7 +10,7 @@ from stalledpolicy import tables
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.morgue.exit_codes import EXIT_OK
 from stalledpolicy.morgue.prompt import is_interactive
-from stalledpolicy.morgue.render import age_seconds, emit_json, iso_time, lane_label, lane_rows
+from stalledpolicy.morgue.render import age_seconds, emit_json, iso_time, lane_cell, lane_label, lane_rows
 
 LAST_ERROR_MIN_WIDTH = 20
 LAST_ERROR_DEFAULT_WIDTH = 60
@@ -113,7 +113,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
         return EXIT_OK
     headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
     rows = [
-        (job.id, lane_label(job.lane), job.stalled, job.attempts,
+        (job.id, lane_cell(job.lane), job.stalled, job.attempts,
          tables.format_age(age_seconds(now_ms, job.dead_at_ms)), _error_cell(job))
         for job in jobs
     ]
