@@ -776,12 +776,50 @@ def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_n
     worker.join()
     other.close()
     assert code == 3, err.getvalue() + out.getvalue()
-    assert "got no answer in time" in err.getvalue() and "may have been partly applied" in err.getvalue()
+    assert f"no answer from Redis at {url}?socket_timeout={timeout_s} within 1 s" in err.getvalue()
+    assert "may have been partly applied" in err.getvalue()
     assert r.ping()  # the call that was sent has run by now
     assert evalsha_calls() - sent["before"] == 1
     for job_id in ("JOB003", "JOB004", "JOB005"):
         assert_replayed(r, queue_name, job_id, "tenant-a")
     assert r.zcard(keys.dead) == 3
+
+
+@pytest.fixture
+def silent_server():
+    """A port that accepts connections (the kernel's backlog) and never answers: a hung Redis."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    listener.close()
+
+
+@pytest.mark.parametrize("action", [["stats"], ["replay", "--all", "--yes"]])
+def test_a_server_that_does_not_answer_is_reported_in_our_words_after_one_timeout(silent_server, action):
+    """One socket timeout, not two (redis-py's retry after a timeout doubled it)."""
+    shown = f"{silent_server}?socket_timeout=1"
+    started = time.monotonic()
+    result = morgue(shown, *action, "--queue", "orders")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3, result.stderr
+    assert f"no answer from Redis at {shown} within 1 s" in result.stderr
+    assert "Timeout reading" not in result.stderr
+    assert elapsed < 1.9, elapsed
+
+
+def test_the_cli_waits_seconds_not_a_minute_for_an_answer(silent_server, queue_name, monkeypatch):
+    assert morgue_cli.SOCKET_TIMEOUT_S <= 10
+    monkeypatch.setattr(morgue_cli, "SOCKET_TIMEOUT_S", 0.5)  # the default, shortened for the test
+    out, err = io.StringIO(), io.StringIO()
+    started = time.monotonic()
+    code = morgue_cli.run(_args("list", "--redis-url", silent_server, "--queue", queue_name),
+                          stdin=io.StringIO(), stdout=out, stderr=err)
+    assert code == 3
+    assert err.getvalue() == f"stalledpolicy morgue list: no answer from Redis at {silent_server} within 0.5 s\n"
+    assert time.monotonic() - started < 0.95
 
 
 # ------------------------------------------------------------------ cluster

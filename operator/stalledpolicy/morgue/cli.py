@@ -25,8 +25,9 @@ from stalledpolicy.streams import discard
 __all__ = ["add_arguments", "run"]
 
 CONNECT_TIMEOUT_S = 5.0
-# generous: a morgue call is bounded by the engine, but a busy server may be slow
-SOCKET_TIMEOUT_S = 30.0
+# a morgue script call is bounded (milliseconds each): an on-call engineer facing
+# a server that does not answer wants to know in seconds, not a minute
+SOCKET_TIMEOUT_S = 10.0
 
 # the actions that only read; the others are changes (run_change)
 READ_ONLY_ACTIONS = {"stats": show_stats, "list": show_list}
@@ -41,15 +42,29 @@ def open_client(url: str, *, changing: bool = False) -> Any:
     ``\\udcNN``) and encodes it back to the same byte, so such a job can be
     listed, replayed and purged by the id the preview pinned (``errors="replace"``
     would turn it into another id, not in the morgue)."""
+    import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    # A read gets one quick retry (an on-call engineer facing an outage wants
-    # exit 3 now, not after a backoff schedule); a change is never sent twice.
-    retry = single_attempt() if changing else Retry(NoBackoff(), 1)
+    # A read gets one quick retry on a dropped connection (an on-call engineer
+    # facing an outage wants exit 3 now, not after a backoff schedule), none
+    # after a timeout (a server that did not answer in time will not answer
+    # the same question sooner); a change is never sent twice.
+    retry = single_attempt() if changing else Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     return connect(url, retry=retry, decode_responses=True,
                    encoding_errors="surrogateescape",
                    socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
+
+
+def _timeout_s(url: str, exc: BaseException) -> float:
+    """The timeout ``exc`` ran out: connecting (redis-py says "Timeout
+    connecting") or waiting for an answer; the URL's own setting wins, as in redis-py."""
+    from redis.connection import parse_url
+
+    options = parse_url(url)  # checked by check_redis_url before any connection
+    if "connect" in str(exc).lower():
+        return float(options.get("socket_connect_timeout", CONNECT_TIMEOUT_S))
+    return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
 
 
 def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
@@ -99,15 +114,15 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         return EXIT_OK
     except unreachable_errors() as exc:
         reason = scrub(str(exc), url) or type(exc).__name__
-        if client is None:
+        if isinstance(exc, TimeoutError | redis.TimeoutError):
+            err.write(f"{prog}: no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
+        elif client is None:
             err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
         else:
-            lost = "got no answer in time from" if isinstance(exc, TimeoutError | redis.TimeoutError) \
-                else "lost the connection to"
-            err.write(f"{prog}: {lost} Redis at {where}: {reason}\n")
-            if changing and not args.dry_run:
-                err.write("the change may have been partly applied (it is not sent twice); check with "
-                          "'stalledpolicy morgue stats' and 'list'\n")
+            err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+        if client is not None and changing and not args.dry_run:
+            err.write("the change may have been partly applied (it is not sent twice); check with "
+                      "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
