@@ -620,6 +620,31 @@ def test_password_protected_server(password_server, queue_name):
     client.close()
 
 
+@pytest.mark.parametrize("credentials", ["", ":wr0ng-pw@", "bob:wr0ng-pw@", "default:wr0ng-pw@"])
+@pytest.mark.parametrize("protocol", ["", "?protocol=2", "?protocol=3"])
+def test_missing_or_wrong_credentials_are_explained_in_our_words(password_server, queue_name, credentials,
+                                                                 protocol):
+    """No password (HELLO ... / NOAUTH), a wrong one (WRONGPASS), an unknown user: one message."""
+    url = f"redis://{credentials}127.0.0.1:{password_server.port}/0{protocol}"
+    for action in (["stats"], ["replay", "--all", "--yes"]):
+        result = morgue(url, *action, "--queue", queue_name)
+        assert result.returncode == 3, result.stderr
+        assert "requires a password (or refused this user/password): put them in the URL, " \
+               "redis://user:password@host" in result.stderr
+        assert f"127.0.0.1:{password_server.port}/0" in result.stderr
+        assert "HELLO" not in result.stderr and "invalid username-password" not in result.stderr
+        assert "Authentication required" not in result.stderr and "wr0ng-pw" not in result.stderr
+
+
+def test_a_database_the_server_does_not_have_is_bad_usage(r, url, queue_name):
+    beyond = url.removesuffix("/0") + "/16"  # the test server has the default 16 databases
+    for action in (["stats"], ["list"], ["purge", "--all", "--yes"]):
+        result = morgue(beyond, *action, "--queue", queue_name)
+        assert result.returncode == 2, result.stderr
+        assert f"--redis-url {beyond}: the database 16 does not exist on this server" in result.stderr
+        assert "failed" not in result.stderr
+
+
 def test_a_reader_that_went_away_is_not_an_error(r, url, queue_name):
     """`morgue list | head`: no traceback when the pipe is closed."""
     standard_morgue(r, queue_name)

@@ -31,9 +31,9 @@ exit codes:
        a key of the queue of the wrong type kept the lanes or the totals
        from being updated (the jobs moved; the key is named)
   2    bad usage: unknown option, bad --queue, --redis-url (scheme, host,
-       port, database or query option) or duration, --limit/--offset out of
-       range, or a change refused because stdin is not a terminal and --yes
-       was not given
+       port, database or query option, or a database the server does not
+       have) or duration, --limit/--offset out of range, or a change refused
+       because stdin is not a terminal and --yes was not given
   3    Redis unreachable or refused our credentials (or the connection was
        lost, or no answer came in time, during the operation: a change is
        never sent twice, so check what it did with stats and list)

@@ -67,6 +67,46 @@ def _timeout_s(url: str, exc: BaseException) -> float:
     return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
 
 
+def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: BaseException, *,
+                        connected: bool) -> None:
+    import redis
+
+    reason = scrub(str(exc), url) or type(exc).__name__
+    if isinstance(exc, TimeoutError | redis.TimeoutError):
+        err.write(f"{prog}: no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
+    elif not connected:
+        err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
+    else:
+        err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+
+
+def _is_db_out_of_range(exc: BaseException) -> bool:
+    return "DB index is out of range" in str(exc)
+
+
+def _db_of(url: str) -> int:
+    from redis.connection import parse_url
+
+    return int(parse_url(url).get("db", 0))  # checked by check_redis_url before any connection
+
+
+# what a server says when it wants credentials or refuses ours (redis-py maps
+# most to AuthenticationError; these catch the ones that come as another error)
+_AUTH_REFUSALS = ("NOAUTH", "WRONGPASS", "Authentication required", "HELLO must be called with the client "
+                  "already authenticated", "invalid username-password pair", "invalid password")
+
+
+def _is_auth_refusal(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(text.startswith(words) or f" {words}" in text for words in _AUTH_REFUSALS)
+
+
+def _auth_problem(where: str) -> str:
+    return (f"Redis at {where} requires a password (or refused this user/password): put them in the URL, "
+            "redis://user:password@host:port/db (or redis://:password@host:port/db for the default user; "
+            "percent-encode a '/', '?', '#' or '@' in them)")
+
+
 def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
         stderr: IO[str] | None = None) -> int:
     stdin = stdin or sys.stdin
@@ -112,14 +152,20 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         # (Before the OSError of an outage: BrokenPipeError is one too.)
         discard(out)
         return EXIT_OK
-    except unreachable_errors() as exc:
-        reason = scrub(str(exc), url) or type(exc).__name__
-        if isinstance(exc, TimeoutError | redis.TimeoutError):
-            err.write(f"{prog}: no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
-        elif client is None:
-            err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
+    except (*unreachable_errors(), redis.ResponseError) as exc:
+        if _is_db_out_of_range(exc):
+            # SELECT refused when the connection is made: the URL is wrong, not the server
+            err.write(f"{prog}: error: --redis-url {where}: the database {_db_of(url)} does not exist on "
+                      "this server (it has fewer: 'databases' in its configuration, 16 by default, "
+                      "numbered from 0); use a database the server has, such as /0\n")
+            return EXIT_USAGE
+        if isinstance(exc, redis.AuthenticationError) or _is_auth_refusal(exc):
+            err.write(f"{prog}: {_auth_problem(where)}\n")
+        elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError (ReadOnlyError is one too)
+            err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
+            return EXIT_FAILED
         else:
-            err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
+            _report_unreachable(err, prog, where, url, exc, connected=client is not None)
         if client is not None and changing and not args.dry_run:
             err.write("the change may have been partly applied (it is not sent twice); check with "
                       "'stalledpolicy morgue stats' and 'list'\n")
