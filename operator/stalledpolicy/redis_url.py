@@ -11,6 +11,8 @@ Masking never parses the URL: urlsplit ends the userinfo at the first '/', '?'
 or '#', so a password holding one of those (written unencoded, a common slip)
 would be shown in part. Everything between ``//`` and the last ``@`` is taken
 for the credentials instead; when in doubt we mask too much, never too little.
+A user name is no secret: the part before the first ':' of the credentials is
+shown when it is plain (no delimiter a password cut short would leave in it).
 """
 
 from __future__ import annotations
@@ -66,9 +68,26 @@ def _query_pairs(text: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
+# characters a user name is shown without: a "user" holding one is a guess
+# that took a query value or part of a host for the credentials
+_NOT_IN_SHOWN_USER = frozenset("/?#@&=[]% \t\r\n")
+
+
+def _shown_user(credentials: str) -> str:
+    """The user name of ``credentials`` (``user:password``) when it is safe to
+    show: the part before the first ':', when there is a ':' and that part is
+    plain; else "" (everything is masked)."""
+    user, colon, _ = credentials.partition(":")
+    if not colon or any(char in _NOT_IN_SHOWN_USER for char in user):
+        return ""
+    return user
+
+
 def redact_url(url: str) -> str:
     """``url`` safe to show: the credentials (all between ``//`` and the last
-    ``@``) become ``:***@`` and secret query values (``password=``,
+    ``@``) become ``user:***@`` (the user name, the part before the first
+    ':', is no secret; without a ':' there is no telling a user from a
+    password and all of it becomes ``:***@``) and secret query values (``password=``,
     ``username=``, ``ssl_password=``, the key read percent-decoded) become
     ``***``; scheme, host, port, database and other options stay as written.
     A URL urlsplit refuses (an unclosed '[') is not shown at all."""
@@ -78,7 +97,7 @@ def redact_url(url: str) -> str:
         return UNPARSEABLE
     head, credentials, rest = _split_credentials(url)
     if credentials is not None:
-        head = f"{head}:{MASK}@"
+        head = f"{head}{_shown_user(credentials)}:{MASK}@"
     before, question, _ = rest.partition("?")
     if not question:
         return head + rest

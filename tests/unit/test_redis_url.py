@@ -9,8 +9,11 @@ from stalledpolicy.redis_url import check_redis_url, redact_url, scrub, secrets_
 
 @pytest.mark.parametrize(("url", "shown"), [
     ("redis://:s3cret@redis.example:6379/0", "redis://:***@redis.example:6379/0"),
-    # the user goes too (the sweeper always hid it; the operator showed no userinfo at all)
-    ("rediss://alice:s3cret@redis.example:6380/2", "rediss://:***@redis.example:6380/2"),
+    # a user name is no secret: the part before the first ':' is shown
+    ("rediss://alice:s3cret@redis.example:6380/2", "rediss://alice:***@redis.example:6380/2"),
+    ("redis://alice:pa:ss@redis.example/0", "redis://alice:***@redis.example/0"),
+    ("redis://app%2Dx:pw@redis.example/0", "redis://:***@redis.example/0"),  # encoded: not plain
+    # without a ':' a user cannot be told from a password: all of it is masked
     ("redis://alice@redis.example/0", "redis://:***@redis.example/0"),
     ("rediss://:p%40ss@redis.example/0", "rediss://:***@redis.example/0"),
     # an unencoded '@' in the password: the host is what follows the last '@'
@@ -25,7 +28,7 @@ from stalledpolicy.redis_url import check_redis_url, redact_url, scrub, secrets_
     # not a Redis scheme (shown in the error that refuses it): still redacted
     ("http://:s3cret@redis.example:6379/0", "http://:***@redis.example:6379/0"),
 ])
-def test_redact_url_hides_user_and_password_and_keeps_the_rest(url, shown):
+def test_redact_url_hides_the_password_shows_the_user_and_keeps_the_rest(url, shown):
     assert redact_url(url) == shown
 
 
@@ -54,8 +57,8 @@ def test_secrets_are_longest_first_so_none_is_half_masked():
 def test_scrub_masks_the_password_as_written_and_decoded_and_redacts_the_url():
     url = "redis://alice:pa%24%24word@db.example:6379/0"
     text = scrub(f"auth failed for {url}: pa$$word / pa%24%24word rejected", url)
-    assert "pa$$word" not in text and "pa%24%24word" not in text and "alice" not in text
-    assert text == "auth failed for redis://:***@db.example:6379/0: *** / *** rejected"
+    assert "pa$$word" not in text and "pa%24%24word" not in text
+    assert text == "auth failed for redis://alice:***@db.example:6379/0: *** / *** rejected"
 
 
 def test_scrub_masks_a_query_password():
@@ -72,13 +75,18 @@ def test_scrub_leaves_text_alone_without_a_url_or_a_password():
 # -- passwords urlsplit cuts short: '/', '?' and '#' end its netloc ------------------
 
 @pytest.mark.parametrize(("url", "shown"), [
-    ("redis://user:pa/ss?#word@host:6379/0", "redis://:***@host:6379/0"),
+    ("redis://user:pa/ss?#word@host:6379/0", "redis://user:***@host:6379/0"),
+    ("redis://user:p@s/s?x#y:z@host:6379/0", "redis://user:***@host:6379/0"),
     ("redis://:s3cr/et@host:6379/0", "redis://:***@host:6379/0"),
     ("redis://:s3cr?et@host:6379/0?socket_timeout=5", "redis://:***@host:6379/0?socket_timeout=5"),
     ("rediss://:s3cr#et@host/2", "rediss://:***@host/2"),
     ("redis://:s3cr/et?x#y@host:6379/0x", "redis://:***@host:6379/0x"),
     # no '//': whatever comes before the last '@' may be a password
-    ("user:s3cret@host:6379", ":***@host:6379"),
+    ("user:s3cret@host:6379", "user:***@host:6379"),
+    # a "user" that holds a delimiter is a guess that went wrong: masked whole
+    ("redis://host/0?password=me:x@corp", "redis://:***@corp"),
+    ("redis://ho/st:pw@h/0", "redis://:***@h/0"),
+    ("redis://[::1]:pw@h/0", "redis://:***@h/0"),
     # a '#' ends no query value: the whole value is masked
     ("redis://host/0?password=s3c#ret&db=1", "redis://host/0?password=***&db=1"),
     # the key is read the way redis-py reads it: percent-decoded
@@ -102,7 +110,7 @@ def test_secrets_of_returns_the_whole_credential_part(url, forms):
 def test_scrub_masks_a_password_holding_url_delimiters():
     url = "redis://user:pa/ss?#word@host:6379/0"
     text = scrub("AUTH user:pa/ss?#word failed; password pa/ss?#word; port 'pa'", url)
-    assert "pa/ss" not in text and "#word" not in text and "user:" not in text
+    assert "pa/ss" not in text and "#word" not in text
     assert text == "AUTH *** failed; password ***; port 'pa'"
 
 
@@ -183,4 +191,5 @@ def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
     text = "refused 'redis://u:pa/ss@h:6379/0' and rediss://:x?y@h2/1, see https://k8s.io/docs"
     shown = redact_urls(text)
     assert "pa/ss" not in shown and "x?y" not in shown
-    assert shown == "refused 'redis://:***@h:6379/0' and rediss://:***@h2/1, see https://k8s.io/docs"
+    assert shown == "refused 'redis://u:***@h:6379/0' and rediss://:***@h2/1, see https://k8s.io/docs"
+
