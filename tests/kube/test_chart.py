@@ -101,8 +101,9 @@ def test_lint_passes_strict_with_every_option(helm, shape):
     ({"watchNamespaces": ["team-*"]}, "watchNamespaces"),
     ({"operator": {"statusInterval": "0s"}}, "statusInterval"),
     ({"operator": {"maxBackoff": "1ms"}}, "maxBackoff"),
+    ({"sweeperAllowedImages": ["registry.example/*/sweeper"]}, "sweeperAllowedImages"),
 ], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern",
-        "zero-status-interval", "sub-second-backoff"])
+        "zero-status-interval", "sub-second-backoff", "star-inside-an-allowed-image"])
 def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))
@@ -176,6 +177,30 @@ def test_operator_deployment_shape(helm):
 
     parsed = build_parser().parse_args(container["args"])
     assert parsed.all_namespaces and parsed.status_interval == 10.0 and parsed.max_backoff == 300.0
+
+
+def test_allowed_sweeper_images_reach_the_operator_as_its_env(helm, monkeypatch):
+    from stalledpolicy.cli import build_parser
+    from stalledpolicy.controller.cli import config_from_args
+    from stalledpolicy.controller.config import OperatorConfig
+
+    [default] = by_kind(helm.template(), "Deployment")
+    assert "env" not in default["spec"]["template"]["spec"]["containers"][0]  # only the sweeper image
+
+    [deployment] = by_kind(helm.template("--set", "sweeperAllowedImages={registry.example/team/*,other:1}"),
+                           "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "registry.example/team/*,other:1"}
+    assert OperatorConfig.from_env(env).allowed_sweeper_images == ("registry.example/team/*", "other:1")
+    # The operator's command line with that environment: the list, and the chart's sweeper image.
+    for name in [k for k in os.environ if k.startswith("STALLEDPOLICY_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = config_from_args(build_parser().parse_args(container["args"]))
+    assert config.allowed_sweeper_images == ("registry.example/team/*", "other:1")
+    assert config.sweeper_image.startswith("ghcr.io/stalledpolicy/stalledpolicy-operator:")
 
 
 def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
@@ -271,6 +296,9 @@ class ChartOperator:
                      else a for a in args]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("STALLEDPOLICY_") and k != "KUBECONFIG"}
+        # and the container's environment (sweeperAllowedImages)
+        env.update({e["name"]: e["value"] for e in
+                    deployment["spec"]["template"]["spec"]["containers"][0].get("env") or [] if "value" in e})
         self.log_path = log_path
         with open(log_path, "ab") as out:
             self.process = subprocess.Popen(
@@ -293,8 +321,9 @@ class ChartOperator:
 
 
 def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, tmp_path: Path,
-                         start_operator) -> None:
-    """A policy in ``namespace`` reconciled by the operator acting as the chart's ServiceAccount."""
+                         start_operator, refused_image: str | None = None) -> None:
+    """A policy in ``namespace`` reconciled by the operator acting as the chart's ServiceAccount;
+    with ``refused_image``, a second policy naming that image is refused (InvalidSpec)."""
     queue = unique("chartq")
     client = redis_server.client(decode_responses=True)
     mq = EchoMQ(client, queue)
@@ -333,6 +362,21 @@ def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, 
         lowered = log.lower()
         assert "forbidden" not in lowered and "http 403" not in lowered, log[-3000:]
         assert "not enough permissions" not in lowered, log[-3000:]
+        if refused_image:
+            stolen = {**policy, "metadata": {"name": "stolen"},
+                      "spec": {**policy["spec"], "queue": unique("stolenq"), "sweeper": {"image": refused_image}}}
+            control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(stolen))
+
+            def refused():
+                current = json.loads(control_plane.kubectl(
+                    "get", "stalledpolicy", "stolen", "-n", namespace, "-o", "json").stdout)
+                ready = condition(current, "Ready") or {}
+                return ready.get("reason") == "InvalidSpec" and ready
+
+            ready = wait_for(refused, "the policy with a refused image: InvalidSpec", timeout=60)
+            assert ready["status"] == "False" and f"spec.sweeper.image {refused_image!r}" in ready["message"]
+            assert control_plane.kubectl("get", "deployment", sweeper_name("stolen"), "-n", namespace,
+                                         check=False).returncode != 0
     finally:
         pods.stop()
         code = operator.stop()
@@ -372,7 +416,8 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
     watched, other = unique("chart-watched"), unique("chart-other")
     restricted_namespace(control_plane, watched)
     restricted_namespace(control_plane, other)
-    install(helm, control_plane, release, release_ns, "--set", f"watchNamespaces={{{watched}}}")
+    install(helm, control_plane, release, release_ns, "--set", f"watchNamespaces={{{watched}}}",
+            "--set", "sweeperAllowedImages={registry.example/team/*}")
     try:
         kubeconfig = control_plane.kubeconfig_for_service_account(release_ns, f"{release}-stalledpolicy-operator")
         assert can_i(control_plane, kubeconfig, "patch", "deployments.apps", "-n", watched)
@@ -381,7 +426,8 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
         assert not can_i(control_plane, kubeconfig, "patch", "stalledpolicies.queues.emq.dev", "-n", other)
         operator = lambda: ChartOperator(control_plane, release_ns, release, kubeconfig,  # noqa: E731
                                          tmp_path / "operator.log")
-        reconcile_end_to_end(control_plane, kube_api, watched, redis_server, tmp_path, operator)
+        reconcile_end_to_end(control_plane, kube_api, watched, redis_server, tmp_path, operator,
+                             refused_image="registry.example/teamx/steal:1")
     finally:
         helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
         delete_namespaces(control_plane, release_ns, watched, other)

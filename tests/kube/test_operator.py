@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from stalledpolicy.controller.config import OperatorConfig
-from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.reconcile import InvalidPolicy, reconcile
 from stalledpolicy.controller.wiring import build_controller
 from stalledpolicy.devenv.ports import free_port
 from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply_crd, condition,
@@ -166,6 +166,49 @@ def test_refuses_to_take_over_a_deployment_it_does_not_own(operator, apis, kube_
     assert "stalledpolicy-operator" not in {m.manager for m in after.metadata.managed_fields}
     assert not after.metadata.owner_references
     assert after.spec.template.spec.containers[0].image == "theirs:1"
+
+
+def test_a_refused_sweeper_image_is_invalid_spec_and_a_running_one_is_scaled_to_zero(
+        operator, apis, kube_api, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    manifest = policy_manifest("custom", queue_name)
+    manifest["spec"]["sweeper"] = {"image": "attacker.example/steal:1"}
+    create_policy(custom, kube_namespace, manifest)
+
+    # The operator (default allowlist: its own --sweeper-image only) refuses it.
+    def refused():
+        ready = condition(get_policy(custom, kube_namespace, "custom"), "Ready")
+        return ready if ready and ready["reason"] == "InvalidSpec" else None
+
+    ready = wait_for(refused, "Ready=False reason InvalidSpec")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("spec.sweeper.image 'attacker.example/steal:1' is not an allowed")
+    wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "custom") if e.reason == "InvalidSpec"],
+             "an InvalidSpec event")
+    assert read_deployment(apps, kube_namespace, "custom-sweeper") is None
+
+    # A sweeper made while any image was allowed, then the list narrowed: scaled to 0.
+    body = get_policy(custom, kube_namespace, "custom")
+    lax = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test", allowed_sweeper_images=("*",)),
+                           api_client=kube_api)
+    assert reconcile(lax, body).ok
+    running = read_deployment(apps, kube_namespace, "custom-sweeper")
+    assert running.spec.replicas == 1
+    assert running.spec.template.spec.containers[0].image == "attacker.example/steal:1"
+    strict = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test"), api_client=kube_api)
+    with pytest.raises(InvalidPolicy, match="is scaled to 0 replicas"):
+        reconcile(strict, body)
+    scaled = read_deployment(apps, kube_namespace, "custom-sweeper")
+    assert scaled.spec.replicas == 0
+    assert scaled.spec.template.spec.containers[0].image == "attacker.example/steal:1"  # nothing else changed
+
+    # Fixed: the operator applies the policy again, with its own image and the replicas back.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "custom",
+                                          {"spec": {"sweeper": {"image": None}}})
+    fixed = wait_for(lambda: (lambda d: d if d and d.spec.replicas == 1
+                              and d.spec.template.spec.containers[0].image == "stalledpolicy:test" else None)(
+        read_deployment(apps, kube_namespace, "custom-sweeper")), "the sweeper with the operator's image")
+    assert fixed.metadata.uid == running.metadata.uid
 
 
 def test_missing_secret_is_ready_false_then_recovers(operator, apis, kube_namespace, redis_server, queue_name):

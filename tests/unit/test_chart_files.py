@@ -109,6 +109,10 @@ def test_schema_and_values_describe_the_same_keys():
     ({"watchNamespaces": ["team-*"]}, "team-*"),
     ({"resources": {"limits": {"memory": "lots"}}}, "lots"),
     ({"podMonitor": {"enabled": True, "intervall": "30s"}}, "intervall"),
+    ({"sweeperAllowedImages": "registry.example/team/*"}, "sweeperAllowedImages"),
+    ({"sweeperAllowedImages": ["registry.example/*/sweeper"]}, "registry.example/*/sweeper"),
+    ({"sweeperAllowedImages": ["a:1,b:1"]}, "a:1,b:1"),
+    ({"sweeperAllowedImages": [""]}, "sweeperAllowedImages"),
 ])
 def test_schema_refuses_unknown_or_mistyped_values(override, field):
     values = load_values()
@@ -140,3 +144,25 @@ def test_status_interval_and_max_backoff_are_at_least_a_second(key):
     assert [v for v in refused if accepted(v)] == []
     assert [v for v in fine if not accepted(v)] == []
     assert all(parse_duration(v) >= 1 for v in fine)  # and the operator takes what the schema lets through
+
+
+@pytest.mark.parametrize("entry", [
+    "registry.example/team/*", "*", "other:1", "r.example/s@sha256:" + "0" * 64,
+    "", "a/*/b", "**", "a:1,b:1", "a b", " a:1",
+])
+def test_schema_and_operator_agree_on_allowed_sweeper_images(entry):
+    # sweeperAllowedImages reaches the operator as one comma-separated variable:
+    # what the schema lets through, the operator takes as the same entry.
+    from stalledpolicy.controller.config import OperatorConfig
+
+    values = load_values()
+    assert values["sweeperAllowedImages"] == []
+    values["sweeperAllowedImages"] = [entry]
+    by_schema = not list(jsonschema.Draft7Validator(load_schema()).iter_errors(values))
+    try:
+        parsed = OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": entry})
+        by_operator = parsed.allowed_sweeper_images == (entry,)
+    except SystemExit:
+        by_operator = False
+    assert by_schema == by_operator, (entry, by_schema, by_operator)
+

@@ -415,6 +415,7 @@ class FakeApps:
         self.stored = None
         self.applied = []
         self.refuse = None
+        self.patches = []  # merge patches (not applies)
         self.rv = 0
         # pod template annotations another field manager owns: an apply of ours
         # leaves them (server-side apply), as `kubectl rollout restart`'s
@@ -426,6 +427,8 @@ class FakeApps:
         return Response(self.stored)
 
     def patch_namespaced_deployment(self, name, namespace, body, **kwargs):
+        if kwargs.get("_content_type") == "application/merge-patch+json":
+            return self._merge_patch(body, **kwargs)
         assert kwargs["field_manager"] == "stalledpolicy-operator" and kwargs["force"] is True
         if self.refuse is not None:
             raise self.refuse
@@ -439,6 +442,20 @@ class FakeApps:
             self.rv += 1
         self.stored = merged
         self.stored["metadata"].update(generation=generation, resourceVersion=str(self.rv))
+        return Response(self.stored)
+
+    def _merge_patch(self, body, **kwargs):
+        """A JSON merge patch of spec.replicas (the operator scaling a refused sweeper to 0)."""
+        assert kwargs["field_manager"] == "stalledpolicy-operator" and "force" not in kwargs
+        assert body == {"spec": {"replicas": body["spec"]["replicas"]}}
+        if self.refuse is not None:
+            raise self.refuse
+        self.patches.append(copy.deepcopy(body))
+        if self.stored["spec"]["replicas"] != body["spec"]["replicas"]:
+            self.stored["spec"]["replicas"] = body["spec"]["replicas"]
+            self.stored["metadata"]["generation"] += 1
+            self.rv += 1
+            self.stored["metadata"]["resourceVersion"] = str(self.rv)
         return Response(self.stored)
 
     def scale_by_hand(self, replicas):
@@ -459,7 +476,7 @@ class FakeApps:
         return copy.deepcopy(self.stored)
 
 
-def fake_controller(apps, secrets=None):
+def fake_controller(apps, secrets=None, config=None):
     from stalledpolicy.controller.events import NullRecorder
     from stalledpolicy.controller.runtime import Controller
     from stalledpolicy.engine import QueueSnapshot
@@ -472,7 +489,8 @@ def fake_controller(apps, secrets=None):
         def patch_namespaced_custom_object_status(self, *args, **kwargs):
             pass
 
-    return Controller(OperatorConfig(sweeper_image="img:1", max_backoff=60), apps=apps, core=None,
+    config = config or OperatorConfig(sweeper_image="img:1", max_backoff=60)
+    return Controller(config, apps=apps, core=None,
                       custom=Custom(), recorder=NullRecorder(),
                       secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
                       clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
@@ -798,3 +816,178 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
     rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 1
     assert len([e for e in ctl.recorder.events if e[2] == "DriftConflict"]) == 1
+
+
+# -- allowed sweeper images ---------------------------------------------------------------
+
+def image_policy(image=None, generation=1):
+    spec = {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}}}
+    if image is not None:
+        spec["sweeper"] = {"image": image}
+    return policy_body(spec, generation=generation)
+
+
+def reconcile_image(image, *, sweeper_image="img:1", allowed=()):
+    """(apps, ctl, outcome or the InvalidPolicy raised) for one policy with ``image``."""
+    from stalledpolicy.controller.reconcile import InvalidPolicy, reconcile
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, config=OperatorConfig(sweeper_image=sweeper_image, max_backoff=60,
+                                                      allowed_sweeper_images=tuple(allowed)))
+    try:
+        return apps, ctl, reconcile(ctl, image_policy(image))
+    except InvalidPolicy as exc:
+        return apps, ctl, exc
+
+
+def test_a_sweeper_image_outside_the_allowlist_is_invalid_spec_and_runs_nowhere():
+    from stalledpolicy.controller.reconcile import InvalidPolicy
+
+    apps, ctl, refused = reconcile_image("attacker.example/steal:1", allowed=["registry.example/team/*"])
+    assert isinstance(refused, InvalidPolicy)
+    assert apps.applied == [] and apps.stored is None and apps.patches == []
+    outcome = ctl.policies[("ns", "p")].outcome
+    assert (outcome.ok, outcome.reason) == (False, "InvalidSpec")
+    message = outcome.message
+    assert str(refused) == message
+    assert message.startswith("spec.sweeper.image 'attacker.example/steal:1' is not an allowed sweeper image")
+    assert "'img:1'" in message and "'registry.example/team/*'" in message
+    assert "remove spec.sweeper.image" in message and "sweeperAllowedImages" in message
+    [(name, kind, reason, text)] = ctl.recorder.events
+    assert (name, kind, reason, text) == ("p", "Warning", "InvalidSpec", message)
+
+
+def test_an_allowed_prefix_or_exact_image_passes_and_a_near_miss_does_not():
+    allowed = ["registry.example/team/*", "mirror.example/sweeper:2"]
+    for image in ("registry.example/team/sweeper:2", "registry.example/team/a/b@sha256:" + "0" * 64,
+                  "mirror.example/sweeper:2"):
+        apps, _, outcome = reconcile_image(image, allowed=allowed)
+        assert outcome.ok, image
+        assert apps.stored["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    for image in ("registry.example/team-b/sweeper:2", "registry.example/teamsweeper:2",
+                  "mirror.example/sweeper:20", "mirror.example/sweeper", "docker.io/registry.example/team/x"):
+        apps, ctl, outcome = reconcile_image(image, allowed=allowed)
+        assert ctl.policies[("ns", "p")].outcome.reason == "InvalidSpec", image
+        assert apps.stored is None, image
+
+
+def test_by_default_only_the_operators_own_sweeper_image_is_allowed():
+    from stalledpolicy.controller.reconcile import default_sweeper_image
+
+    # The configured sweeper image, set explicitly or left out.
+    assert reconcile_image("img:1")[2].ok
+    assert reconcile_image(None)[2].ok
+    assert not getattr(reconcile_image("img:2")[2], "ok", False)
+    assert not getattr(reconcile_image(default_sweeper_image())[2], "ok", False)
+    # No configured sweeper image: the operator's own default.
+    assert reconcile_image(default_sweeper_image(), sweeper_image=None)[2].ok
+    assert not getattr(reconcile_image("img:1", sweeper_image=None)[2], "ok", False)
+    message = reconcile_image("img:2")[1].policies[("ns", "p")].outcome.message
+    assert "allows 'img:1' only" in message
+
+
+def test_a_lone_star_allows_any_image():
+    for image in ("anything:1", "attacker.example/steal@sha256:" + "1" * 64):
+        assert reconcile_image(image, allowed=["*"])[2].ok
+
+
+def test_a_running_sweeper_of_a_refused_image_is_scaled_to_zero_and_an_allowed_one_is_left():
+    from stalledpolicy.controller.reconcile import InvalidPolicy, drifted_policy, reconcile
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, config=OperatorConfig(sweeper_image="img:1", allowed_sweeper_images=("*",)))
+    body = image_policy("custom:1")
+    assert reconcile(ctl, body).ok and apps.stored["spec"]["replicas"] == 1
+
+    # The admin narrows the list and restarts the operator (kopf resumes every policy).
+    ctl.config = OperatorConfig(sweeper_image="img:1")
+    with pytest.raises(InvalidPolicy, match="runs a refused image \\('custom:1'\\) and is scaled to 0 replicas"):
+        reconcile(ctl, body)
+    assert apps.patches == [{"spec": {"replicas": 0}}]
+    assert apps.stored["spec"]["replicas"] == 0
+    assert len(apps.applied) == 1  # nothing applied for the refused spec
+    assert ctl.policies[("ns", "p")].outcome.reason == "InvalidSpec"
+    assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # our scale-down is no drift to revert
+    message = ctl.policies[("ns", "p")].outcome.message
+    with pytest.raises(InvalidPolicy, match="is scaled to 0 replicas"):
+        reconcile(ctl, body)
+    assert len(apps.patches) == 1  # already at 0: no second patch, and the same message (one event)
+    assert ctl.policies[("ns", "p")].outcome.message == message
+    assert [e[2] for e in ctl.recorder.events].count("InvalidSpec") == 1
+
+    # Fixed spec: applied again, replicas back.
+    fixed = image_policy(None, generation=2)
+    assert reconcile(ctl, fixed).ok
+    assert apps.stored["spec"]["replicas"] == 1
+    assert apps.stored["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
+
+    # An edit to a refused image keeps the running (allowed) sweeper, as any InvalidSpec does.
+    with pytest.raises(InvalidPolicy, match="keeps running its last applied spec"):
+        reconcile(ctl, image_policy("evil:1", generation=3))
+    assert apps.stored["spec"]["replicas"] == 1 and len(apps.patches) == 1
+    assert apps.stored["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
+
+
+def test_a_failed_scale_down_of_a_refused_sweeper_is_retried():
+    from stalledpolicy.controller.reconcile import InvalidPolicy, RetryLater, reconcile
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, config=OperatorConfig(sweeper_image="img:1", allowed_sweeper_images=("*",)))
+    body = image_policy("custom:1")
+    reconcile(ctl, body)
+    ctl.config = OperatorConfig(sweeper_image="img:1", max_backoff=60)
+    apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
+    with pytest.raises(RetryLater, match="may still run a refused image") as retried:
+        reconcile(ctl, body)
+    assert retried.value.delay == 5
+    outcome = ctl.policies[("ns", "p")].outcome
+    assert outcome.reason == "InvalidSpec" and "etcd is down" in outcome.message
+    apps.refuse = None
+    with pytest.raises(InvalidPolicy, match="is scaled to 0 replicas"):
+        reconcile(ctl, body)
+    assert apps.stored["spec"]["replicas"] == 0
+
+
+def test_allowed_sweeper_images_from_env_and_its_errors():
+    env = {"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": " registry.example/team/*, other:1 "}
+    config = OperatorConfig.from_env(env)
+    assert config.allowed_sweeper_images == ("registry.example/team/*", "other:1")
+    assert OperatorConfig.from_env(config.to_env()) == config
+    assert OperatorConfig.from_env({}).allowed_sweeper_images == ()
+    assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": ""}).allowed_sweeper_images == ()
+    assert "STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES" not in OperatorConfig().to_env()
+    assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "*"}).allowed_sweeper_images == ("*",)
+    for raw, complaint in [("registry.example/*/x", "only at the end"), ("a:1,,b:1", "an entry is empty"),
+                           ("a:1,", "an entry is empty"), ("a b:1", "no whitespace"), ("**", "only at the end")]:
+        with pytest.raises(SystemExit) as refused:
+            OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": raw})
+        text = str(refused.value.code)
+        assert text.startswith(f"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES={raw!r}: ") and complaint in text, text
+
+
+def test_allowed_sweeper_images_from_flags_override_the_env(monkeypatch, capsys):
+    from stalledpolicy.cli import build_parser
+    from stalledpolicy.controller.cli import config_from_args
+
+    monkeypatch.setenv("STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES", "from-env:1")
+    args = build_parser().parse_args(["operator", "-A", "--allowed-sweeper-image", "registry.example/team/*",
+                                      "--allowed-sweeper-image", "other:1"])
+    assert config_from_args(args).allowed_sweeper_images == ("registry.example/team/*", "other:1")
+    args = build_parser().parse_args(["operator", "-A"])
+    assert config_from_args(args).allowed_sweeper_images == ("from-env:1",)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "-A", "--allowed-sweeper-image", "registry.example/*/x"])
+    err = capsys.readouterr().err
+    assert "--allowed-sweeper-image" in err and "only at the end" in err
+
+
+def test_image_allowed_matches_exactly_or_by_prefix():
+    from stalledpolicy.controller.config import image_allowed
+
+    assert image_allowed("own:1", (), "own:1")
+    assert not image_allowed("own:2", (), "own:1")
+    assert image_allowed("r.example/t/x:1", ("r.example/t/*",), "own:1")
+    assert not image_allowed("r.example/tx:1", ("r.example/t/*",), "own:1")
+    assert image_allowed("x:10", ("x:1*",), "own:1") and not image_allowed("x:10", ("x:1",), "own:1")
+    assert image_allowed("anything", ("*",), "own:1")
+

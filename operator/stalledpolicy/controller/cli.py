@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig
+from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern
 
 EXIT_USAGE = 2
 
@@ -24,6 +24,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _image_pattern(text: str) -> str:
+    try:
+        return check_image_pattern(text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
@@ -33,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweeper-image", default=os.environ.get("STALLEDPOLICY_SWEEPER_IMAGE"),
                         help="default sweeper image when a policy sets no spec.sweeper.image "
                              "(env STALLEDPOLICY_SWEEPER_IMAGE)")
+    parser.add_argument("--allowed-sweeper-image", action="append", type=_image_pattern, default=None,
+                        metavar="IMAGE",
+                        help="an image a policy may set as spec.sweeper.image: an exact reference, or "
+                             "a prefix ending in '*' (registry.example/team/*); '*' allows any image. "
+                             "Repeatable. Default: only the sweeper image (--sweeper-image). "
+                             "(env STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES, comma-separated)")
     parser.add_argument("--liveness", metavar="URL",
                         help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
@@ -56,6 +69,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     base = OperatorConfig.from_env()
     return OperatorConfig(
         sweeper_image=args.sweeper_image or base.sweeper_image,
+        allowed_sweeper_images=(tuple(args.allowed_sweeper_image) if args.allowed_sweeper_image
+                                else base.allowed_sweeper_images),
         status_interval=args.status_interval or base.status_interval,
         max_backoff=args.max_backoff or base.max_backoff,
         secret_ttl=base.secret_ttl,

@@ -13,11 +13,45 @@ ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
 # The shortest status interval and retry cap: below a second the status loop
 # would read every queue (and retry every failure) in a busy loop.
 MIN_LOOP_SECONDS = 1.0
+ALLOWED_SWEEPER_IMAGES_ENV = ENV_PREFIX + "ALLOWED_SWEEPER_IMAGES"
+
+
+def check_image_pattern(entry: str) -> str:
+    """One entry of ``allowed_sweeper_images``, as given; ValueError saying what is wrong.
+    An entry is an exact image reference, or a prefix ending in ``*``
+    (``registry.example/team/*``); a lone ``*`` allows any image."""
+    if not entry:
+        raise ValueError("an entry is empty")
+    if any(ch.isspace() for ch in entry) or "," in entry:
+        raise ValueError(f"{entry!r}: an image reference holds no whitespace or comma")
+    if "*" in entry[:-1]:
+        raise ValueError(f"{entry!r}: '*' is allowed only at the end (a prefix, e.g. registry.example/team/*)")
+    return entry
+
+
+def image_allowed(image: str, patterns: tuple[str, ...] | list[str], own_image: str) -> bool:
+    """``image`` is the operator's own sweeper image, or listed in ``patterns`` (exact,
+    or a prefix written with a trailing ``*``; ``*`` alone: any image). Plain string
+    comparison: ``img:1`` does not allow ``docker.io/library/img:1``."""
+    if image == own_image:
+        return True
+    for pattern in patterns:
+        if pattern.endswith("*"):
+            if image.startswith(pattern[:-1]):
+                return True
+        elif image == pattern:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
     sweeper_image: str | None = None
+    # Images a policy may set as spec.sweeper.image besides the operator's own
+    # sweeper image (exact references, or prefixes ending in "*"; "*": any).
+    # Empty: only the operator's own. The sweeper gets the policy's Redis Secret,
+    # so an image of the policy author's choosing could read that Secret.
+    allowed_sweeper_images: tuple[str, ...] = ()
     # Seconds between two status reads of one policy's queue.
     status_interval: float = 10.0
     # Cap of the retry delay after an error (Redis down, Secret missing, name clash).
@@ -56,8 +90,19 @@ class OperatorConfig:
                 raise SystemExit(f"{ENV_PREFIX + name}={raw!r}: must be greater than 0")
             return value
 
+        def patterns() -> tuple[str, ...]:
+            raw = (env.get(ALLOWED_SWEEPER_IMAGES_ENV) or "").strip()
+            if not raw:
+                return ()
+            try:
+                return tuple(check_image_pattern(entry.strip()) for entry in raw.split(","))
+            except ValueError as exc:
+                raise SystemExit(f"{ALLOWED_SWEEPER_IMAGES_ENV}={raw!r}: {exc} "
+                                 "(comma-separated image references or prefixes ending in '*')") from None
+
         return cls(
             sweeper_image=env.get(ENV_PREFIX + "SWEEPER_IMAGE") or None,
+            allowed_sweeper_images=patterns(),
             status_interval=number("STATUS_INTERVAL", defaults.status_interval, MIN_LOOP_SECONDS),
             max_backoff=number("MAX_BACKOFF", defaults.max_backoff, MIN_LOOP_SECONDS),
             secret_ttl=number("SECRET_TTL", defaults.secret_ttl),
@@ -75,6 +120,8 @@ class OperatorConfig:
         }
         if self.sweeper_image:
             env[ENV_PREFIX + "SWEEPER_IMAGE"] = self.sweeper_image
+        if self.allowed_sweeper_images:
+            env[ALLOWED_SWEEPER_IMAGES_ENV] = ",".join(self.allowed_sweeper_images)
         return env
 
 

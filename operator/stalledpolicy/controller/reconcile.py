@@ -17,10 +17,10 @@ import logging
 import time
 from typing import Any, Mapping, NoReturn
 
-from stalledpolicy.controller import KIND, events
+from stalledpolicy.controller import FIELD_MANAGER, KIND, events
 from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, controller_owner,
                                             read_deployment)
-from stalledpolicy.controller.config import backoff
+from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller, plain, sweeper_name
 from stalledpolicy.controller.status import ReconcileOutcome
@@ -137,6 +137,9 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, str(exc)))
         raise InvalidPolicy(str(exc)) from None
 
+    if spec.sweeper.image is not None and not sweeper_image_allowed(ctl, spec.sweeper.image):
+        _refuse_image(ctl, body, generation, retry, spec.sweeper.image)
+
     deployment_name = sweeper_name(name)
     try:
         existing = read_deployment(ctl.apps, namespace, deployment_name)
@@ -179,6 +182,68 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
     ctl.record_outcome(body, outcome)
     return outcome
+
+
+def own_sweeper_image(ctl: Controller) -> str:
+    """The image a policy without ``spec.sweeper.image`` runs (always allowed)."""
+    return ctl.config.sweeper_image or default_sweeper_image()
+
+
+def sweeper_image_allowed(ctl: Controller, image: str) -> bool:
+    return image_allowed(image, ctl.config.allowed_sweeper_images, own_sweeper_image(ctl))
+
+
+def _deployment_images(deployment: Mapping[str, Any]) -> list[str]:
+    pod = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {})
+    return [c.get("image") or "" for key in ("initContainers", "containers")
+            for c in pod.get(key) or [] if isinstance(c, Mapping)]
+
+
+def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, image: str) -> NoReturn:
+    """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
+    Redis URL from a Secret of the namespace, so an image of the policy author's
+    choosing could read any Secret there. InvalidSpec, like any spec the operator
+    will not run. As for any InvalidSpec, the policy's existing sweeper keeps its
+    last applied spec, but only while that runs allowed images: one that runs a
+    refused image (the list was narrowed, or the sweeper predates the list) is
+    scaled to 0 replicas (the operator may not delete Deployments), until the
+    spec is fixed and applied again."""
+    meta = body.get("metadata") or {}
+    namespace, uid = meta.get("namespace"), meta.get("uid")
+    deployment_name = sweeper_name(meta.get("name"))
+    own = own_sweeper_image(ctl)
+    allowed = ", ".join(repr(p) for p in ctl.config.allowed_sweeper_images)
+    message = (f"spec.sweeper.image {image!r} is not an allowed sweeper image (the operator allows "
+               f"{own!r}" + (f" and {allowed}" if allowed else " only") + "): remove spec.sweeper.image "
+               "to run the default image, or ask the operator's admin to add this image to the chart "
+               "value sweeperAllowedImages (--allowed-sweeper-image)")
+    try:
+        existing = read_deployment(ctl.apps, namespace, deployment_name)
+        if existing is not None and conflict_reason(existing, uid) is None:
+            refused = [i for i in _deployment_images(existing) if not sweeper_image_allowed(ctl, i)]
+            if not refused:
+                message += f"; Deployment {deployment_name} keeps running its last applied spec"
+            else:
+                # One message whether scaled now or before: one event, not one per reconcile.
+                if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
+                    _scale_to_zero(ctl.apps, namespace, deployment_name)
+                    log.warning("sweeper Deployment runs a refused image; scaled to 0", extra={
+                        "namespace": namespace, "policy": meta.get("name"), "deployment": deployment_name})
+                message += (f"; Deployment {deployment_name} runs a refused image ({refused[0]!r}) "
+                            "and is scaled to 0 replicas")
+    except _api_errors() as exc:
+        message += (f"; Deployment {namespace}/{deployment_name} may still run a refused image, "
+                    f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
+        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
+        raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff)) from None
+    ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
+    raise InvalidPolicy(message)
+
+
+def _scale_to_zero(apps, namespace: str, name: str) -> None:
+    apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": 0}},
+                                     field_manager=FIELD_MANAGER,
+                                     _content_type="application/merge-patch+json")
 
 
 def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, message: str) -> NoReturn:
