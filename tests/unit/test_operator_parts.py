@@ -991,3 +991,21 @@ def test_image_allowed_matches_exactly_or_by_prefix():
     assert image_allowed("x:10", ("x:1*",), "own:1") and not image_allowed("x:10", ("x:1",), "own:1")
     assert image_allowed("anything", ("*",), "own:1")
 
+
+
+def test_the_operator_without_kubernetes_credentials_exits_2_at_once(tmp_path):
+    """Not in a cluster and no kubeconfig: one line and exit 2, not kopf's login
+    retried every minute with a traceback."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    env["HOME"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "stalledpolicy", "operator", "-A"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "stalledpolicy operator: no Kubernetes credentials: not running in a cluster (no service account) "
+        "and the kubeconfig ~/.kube/config cannot be used (ConfigException); give --kubeconfig FILE or set "
+        "KUBECONFIG"]

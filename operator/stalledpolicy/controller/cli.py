@@ -79,6 +79,26 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     )
 
 
+def credentials_problem() -> str | None:
+    """Why no Kubernetes credentials can be loaded, or None. Checked before kopf
+    starts: kopf would retry its login every minute, with a traceback, for ever."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+        return None
+    except config.ConfigException:
+        pass
+    try:
+        config.load_kube_config()
+        return None
+    except (config.ConfigException, OSError) as exc:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (f"no Kubernetes credentials: not running in a cluster (no service account) and the "
+                f"kubeconfig {where} cannot be used ({type(exc).__name__}); give --kubeconfig FILE "
+                "or set KUBECONFIG")
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
         print("stalledpolicy operator: give --namespace NS (repeatable) or --all-namespaces",
@@ -93,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_USAGE
         os.environ["KUBECONFIG"] = args.kubeconfig
+    problem = credentials_problem()
+    if problem is not None:
+        print(f"stalledpolicy operator: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     # The kopf entry module reads its settings from the environment, so that
     # `kopf run -m stalledpolicy.controller.main` behaves the same.
     os.environ.update(config_from_args(args).to_env())
