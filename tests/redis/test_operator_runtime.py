@@ -432,6 +432,49 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
     assert kind == "Warning" and "no answer" in message and "TimeoutError" in message
 
 
+def test_an_operator_stopped_during_a_long_replay_does_not_run_it_again(redis_server, r, queue_name):
+    from stalledpolicy import engine
+
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    for n in range(engine.MORGUE_BATCH + 20):
+        dead_letter(r, queue_name, f"JOB{n:05d}")
+
+    class Stopped(BaseException):
+        """The process ends here (SIGKILL after the grace period, say)."""
+
+    def replay_until_stopped(client, queue, lane=None, progress=None):
+        def one_call_then_stop(so_far):
+            progress(so_far)
+            raise Stopped
+
+        return engine.morgue_replay(client, queue, lane=lane, progress=one_call_then_stop)
+
+    annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+    first = start(secrets, annotated, StatusSink())
+    first.replay_fn = replay_until_stopped
+    try:
+        with pytest.raises(Stopped):
+            first.refresh(("ns", "p"))
+    finally:
+        first.stop()
+    dead_letter(r, queue_name, "JOB99999")  # died after the token was acted on
+
+    again = start(secrets, annotated, StatusSink())  # the operator comes back
+    runs = []
+    again.replay_fn = lambda *a, **k: runs.append(a)
+    try:
+        again.refresh(("ns", "p"))
+    finally:
+        again.stop()
+    assert runs == [], "the replay ran again"
+    assert r.zcard(keys.dead) == 21 and r.zscore(keys.dead, "JOB99999") is not None
+    last = next(p["lastReplay"] for p in reversed(again.custom.patches) if "lastReplay" in p)
+    assert last == {"token": "t1", "replayed": engine.MORGUE_BATCH, "time": last["time"]}
+    [(_, kind, _, message)] = [e for e in again.recorder.events if e[2] == "ReplayIncomplete"]
+    assert kind == "Warning" and f"stopped after {engine.MORGUE_BATCH} jobs" in message
+
+
 def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_server, r, queue_name):
     from stalledpolicy import engine
 

@@ -26,6 +26,8 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
 
 TOKEN_MAX = 253
+# in the Redis record only (never in status): the replay was still running
+_INCOMPLETE = "incomplete"
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,10 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     record_key = QueueKeys(queue).sweeper_last_replay
     served = _served_record(client.get(record_key), request.token)
     if served is not None:
+        if served.pop(_INCOMPLETE, False):
+            return served, (f"the replay of queue {queue} was stopped after {served['replayed']} jobs "
+                            "(the operator stopped during it); annotate the policy again with a new value "
+                            "to replay the rest")
         return served, None
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
@@ -75,9 +81,15 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     if request.lane:
         record["lane"] = request.lane
     moved: list[int] = []  # jobs moved after each completed script call
+
+    def called(so_far: Any) -> None:
+        moved.append(int(so_far.replayed))
+        # An operator stopped during a long replay (an upgrade) finds the token
+        # served with what moved, instead of replaying what has died since.
+        _store(client, record_key, {**record, "replayed": moved[-1], _INCOMPLETE: True})
+
     try:
-        result = replay_fn(client, queue, lane=request.lane,
-                           progress=lambda so_far: moved.append(int(so_far.replayed)))
+        result = replay_fn(client, queue, lane=request.lane, progress=called)
         record["replayed"] = int(result.replayed)
         warning = replay_warning(queue, result)
     except Exception as exc:
@@ -163,7 +175,7 @@ def _served_record(raw: Any, token: str) -> dict | None:
     replayed = record.get("replayed")
     if not (replayed is None or isinstance(replayed, int)) or not isinstance(record.get("time"), str):
         return None
-    return {k: record[k] for k in ("token", "replayed", "time", "lane") if k in record}
+    return {k: record[k] for k in ("token", "replayed", "time", "lane", _INCOMPLETE) if k in record}
 
 
 def replay_message(queue: str, record: Mapping[str, Any]) -> str:
