@@ -433,13 +433,15 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
 
 
 def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, lane: str | None = None,
-                 ids: Sequence[str] | None = None, dry_run: bool = False) -> PurgeResult:
+                 ids: Sequence[str] | None = None, dry_run: bool = False,
+                 progress: Callable[[PurgeResult], None] | None = None) -> PurgeResult:
     """Delete dead jobs (the morgue entry and the row) for good.
 
     Selection as :func:`morgue_replay`, narrowed by ``older_than_s``: only jobs
     whose ``dead_at`` is at least that old on the server clock. The others
     without a valid ``dead_at`` are kept and counted: ``undated`` (dated now)
-    and ``undatable`` (their row is missing or not a hash).
+    and ``undatable`` (their row is missing or not a hash). ``progress`` as
+    in :func:`morgue_replay`: it sees the result so far after each call.
     """
     min_age = ""
     if older_than_s is not None:
@@ -461,6 +463,8 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
         result.undated += int(undated)
         result.undatable += int(undatable)
         result.problems = _union(result.problems, (_text(p) for p in problems))
+        if progress is not None:
+            progress(result)
         return next_cursor  # as sent (see _scan)
 
     if ids is not None:

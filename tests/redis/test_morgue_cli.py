@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -667,8 +668,9 @@ def test_help_documents_exit_codes():
     result = subprocess.run([sys.executable, "-m", "stalledpolicy", "morgue", "replay", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    for code in ("0", "1", "2", "3", "4"):
+    for code in ("0", "1", "2", "3", "4", "130", "143"):
         assert f"\n  {code}  " in result.stdout
+    assert "stopped_early" in result.stdout
     assert "--yes" in result.stdout and "--dry-run" in result.stdout
 
 
@@ -845,6 +847,123 @@ def test_the_cli_waits_seconds_not_a_minute_for_an_answer(silent_server, queue_n
     assert code == 3
     assert err.getvalue() == f"stalledpolicy morgue list: no answer from Redis at {silent_server} within 0.5 s\n"
     assert time.monotonic() - started < 0.95
+
+
+def big_morgue(r, queue: str, count: int) -> list[str]:
+    keys = QueueKeys(queue)
+    now = server_ms(r)
+    ids = [f"JOB{i:06d}" for i in range(count)]
+    pipe = r.pipeline(transaction=False)
+    for i, job_id in enumerate(ids):
+        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now - HOUR_MS}
+        if i % 3 == 0:
+            row["group"] = "bulk"
+        pipe.hset(keys.job(job_id), mapping=row)
+        pipe.zadd(keys.dead, {job_id: 0})
+    pipe.execute()
+    return ids
+
+
+def signal_after_first_call(monkeypatch, name: str, signum: int) -> None:
+    """The engine's first real (not dry-run) call is followed by ``signum`` to this process."""
+    from stalledpolicy import engine
+
+    real = getattr(engine, name)
+
+    def wrapped(*args, dry_run=False, progress=None, **kwargs):
+        def after_call(result):
+            if not dry_run:
+                # without a handler of the CLI's, the signal would end (or interrupt) pytest itself
+                assert signal.getsignal(signum) not in (signal.SIG_DFL, signal.default_int_handler), \
+                    "no handler for the signal while the change runs"
+                os.kill(os.getpid(), signum)
+            if progress is not None:
+                progress(result)
+        return real(*args, dry_run=dry_run, progress=after_call, **kwargs)
+
+    monkeypatch.setattr(engine, name, wrapped)
+
+
+@pytest.mark.parametrize(("action", "signum", "code"), [
+    (["replay", "--all"], signal.SIGTERM, 143),
+    (["replay", "--lane", "bulk"], signal.SIGINT, 130),
+    (["purge", "--all"], signal.SIGINT, 130),
+    (["purge", "--older-than", "30m"], signal.SIGTERM, 143),
+])
+def test_a_signal_stops_a_change_between_calls_and_reports_what_moved(r, url, queue_name, monkeypatch,
+                                                                      action, signum, code):
+    ids = big_morgue(r, queue_name, 1237)  # three calls of 500
+    keys = QueueKeys(queue_name)
+    signal_after_first_call(monkeypatch, "morgue_" + action[0], signum)
+    out, err = io.StringIO(), io.StringIO()
+    result = morgue_cli.run(_args(*action, "--yes", "-o", "json", "--redis-url", url, "--queue", queue_name),
+                            stdin=io.StringIO(), stdout=out, stderr=err)
+    assert result == code, err.getvalue()
+    doc = json.loads(out.getvalue())
+    past = "replayed" if action[0] == "replay" else "purged"
+    left = r.zrange(keys.dead, 0, -1)
+    assert doc["stopped_early"] is True and doc["signal"] == signal.Signals(signum).name
+    assert doc[past] == len(doc["ids"]) == len(ids) - len(left) > 0 and left  # one call ran, no other
+    assert set(doc["ids"]).isdisjoint(left)
+    if "--older-than" in action:
+        assert doc["not_reached"] is None
+    else:
+        selected = ids[::3] if "--lane" in action else ids
+        assert sorted(doc["not_reached"]) == sorted(set(selected) & set(left))
+    assert f"stopped by {signal.Signals(signum).name}" in err.getvalue()
+
+
+def test_a_change_without_a_signal_says_it_was_not_stopped(r, url, queue_name):
+    standard_morgue(r, queue_name)
+    result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes", "-o", "json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 0 and doc["stopped_early"] is False and doc["not_reached"] is None
+
+
+def test_sigterm_during_a_large_replay_prints_what_moved_and_exits_143(r, redis_server, url, queue_name):
+    """The real process and a real SIGTERM: it used to die silently with jobs moved."""
+    count = 20000
+    big_morgue(r, queue_name, count)
+    keys = QueueKeys(queue_name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stalledpolicy", "morgue", "replay", "--queue", queue_name, "--all", "--yes",
+         "-o", "json", "--redis-url", url],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while r.zcard(keys.dead) == count and time.monotonic() < deadline:
+            time.sleep(0.001)
+        r.execute_command("CLIENT", "PAUSE", 1000, "WRITE")  # holds the next call: the signal lands mid-run
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    doc = json.loads(out)
+    left = r.zcard(keys.dead)
+    assert 0 < left < count
+    assert doc["stopped_early"] is True and doc["replayed"] == count - left
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+
+
+def test_ctrl_c_before_the_change_starts_says_nothing_changed(r, url, queue_name, monkeypatch):
+    from stalledpolicy import engine
+
+    standard_morgue(r, queue_name)
+    before = dump(r)
+
+    def interrupted_preview(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "morgue_replay", interrupted_preview)
+    out, err = io.StringIO(), io.StringIO()
+    code = morgue_cli.run(_args("replay", "--redis-url", url, "--queue", queue_name, "--all", "--yes"),
+                          stdin=io.StringIO(), stdout=out, stderr=err)
+    assert code == 130
+    assert "nothing was changed" in err.getvalue() and "partly applied" not in err.getvalue()
+    assert dump(r) == before
 
 
 # ------------------------------------------------------------------ cluster

@@ -38,7 +38,13 @@ exit codes:
        lost, or no answer came in time, during the operation: a change is
        never sent twice, so check what it did with stats and list)
   4    aborted at the confirmation prompt (nothing changed)
-  130  interrupted (Ctrl-C)
+  130  interrupted (Ctrl-C, SIGINT)
+  143  terminated (SIGTERM)
+       On either signal a replay or purge finishes the script call in
+       progress (milliseconds), sends no other, and prints what it changed
+       so far ("stopped_early": true in -o json; confirmed ids it did not
+       reach in "not_reached"); run it again to go on. Before the change
+       starts (preview, prompt) nothing was changed.
 
 environment:
   STALLEDPOLICY_REDIS_URL  default for --redis-url

@@ -16,6 +16,9 @@ either, nothing is written and the note says so. Entries whose row is missing
 or not a hash cannot be dated (``undatable``): they ask for no write, and the
 note says only a purge by ``--id`` (or ``--all``) without ``--older-than``
 removes them.
+
+A SIGTERM or SIGINT during the real call stops it between two script calls
+(``stopping``): what moved so far is reported and the exit code is 143 or 130.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from stalledpolicy.morgue.exit_codes import EXIT_ABORTED, EXIT_USAGE
 from stalledpolicy.morgue.prompt import confirm, is_interactive
 from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import report_outcome, show_preview
+from stalledpolicy.morgue.stopping import StopRequested, Stopper
 
 # rows read per pipeline for the lanes of a purge preview
 MORGUE_BATCH_READ = 500
@@ -46,20 +50,36 @@ class Outcome:
     undated: int = 0  # age purge: entries without a valid time of death, dated by a real run (kept)
     undatable: int = 0  # age purge: entries whose row is missing or not a hash: never dated (kept)
     problems: list[str] = field(default_factory=list)  # keys of the wrong type met after the moves
+    stopped_by: str | None = None  # the signal that stopped a real run between its calls
+
+
+def _outcome(result: Any) -> Outcome:
+    if hasattr(result, "unreplayable"):
+        return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
+                       refused=dict(result.unreplayable), problems=list(result.problems))
+    return Outcome(ids=list(result.ids), missing=list(result.missing), refused=dict(result.kept),
+                   undated=result.undated, undatable=result.undatable, problems=list(result.problems))
 
 
 def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
-                 ids: list[str] | None, dry_run: bool) -> Outcome:
-    """``ids`` replaces the lane filter: pinned ids were selected by it already."""
+                 ids: list[str] | None, dry_run: bool, stopper: Stopper | None = None) -> Outcome:
+    """``ids`` replaces the lane filter: pinned ids were selected by it already.
+    With a ``stopper``, a SIGTERM/SIGINT stops the engine between its calls and
+    the outcome is what the calls made so far did (``stopped_by`` says so)."""
     lane = selection["lane"] if ids is None else None
-    if args.morgue_action == "replay":
-        result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run)
-        return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
-                       refused=dict(result.unreplayable), problems=list(result.problems))
-    result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
-                                 ids=ids, dry_run=dry_run)
-    return Outcome(ids=list(result.ids), missing=list(result.missing), refused=dict(result.kept),
-                   undated=result.undated, undatable=result.undatable, problems=list(result.problems))
+    progress = stopper.progress if stopper is not None else None
+    try:
+        if args.morgue_action == "replay":
+            result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
+                                          progress=progress)
+        else:
+            result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
+                                         ids=ids, dry_run=dry_run, progress=progress)
+    except StopRequested:
+        outcome = _outcome(stopper.result)
+        outcome.stopped_by = stopper.signal_name
+        return outcome
+    return _outcome(result)
 
 
 def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:
@@ -122,16 +142,27 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
             err.write(f"aborted: nothing {'dated or ' if preview.undated else ''}{past}\n")
             return EXIT_ABORTED
 
-    if older_than is not None:
-        # An age purge applies its rule as it runs: a job can only join the
-        # selection by growing older, which is what was asked; and the engine
-        # records a time of death on undated entries so a later purge can age them.
-        done = _call_engine(engine, client, args, selection, ids=None, dry_run=False)
-        done.missing = preview.missing
-        return report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, previewed=count)
-    # Otherwise what was confirmed is exactly what runs: jobs dead-lettered into
-    # the lane (or the morgue) while the prompt was open are not swept along.
-    done = _call_engine(engine, client, args, selection, ids=preview.ids, dry_run=False)
-    vanished, done.missing = done.missing, preview.missing
-    done.refused = {**preview.refused, **done.refused}
-    return report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished)
+    # From here on a signal (SIGTERM, Ctrl-C) lets the script call in progress
+    # finish, sends no other, and the report says what moved so far.
+    stopper = Stopper()
+    with stopper.installed():
+        args.change_started = True
+        if older_than is not None:
+            # An age purge applies its rule as it runs: a job can only join the
+            # selection by growing older, which is what was asked; and the engine
+            # records a time of death on undated entries so a later purge can age them.
+            done = _call_engine(engine, client, args, selection, ids=None, dry_run=False, stopper=stopper)
+            done.missing = preview.missing
+            code = report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past,
+                                  previewed=None if done.stopped_by else count)
+        else:
+            # Otherwise what was confirmed is exactly what runs: jobs dead-lettered into
+            # the lane (or the morgue) while the prompt was open are not swept along.
+            done = _call_engine(engine, client, args, selection, ids=preview.ids, dry_run=False, stopper=stopper)
+            vanished, done.missing = done.missing, preview.missing
+            reached = set(done.ids) | set(vanished) | set(done.refused)
+            done.refused = {**preview.refused, **done.refused}
+            not_reached = [job_id for job_id in preview.ids if job_id not in reached] if done.stopped_by else None
+            code = report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished,
+                                  not_reached=not_reached)
+    return stopper.exit_code if done.stopped_by else code

@@ -15,9 +15,11 @@ from stalledpolicy.morgue.exit_codes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
+from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import connect, redact_url, scrub, single_attempt, unreachable_errors
 from stalledpolicy.streams import discard
@@ -128,12 +130,28 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
         err.write(f"{prog}: error: {exc}\n")
         return EXIT_USAGE
 
+    url = args.redis_url
+    where = redact_url(url)
+    args.change_started = False  # set by run_change when the real calls begin
+    try:
+        with terminate_like_interrupt():
+            return _run_action(args, prog, url, where, changing, selection, out, err, stdin)
+    except (KeyboardInterrupt, Terminated) as exc:
+        # outside a change's calls (run_change stops those between calls itself)
+        terminated = isinstance(exc, Terminated)
+        err.write(f"\n{prog}: {'terminated (SIGTERM)' if terminated else 'interrupted'}\n")
+        if changing and not args.dry_run:
+            err.write("nothing was changed\n" if not args.change_started else
+                      "the change may have been partly applied; check with 'stalledpolicy morgue stats' and 'list'\n")
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
+def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, changing: bool,
+                selection: dict[str, Any] | None, out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     import redis
 
     from stalledpolicy import engine
 
-    url = args.redis_url
-    where = redact_url(url)
     client = None
     try:
         client = open_client(url, changing=changing)
@@ -166,19 +184,13 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
             return EXIT_FAILED
         else:
             _report_unreachable(err, prog, where, url, exc, connected=client is not None)
-        if client is not None and changing and not args.dry_run:
+        if args.change_started:
             err.write("the change may have been partly applied (it is not sent twice); check with "
                       "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        err.write(f"\n{prog}: interrupted\n")
-        if changing and not args.dry_run:
-            err.write("the change may have been partly applied; check with "
-                      "'stalledpolicy morgue stats' and 'list'\n")
-        return EXIT_INTERRUPTED
     finally:
         if client is not None:
             client.close()

@@ -48,9 +48,12 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes
 
 def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
                    verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None,
-                   dated: bool = True) -> int:
+                   dated: bool = True, not_reached: Sequence[str] | None = None) -> int:
     """``dated``: in a real run, whether the call that ran recorded a time of
-    death on the undated entries (False: only the preview ran)."""
+    death on the undated entries (False: only the preview ran). A run stopped
+    by a signal (``outcome.stopped_by``) reports what it did so far and, for
+    confirmed ids, those it did not reach (``not_reached``; None when the
+    run applied a rule rather than pinned ids)."""
     queue = args.queue
     ids = outcome.ids
     code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
@@ -65,6 +68,10 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
         document["refused"] = outcome.refused
         document["vanished"] = list(vanished)
         document["problems"] = outcome.problems
+        if not dry_run:
+            document["stopped_early"] = outcome.stopped_by is not None
+            document["signal"] = outcome.stopped_by
+            document["not_reached"] = None if not_reached is None else list(not_reached)
         if verb == "purge":
             document["undated"] = outcome.undated
             document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
@@ -76,7 +83,8 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
         elif not ids:
             out.write(f"nothing to {verb} in queue {queue}\n")
         else:
-            out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}\n")
+            early = f" (stopped early by {outcome.stopped_by})" if outcome.stopped_by else ""
+            out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}{early}\n")
         if ids:
             if outcome.lanes:
                 out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",)) + "\n")
@@ -115,4 +123,12 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
     if vanished:
         err.write(f"{jobs_phrase(len(vanished))} left the morgue between the preview and the change "
                   f"(replayed or purged by someone else meanwhile): {ids_preview(vanished)}\n")
+    if outcome.stopped_by:
+        err.write(f"stopped by {outcome.stopped_by}: the script call in progress finished and no other was sent; "
+                  f"{jobs_phrase(len(ids))} {past} so far\n")
+        if not_reached:
+            err.write(f"{jobs_phrase(len(not_reached))} confirmed but not reached (still in the morgue): "
+                      f"{ids_preview(list(not_reached))}\n")
+        elif not_reached is None:
+            err.write(f"jobs not reached are still in the morgue; run the same command again to {verb} them\n")
     return code

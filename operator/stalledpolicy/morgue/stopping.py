@@ -1,0 +1,85 @@
+"""SIGTERM and SIGINT while a replay or purge runs: the script call in progress
+finishes, the next one is not sent, and what moved so far is reported (as
+``stalledpolicy sweep --once`` does). Before the change starts (preview,
+prompt) and in the read-only actions a signal ends the command at once:
+nothing was changed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# the shell's 128 + signal number: 130 for SIGINT, 143 for SIGTERM
+EXIT_SIGNALLED_BASE = 128
+
+
+class StopRequested(Exception):
+    """Raised from the engine's ``progress`` callback: stop before the next call."""
+
+
+class Terminated(BaseException):
+    """SIGTERM outside a change's calls: ends the command as Ctrl-C does."""
+
+
+class Stopper:
+    """Remembers the first SIGTERM/SIGINT received while installed; its
+    :meth:`progress` (the engine's callback) keeps the result so far and
+    stops the engine before its next call once a signal came."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.result: Any = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "-"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGNALLED_BASE + (self.signum or 0)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def progress(self, result: Any) -> None:
+        self.result = result
+        if self.signum is not None:
+            raise StopRequested
+
+    @contextmanager
+    def installed(self) -> Iterator[Stopper]:
+        with _handlers(self._on_signal):
+            yield self
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise Terminated
+
+
+@contextmanager
+def terminate_like_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (as SIGINT raises KeyboardInterrupt),
+    so the command ends with a message and 143 rather than silently."""
+    with _handlers(_raise_terminated, (signal.SIGTERM,)):
+        yield
+
+
+@contextmanager
+def _handlers(handler: Any, signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (an embedding caller's thread)
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
