@@ -192,4 +192,3 @@ def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
     shown = redact_urls(text)
     assert "pa/ss" not in shown and "x?y" not in shown
     assert shown == "refused 'redis://u:***@h:6379/0' and rediss://:***@h2/1, see https://k8s.io/docs"
-
