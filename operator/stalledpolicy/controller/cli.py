@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern
+from stalledpolicy.controller.config import (MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern,
+                                             check_metrics_port)
 
 EXIT_USAGE = 2
 
@@ -31,6 +32,13 @@ def _image_pattern(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _metrics_port(text: str) -> int:
+    try:
+        return check_metrics_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
@@ -48,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(env STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES, comma-separated)")
     parser.add_argument("--liveness", metavar="URL",
                         help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=_metrics_port, default=None, metavar="PORT",
+                        help="serve the operator's Prometheus metrics on PORT at /metrics; 0: off "
+                             "(default 0; env STALLEDPOLICY_OPERATOR_METRICS_PORT; the chart uses 8081)")
+    parser.add_argument("--metrics-address", default=None, metavar="ADDRESS",
+                        help="address the metrics server listens on, IPv4 or IPv6 ('::': every "
+                             "address) (default 0.0.0.0; env STALLEDPOLICY_OPERATOR_METRICS_ADDRESS)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--status-interval", type=_seconds, default=None, metavar="DURATION",
                         help="time between two status reads of a policy's queue "
@@ -76,6 +90,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         secret_ttl=base.secret_ttl,
         status_workers=args.status_workers or base.status_workers,
         redis_timeout=base.redis_timeout,
+        metrics_port=base.metrics_port if args.metrics_port is None else args.metrics_port,
+        metrics_address=args.metrics_address or base.metrics_address,
     )
 
 

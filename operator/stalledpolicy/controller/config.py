@@ -14,6 +14,19 @@ ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
 # would read every queue (and retry every failure) in a busy loop.
 MIN_LOOP_SECONDS = 1.0
 ALLOWED_SWEEPER_IMAGES_ENV = ENV_PREFIX + "ALLOWED_SWEEPER_IMAGES"
+METRICS_PORT_ENV = ENV_PREFIX + "METRICS_PORT"
+METRICS_ADDRESS_ENV = ENV_PREFIX + "METRICS_ADDRESS"
+
+
+def check_metrics_port(text: str) -> int:
+    """A TCP port, or 0 (no metrics server); ValueError saying what is wrong."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r}: must be a port number (0 turns the metrics server off)") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{text!r}: must be between 0 (off) and 65535")
+    return port
 
 
 def check_image_pattern(entry: str) -> str:
@@ -60,6 +73,11 @@ class OperatorConfig:
     secret_ttl: float = 30.0
     status_workers: int = 8
     redis_timeout: float = 2.0
+    # The operator's own /metrics (controller/metrics.py). 0: not served. Off by
+    # default on the command line (several operators run by hand or in tests would
+    # clash on one port); the chart turns it on (operator.metricsPort, 8081).
+    metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"
 
     @property
     def handler_workers(self) -> int:
@@ -100,6 +118,15 @@ class OperatorConfig:
                 raise SystemExit(f"{ALLOWED_SWEEPER_IMAGES_ENV}={raw!r}: {exc} "
                                  "(comma-separated image references or prefixes ending in '*')") from None
 
+        def metrics_port() -> int:
+            raw = (env.get(METRICS_PORT_ENV) or "").strip()
+            if not raw:
+                return defaults.metrics_port
+            try:
+                return check_metrics_port(raw)
+            except ValueError as exc:
+                raise SystemExit(f"{METRICS_PORT_ENV}={raw!r}: {exc}") from None
+
         return cls(
             sweeper_image=env.get(ENV_PREFIX + "SWEEPER_IMAGE") or None,
             allowed_sweeper_images=patterns(),
@@ -108,6 +135,8 @@ class OperatorConfig:
             secret_ttl=number("SECRET_TTL", defaults.secret_ttl),
             status_workers=int(number("STATUS_WORKERS", defaults.status_workers)),
             redis_timeout=number("REDIS_TIMEOUT", defaults.redis_timeout),
+            metrics_port=metrics_port(),
+            metrics_address=(env.get(METRICS_ADDRESS_ENV) or "").strip() or defaults.metrics_address,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -117,6 +146,8 @@ class OperatorConfig:
             ENV_PREFIX + "SECRET_TTL": str(self.secret_ttl),
             ENV_PREFIX + "STATUS_WORKERS": str(self.status_workers),
             ENV_PREFIX + "REDIS_TIMEOUT": str(self.redis_timeout),
+            METRICS_PORT_ENV: str(self.metrics_port),
+            METRICS_ADDRESS_ENV: self.metrics_address,
         }
         if self.sweeper_image:
             env[ENV_PREFIX + "SWEEPER_IMAGE"] = self.sweeper_image

@@ -19,9 +19,11 @@ from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, drifted_policy,
                                                 reapply_after_deletion, reconcile, revert_drift)
 
+log = logging.getLogger("stalledpolicy.operator")
 STORAGE_PREFIX = f"operator.{GROUP}"
 SWEEPER_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 _controller = None
+_metrics_server = None
 
 
 def controller():
@@ -32,7 +34,7 @@ def controller():
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_) -> None:
-    global _controller
+    global _controller, _metrics_server
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration")
@@ -47,14 +49,37 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.process.ultimate_exiting_timeout = 10
     from stalledpolicy.controller.wiring import build_controller
 
-    _controller = build_controller(config)
+    controller = build_controller(config)
+    if config.metrics_port:
+        _metrics_server = serve_metrics(config, controller)
+    _controller = controller
     _controller.start()
+
+
+def serve_metrics(config: OperatorConfig, controller):
+    """The Controller's metrics at /metrics (the sweeper's small HTTP server, on a
+    daemon thread). A port it cannot listen on stops the operator at start."""
+    from stalledpolicy.sweeper.metrics import StatusServer
+
+    try:
+        server = StatusServer(config.metrics_address, config.metrics_port, controller.metrics)
+    except OSError as exc:
+        raise kopf.PermanentError(
+            f"cannot serve metrics on {config.metrics_address}:{config.metrics_port} "
+            f"(--metrics-port, --metrics-address): {exc.strerror or exc}") from None
+    log.info("serving metrics", extra={"address": config.metrics_address, "port": server.port,
+                                       "path": "/metrics"})
+    return server.start()
 
 
 @kopf.on.cleanup()
 def cleanup(**_) -> None:
+    global _metrics_server
     if _controller is not None:
         _controller.stop()
+    if _metrics_server is not None:
+        _metrics_server.stop()
+        _metrics_server = None
 
 
 def _run_reconcile(body, retry: int, old_spec=None) -> None:

@@ -380,6 +380,7 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
         return True
     state.drift_conflict = True
+    ctl.metrics.drift_conflicts.inc()
     meta = deployment.get("metadata") or {}
     others = other_field_managers(deployment)
     who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
@@ -420,6 +421,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
             state.drift_reverts.append(now)
+            ctl.metrics.drift_reverts.inc()
             ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
                               f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
                               "the operator re-applied the policy's spec: edit the StalledPolicy instead")
@@ -445,4 +447,5 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
             current.get("metadata") or {}).get("deletionTimestamp"):
         return
     log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
-    _reconcile_again(ctl, key, current)
+    if _reconcile_again(ctl, key, current) is not None:
+        ctl.metrics.sweepers_recreated.inc()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, events
 from stalledpolicy.controller.apply import controller_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.redis_clients import (
     PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url, secret_value_digest)
 from stalledpolicy.controller.replay import (
@@ -102,7 +103,8 @@ class Controller:
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
-                 replay_fn: Callable[..., Any] | None = None) -> None:
+                 replay_fn: Callable[..., Any] | None = None,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.config = config
         self.apps, self.core, self.custom = apps, core, custom
         self.recorder = recorder
@@ -120,10 +122,13 @@ class Controller:
         # must not kick that key again (the scheduler would rerun it at once, and
         # a refused re-apply would then be retried with no delay at all).
         self._local = threading.local()
+        self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
+        self.metrics.count_policies(lambda: len(self.policies))
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
-        self.scheduler = Scheduler(self.refresh, workers=self.config.status_workers)
+        self.scheduler = Scheduler(self.refresh, workers=self.config.status_workers,
+                                   on_lag=self.metrics.loop_lag.observe)
 
     def stop(self) -> None:
         if self.scheduler is not None:
@@ -197,6 +202,7 @@ class Controller:
         return None
 
     def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome) -> None:
+        self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
         state = self.state(body)
         with state.lock:
             before = state.outcome
@@ -239,9 +245,11 @@ class Controller:
         with state.lock:
             if state.outcome is None:
                 return 1.0  # the reconcile handler has not run yet in this process
-            problem = self._refresh_locked(state)
+            with self.metrics.refresh_duration.time():
+                problem = self._refresh_locked(state)
             if self.policies.get(key) is not state:
                 return None
+            self.metrics.count_refresh(problem)
             why = self._reapply_reason(state, problem)
             if problem is None:
                 state.failures = 0
@@ -363,6 +371,7 @@ class Controller:
         except InvalidReplayRequest as exc:
             token = annotations.get(f"{GROUP}/replay")
             state.served_token = token  # refused once; a new token asks again
+            self.metrics.count_replay("refused")
             self.recorder.post(state.body, events.WARNING, events.REPLAY_FAILED, str(exc))
             log.warning(str(exc), extra={"namespace": state.key[0], "policy": state.key[1]})
             return None, snapshot
@@ -376,6 +385,7 @@ class Controller:
             record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn)
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
+            self.metrics.count_replay("failed")
             return Problem("RedisUnreachable",
                            f"replay of queue {spec.get('queue')} failed: {safe_error(exc, url)}"), snapshot
         finally:
@@ -386,6 +396,7 @@ class Controller:
                     pass
         # Served from now on, whatever happens to the status write.
         state.served_token = request.token
+        self.metrics.count_replay("done", int(record.get("replayed") or 0))
         state.unwritten_replay, state.replay_warning = record, warning
         try:
             lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]

@@ -21,8 +21,11 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, work: Callable[[Hashable], float | None], workers: int = 4,
-                 clock: Callable[[], float] = time.monotonic, name: str = "status") -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = "status",
+                 on_lag: Callable[[float], None] | None = None) -> None:
         self._work = work
+        # Told how late each run starts after its due time (a metric).
+        self._on_lag = on_lag
         self._clock = clock
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Hashable]] = []
@@ -71,7 +74,8 @@ class Scheduler:
         for thread in self._threads:
             thread.join(timeout)
 
-    def _next(self) -> Hashable | None:
+    def _next(self) -> tuple[Hashable, float] | None:
+        """The next key due, and how many seconds after its due time it starts."""
         with self._cond:
             while not self._stopped:
                 now = self._clock()
@@ -85,16 +89,19 @@ class Scheduler:
                     heapq.heappop(self._heap)
                     del self._due[key]
                     self._running.add(key)
-                    return key
+                    return key, now - due
                 timeout = (self._heap[0][0] - now) if self._heap else None
                 self._cond.wait(timeout)
             return None
 
     def _loop(self) -> None:
         while True:
-            key = self._next()
-            if key is None:
+            picked = self._next()
+            if picked is None:
                 return
+            key, lag = picked
+            if self._on_lag is not None:
+                self._on_lag(lag)
             delay: float | None
             try:
                 delay = self._work(key)

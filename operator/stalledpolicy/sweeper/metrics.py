@@ -148,17 +148,19 @@ class Health:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    metrics: SweeperMetrics
-    health: Health
+    metrics: Any  # has exposition() -> bytes: SweeperMetrics, or the operator's OperatorMetrics
+    health: Health | None  # None: /metrics only (the operator: kopf serves its liveness)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._send(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
+        elif path == "/healthz" and self.health is not None:
             self._status(*self.health.alive())
-        elif path == "/readyz":
+        elif path == "/readyz" and self.health is not None:
             self._status(*self.health.ready())
+        elif self.health is None:
+            self._send(404, b"not found: try /metrics\n", "text/plain")
         else:
             self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
 
@@ -203,9 +205,10 @@ def listen_address(address: str) -> tuple[str, bool]:
 
 
 class StatusServer:
-    """/metrics, /healthz and /readyz on one port (IPv4 or IPv6); :meth:`stop` on shutdown."""
+    """/metrics, /healthz and /readyz on one port (IPv4 or IPv6); :meth:`stop` on shutdown.
+    Without ``health``, /metrics only (the operator's metrics server)."""
 
-    def __init__(self, address: str, port: int, metrics: SweeperMetrics, health: Health):
+    def __init__(self, address: str, port: int, metrics: Any, health: Health | None = None):
         handler = type("Handler", (_Handler,), {"metrics": metrics, "health": health})
         host, ipv6 = listen_address(address)
         self._server = (_Server6 if ipv6 else _Server)((host, port), handler)
