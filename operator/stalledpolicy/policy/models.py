@@ -294,6 +294,17 @@ class Resources(_Model):
         return {k: dict(v) for k, v in (("limits", self.limits), ("requests", self.requests)) if v}
 
 
+def _listed_once(items: list[Any], noun: str, field: str) -> list[Any]:
+    """``items`` (each with a ``name``) when no name repeats; else the problem at the repeat."""
+    first_at: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.name in first_at:
+            raise _problem(f"{noun} {item.name!r} is already listed at {field}[{first_at[item.name]}]; "
+                           f"list each {noun} once", at=(index, "name"))
+        first_at[item.name] = index
+    return items
+
+
 class SweeperOverrides(_Model):
     """``spec.sweeper``: how to run the sweeper Deployment. None = the operator's default."""
 
@@ -312,16 +323,7 @@ class SweeperOverrides(_Model):
     @field_validator("image_pull_secrets")
     @classmethod
     def _unique_pull_secrets(cls, secrets: list[PullSecret]) -> list[PullSecret]:
-        first_at: dict[str, int] = {}
-        for index, secret in enumerate(secrets):
-            if secret.name in first_at:
-                raise _problem(
-                    f"Secret {secret.name!r} is already listed at imagePullSecrets[{first_at[secret.name]}]; "
-                    "list each Secret once",
-                    at=(index, "name"),
-                )
-            first_at[secret.name] = index
-        return secrets
+        return _listed_once(secrets, "Secret", "imagePullSecrets")
 
 
 class StalledPolicySpec(_Model):
@@ -341,16 +343,7 @@ class StalledPolicySpec(_Model):
     @field_validator("lanes")
     @classmethod
     def _unique_lanes(cls, lanes: list[LanePolicy]) -> list[LanePolicy]:
-        first_at: dict[str, int] = {}
-        for index, lane in enumerate(lanes):
-            if lane.name in first_at:
-                raise _problem(
-                    f"lane {lane.name!r} is already listed at lanes[{first_at[lane.name]}]; "
-                    "list each lane once",
-                    at=(index, "name"),
-                )
-            first_at[lane.name] = index
-        return lanes
+        return _listed_once(lanes, "lane", "lanes")
 
     # -- construction ------------------------------------------------------
 
