@@ -168,6 +168,8 @@ def test_operator_deployment_shape(helm):
     assert container["image"] == "ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9"
     assert "--sweeper-image=ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9" in container["args"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--metrics-port=8081" in container["args"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"healthz": 8080, "metrics": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]["memory"]
@@ -177,6 +179,16 @@ def test_operator_deployment_shape(helm):
 
     parsed = build_parser().parse_args(container["args"])
     assert parsed.all_namespaces and parsed.status_interval == 10.0 and parsed.max_backoff == 300.0
+    assert parsed.metrics_port == 8081
+
+
+def test_operator_metrics_port_can_be_turned_off_and_never_shares_the_liveness_port(helm):
+    [deployment] = by_kind(helm.template("--set", "operator.metricsPort=0"), "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=0" in container["args"]
+    assert [p["name"] for p in container["ports"]] == ["healthz"]
+    failed = helm("template", "r", str(CHART), "--set", "operator.metricsPort=8080", check=False)
+    assert failed.returncode != 0 and "must differ from operator.livenessPort" in failed.stderr
 
 
 def test_allowed_sweeper_images_reach_the_operator_as_its_env(helm, monkeypatch):
@@ -203,8 +215,13 @@ def test_allowed_sweeper_images_reach_the_operator_as_its_env(helm, monkeypatch)
     assert config.sweeper_image.startswith("ghcr.io/stalledpolicy/stalledpolicy-operator:")
 
 
+def pod_monitor(objects, suffix):
+    [monitor] = [m for m in by_kind(objects, "PodMonitor") if m["metadata"]["name"].endswith(suffix)]
+    return monitor
+
+
 def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
-    [monitor] = by_kind(helm.template("--set", "podMonitor.enabled=true"), "PodMonitor")
+    monitor = pod_monitor(helm.template("--set", "podMonitor.enabled=true"), "-sweepers")
     spec = StalledPolicySpec.from_k8s({"queue": "q", "redis": {"url": "redis://r:6379/0"}})
     sweeper = build_sweeper_deployment("p", "ns", "uid", spec, image="i", scripts_digest="d")
     pod = sweeper["spec"]["template"]
@@ -214,6 +231,22 @@ def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
     assert endpoint["port"] == METRICS_PORT_NAME
     assert endpoint["port"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_pod_monitor_of_the_operator_selects_its_pod_and_metrics_port(helm):
+    objects = helm.template("--set", "podMonitor.enabled=true")
+    monitor = pod_monitor(objects, "-operator")
+    [deployment] = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+        assert pod["metadata"]["labels"].get(key) == value, key
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [deployment["metadata"]["namespace"]]}
+    # no metrics port: only the sweepers' PodMonitor
+    off = helm.template("--set", "podMonitor.enabled=true", "--set", "operator.metricsPort=0")
+    assert [m["metadata"]["name"] for m in by_kind(off, "PodMonitor")] == [
+        pod_monitor(off, "-sweepers")["metadata"]["name"]]
 
 
 # --------------------------------------------------------------------------- against the API server
@@ -282,8 +315,9 @@ def install(helm, control_plane, release: str, namespace: str, *values: str) -> 
 class ChartOperator:
     """The operator as the chart's Deployment runs it (its args, its ServiceAccount), here.
 
-    Only the liveness port moves to a free one; the identity is a TokenRequest
-    token of the chart's ServiceAccount, so the API server applies the chart's RBAC.
+    Only the liveness and metrics ports move to free ones (metrics on 127.0.0.1); the
+    identity is a TokenRequest token of the chart's ServiceAccount, so the API server
+    applies the chart's RBAC.
     """
 
     def __init__(self, control_plane, release_ns: str, release: str, kubeconfig: Path,
@@ -292,8 +326,10 @@ class ChartOperator:
             "get", "deployment", f"{release}-stalledpolicy-operator", "-n", release_ns,
             "-o", "json").stdout)
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.metrics_port = free_port()
         self.args = [f"--liveness=http://127.0.0.1:{free_port()}/healthz" if a.startswith("--liveness=")
-                     else a for a in args]
+                     else f"--metrics-port={self.metrics_port}" if a.startswith("--metrics-port=")
+                     else a for a in args] + ["--metrics-address=127.0.0.1"]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("STALLEDPOLICY_") and k != "KUBECONFIG"}
         # and the container's environment (sweeperAllowedImages)

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
 LIVENESS_PORT = free_port()
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ def operator(control_plane, kube_api, tmp_path_factory):
     kubeconfig = operator_kubeconfig(control_plane, kube_api)
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     process = OperatorProcess(kubeconfig, log_path, "--all-namespaces",
-                              "--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz")
+                              "--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
+                              "--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1")
     yield process
     code = process.stop()
     assert code == 0, f"the operator did not exit cleanly on SIGTERM ({code}):\n{process.log()[-3000:]}"
@@ -296,6 +298,38 @@ def test_liveness_endpoint_answers(operator):
             return False
 
     wait_for(healthy, "the liveness endpoint", timeout=20)
+
+
+def scrape_metrics() -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=2) as answer:
+            return answer.read().decode()
+    except OSError:
+        return ""
+
+
+def sample(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_the_operator_serves_its_metrics(operator, apis, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("scraped", queue_name))
+    wait_for(lambda: read_deployment(apps, kube_namespace, "scraped-sweeper"), "the sweeper")
+    ok = 'stalledpolicy_operator_reconciles_total{result="ok"}'
+    text = wait_for(lambda: (lambda t: t if sample(t, ok) > 0 else None)(scrape_metrics()),
+                    "a reconcile counted on /metrics", timeout=30)
+    assert sample(text, "stalledpolicy_operator_policies") >= 1
+    # the status loop has refreshed the policy (Redis is reachable: no failure of that reason)
+    text = wait_for(lambda: (lambda t: t if sample(t, "stalledpolicy_operator_status_refreshes_total") > 0
+                             else None)(scrape_metrics()), "a status refresh counted", timeout=30)
+    assert "stalledpolicy_operator_status_loop_lag_seconds_count" in text
+    assert "redis://" not in text and kube_namespace not in text  # no URL, namespace or policy in labels
 
 
 def test_a_deleted_sweeper_is_put_back(operator, apis, kube_namespace, secret, queue_name):
