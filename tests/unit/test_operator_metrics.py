@@ -269,3 +269,21 @@ def test_metrics_port_and_address_from_flags_and_env(monkeypatch, capsys):
     assert "between 0 (off) and 65535" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="STALLEDPOLICY_OPERATOR_METRICS_PORT='http'"):
         OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_METRICS_PORT": "http"})
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2_before_kopf_starts(capsys, monkeypatch):
+    import socket
+
+    from stalledpolicy.cli import main
+
+    for name in ("STALLEDPOLICY_OPERATOR_METRICS_PORT", "STALLEDPOLICY_OPERATOR_METRICS_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["operator", "-A", "--metrics-port", str(port), "--metrics-address", "127.0.0.1"])
+    assert code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"stalledpolicy operator: --metrics-port {port} / --metrics-address 127.0.0.1: "
+                           "cannot listen there (")

@@ -95,6 +95,25 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     )
 
 
+def metrics_listen_problem(address: str, port: int) -> str | None:
+    """Why the metrics server could not listen on ``address:port``, or None. Checked
+    before kopf starts, so a port in use is one line and exit 2 (the server itself
+    binds at kopf's startup, where a failure stops the operator with a traceback)."""
+    import socket
+
+    from stalledpolicy.sweeper.metrics import listen_address
+
+    host, ipv6 = listen_address(address)
+    try:
+        with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server binds
+            probe.bind((host, port))
+    except OSError as exc:
+        return (f"--metrics-port {port} / --metrics-address {address}: cannot listen there "
+                f"({exc.strerror or exc}); choose another port, or 0 for no metrics")
+    return None
+
+
 def credentials_problem() -> str | None:
     """Why no Kubernetes credentials can be loaded, or None. Checked before kopf
     starts: kopf would retry its login every minute, with a traceback, for ever."""
@@ -129,13 +148,19 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_USAGE
         os.environ["KUBECONFIG"] = args.kubeconfig
+    config = config_from_args(args)
+    if config.metrics_port:
+        problem = metrics_listen_problem(config.metrics_address, config.metrics_port)
+        if problem is not None:
+            print(f"stalledpolicy operator: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     problem = credentials_problem()
     if problem is not None:
         print(f"stalledpolicy operator: {problem}", file=sys.stderr)
         return EXIT_USAGE
     # The kopf entry module reads its settings from the environment, so that
     # `kopf run -m stalledpolicy.controller.main` behaves the same.
-    os.environ.update(config_from_args(args).to_env())
+    os.environ.update(config.to_env())
 
     from stalledpolicy import logs
 
