@@ -84,6 +84,14 @@ def create_policy(custom, namespace, manifest):
     return custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
 
 
+def wait_for_reason(custom, namespace: str, name: str, reason: str, type_: str = "Ready") -> dict:
+    """The policy's ``type_`` condition once its reason is ``reason``."""
+    def check():
+        found = condition(get_policy(custom, namespace, name), type_)
+        return found if found and found["reason"] == reason else None
+    return wait_for(check, f"{type_} reason {reason}")
+
+
 def test_policy_becomes_a_sweeper_deployment_owned_by_it(operator, apis, kube_namespace, secret, queue_name):
     _, apps, custom = apis
     created = create_policy(custom, kube_namespace, policy_manifest("orders", queue_name, max_stalled=2))
@@ -152,11 +160,7 @@ def test_refuses_to_take_over_a_deployment_it_does_not_own(operator, apis, kube_
     before = read_deployment(apps, kube_namespace, "clash-sweeper")
     create_policy(custom, kube_namespace, policy_manifest("clash", queue_name))
 
-    def refused():
-        ready = condition(get_policy(custom, kube_namespace, "clash"), "Ready")
-        return ready if ready and ready["reason"] == "NameConflict" else None
-
-    ready = wait_for(refused, "Ready=False reason NameConflict")
+    ready = wait_for_reason(custom, kube_namespace, "clash", "NameConflict")
     assert ready["status"] == "False" and "clash-sweeper" in ready["message"]
     warning = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "clash")
                                 if e.reason == "NameConflict"], "a NameConflict event")
@@ -178,11 +182,7 @@ def test_a_refused_sweeper_image_is_invalid_spec_and_a_running_one_is_scaled_to_
     create_policy(custom, kube_namespace, manifest)
 
     # The operator (default allowlist: its own --sweeper-image only) refuses it.
-    def refused():
-        ready = condition(get_policy(custom, kube_namespace, "custom"), "Ready")
-        return ready if ready and ready["reason"] == "InvalidSpec" else None
-
-    ready = wait_for(refused, "Ready=False reason InvalidSpec")
+    ready = wait_for_reason(custom, kube_namespace, "custom", "InvalidSpec")
     assert ready["status"] == "False"
     assert ready["message"].startswith("spec.sweeper.image 'attacker.example/steal:1' is not an allowed")
     wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "custom") if e.reason == "InvalidSpec"],
@@ -217,18 +217,12 @@ def test_missing_secret_is_ready_false_then_recovers(operator, apis, kube_namesp
     core, _, custom = apis
     create_policy(custom, kube_namespace, policy_manifest("nosecret", queue_name, secret="later"))
 
-    def reason(expected):
-        def check():
-            ready = condition(get_policy(custom, kube_namespace, "nosecret"), "RedisReachable")
-            return ready if ready and ready["reason"] == expected else None
-        return check
-
-    redis_condition = wait_for(reason("SecretNotFound"), "RedisReachable=False reason SecretNotFound")
+    redis_condition = wait_for_reason(custom, kube_namespace, "nosecret", "SecretNotFound", "RedisReachable")
     assert redis_condition["status"] == "False" and "later" in redis_condition["message"]
     ready = condition(get_policy(custom, kube_namespace, "nosecret"), "Ready")
     assert ready["status"] == "False"
     core.create_namespaced_secret(kube_namespace, redis_secret("later", redis_server.url))
-    reachable = wait_for(reason("Reachable"), "RedisReachable=True once the Secret exists", timeout=30)
+    reachable = wait_for_reason(custom, kube_namespace, "nosecret", "Reachable", "RedisReachable")
     assert reachable["status"] == "True"
     assert "password" not in json.dumps(get_policy(custom, kube_namespace, "nosecret")["status"]).lower()
 
@@ -446,11 +440,7 @@ def test_an_apply_the_api_refuses_is_ready_false_with_its_message_and_an_event(o
     manifest["spec"]["sweeper"] = {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
     create_policy(custom, kube_namespace, manifest)
 
-    def refused():
-        ready = condition(get_policy(custom, kube_namespace, "refused"), "Ready")
-        return ready if ready and ready["reason"] == "ApplyFailed" else None
-
-    ready = wait_for(refused, "Ready=False reason ApplyFailed")
+    ready = wait_for_reason(custom, kube_namespace, "refused", "ApplyFailed")
     assert ready["status"] == "False"
     assert "HTTP 422" in ready["message"] and "must be less than or equal to cpu limit" in ready["message"]
     warning = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "refused")
