@@ -587,14 +587,13 @@ def test_morgue_operations_with_a_bytes_client(r_bytes, keys):
 # ----------------------------------------------------------------- permissions (ACL)
 
 
-@pytest.mark.parametrize("change", ["replay", "purge"])
-def test_a_user_that_may_not_make_the_change_changes_nothing(redis_server, r, keys, change):
+@pytest.mark.parametrize("change, rule", [("replay", "-hdel"), ("replay", "-rpush"), ("purge", "-del")])
+def test_a_user_that_may_not_make_the_change_changes_nothing(redis_server, r, keys, change, rule):
     """A write refused half-way would leave a job out of the morgue and in no
     other set (replay) or a row without its entry (purge): asked for first."""
     put_dead(r, keys, "JOB1")
     put_dead(r, keys, "JOB2", group="g", dead_at=1)
     before = dump(r)
-    rule = "-hdel" if change == "replay" else "-del"
     with restricted_user(redis_server, r, "no-" + change, rule) as client:
         with pytest.raises(redis.ResponseError, match=f"EMQNOPERM the Redis user may not run {rule[1:].upper()} "):
             if change == "replay":
@@ -635,4 +634,11 @@ def test_a_morgue_key_of_the_wrong_type_is_named_and_nothing_changes(r, keys, op
         else:
             engine.morgue_purge(r, keys.queue, older_than_s=0)
     assert dump(r) == before
+
+
+def test_a_purge_by_id_needs_no_right_to_date_rows(redis_server, r, keys):
+    put_dead(r, keys, "JOB1")
+    with restricted_user(redis_server, r, "no-hset", "-hset") as client:
+        assert engine.morgue_purge(client, keys.queue, ids=["JOB1"]).ids == ["JOB1"]
+    assert morgue_ids(r, keys) == [] and not r.exists(keys.job("JOB1"))
 

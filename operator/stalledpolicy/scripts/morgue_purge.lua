@@ -21,8 +21,8 @@
 -- @include chunked
 -- @include counters
 -- @include guard
+-- @include refusals
 -- @include morgue_window
--- @include permitted
 -- @include text
 
 local prefix = ARGV[1]
@@ -38,8 +38,9 @@ local now_s = string.format('%d', now)
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[6], tonumber(ARGV[7]), 8)
 if not dry and #candidates > 0 then
   local id, row = candidates[1], prefix .. 'job:' .. candidates[1]
-  local refusal = refused({{'ZREM', KEYS[1], id}, {'DEL', row}, {'HSET', row, 'dead_at', now_s}})
-  if refusal then return no_permission(prefix, refusal, 'nothing was purged or dated') end
+  local checks = {{'ZREM', KEYS[1], id}, {'DEL', row}, {'HINCRBY', KEYS[2], 'purged', '1'}}
+  if min_age then checks[#checks + 1] = {'HSET', row, 'dead_at', now_s} end -- only an age purge dates
+  require_permitted(prefix, checks, 'nothing was purged or dated')
 end
 
 local purged = {}

@@ -19,8 +19,8 @@
 -- @include counters
 -- @include guard
 -- @include lanes
+-- @include refusals
 -- @include morgue_window
--- @include permitted
 -- @include text
 
 local prefix = ARGV[1]
@@ -31,11 +31,7 @@ local max_replayed = tonumber(ARGV[7])
 
 -- pending receives flat jobs after their rows are written; an error there
 -- would leave them in no set, so a wrong type refuses the call before any write.
-local pending_kind = redis.call('TYPE', KEYS[2]).ok
-if pending_kind ~= 'none' and pending_kind ~= 'zset' then
-  return redis.error_reply('EMQWRONGTYPE ' .. KEYS[2] .. ' is a ' .. pending_kind .. ', not a sorted set: '
-    .. 'nothing was replayed; repair or delete that key (EchoMQ cannot use it either)')
-end
+require_sorted_set(KEYS[2], 'nothing was replayed')
 
 -- a lane whose key has the wrong type cannot take jobs back: '' = usable
 local lane_problem = {}
@@ -56,13 +52,13 @@ end
 local candidates, next_cursor = morgue_window(KEYS[1], mode, ARGV[5], tonumber(ARGV[6]), 8)
 if not dry and #candidates > 0 then
   local id, row = candidates[1], prefix .. 'job:' .. candidates[1]
-  local refusal = refused({{'ZREM', KEYS[1], id}, {'HSET', row, 'state', 'pending'}, {'HDEL', row, 'stalled'},
-    {'ZADD', KEYS[2], '0', id}})
-  if refusal then return no_permission(prefix, refusal, 'nothing was replayed') end
+  require_permitted(prefix, {{'ZREM', KEYS[1], id}, {'HSET', row, 'state', 'pending'}, {'HDEL', row, 'stalled'},
+    {'ZADD', KEYS[2], '0', id}, {'RPUSH', KEYS[3], 'g'}, {'LPUSH', KEYS[7], '1'}, {'LTRIM', KEYS[7], '0', '63'},
+    {'HINCRBY', KEYS[8], 'replayed', '1'}}, 'nothing was replayed')
 end
 
 local replayed = {}
-local refused = {}
+local kept = {}       -- id, why: left in `dead`
 local missing = {}
 local lanes = {}       -- group -> ids going back to the lane
 local lane_order = {}
@@ -118,8 +114,8 @@ for _, id in ipairs(candidates) do
     elseif reason then
       -- kept in `dead` and reported: never dropped, never half-replayed
       -- (the reason may quote a row's bytes: made valid UTF-8)
-      refused[#refused + 1] = id
-      refused[#refused + 1] = readable(reason)
+      kept[#kept + 1] = id
+      kept[#kept + 1] = readable(reason)
     else
       n = n + 1
       replayed[#replayed + 1] = id
@@ -163,4 +159,4 @@ if not dry then
   end
 end
 
-return {replayed, refused, missing, next_cursor, problems}
+return {replayed, kept, missing, next_cursor, problems}

@@ -12,11 +12,12 @@
 -- or not a hash) and `next` is the cursor for the following window, '' at
 -- the end.
 
+-- @include refusals
 -- @include morgue_window
 
 local prefix = ARGV[1]
 local count = tonumber(ARGV[4])
-check_dead_key(KEYS[1])
+require_sorted_set(KEYS[1], 'nothing was read or changed')
 local ids
 if ARGV[2] == 'index' then
   local start = tonumber(ARGV[3])

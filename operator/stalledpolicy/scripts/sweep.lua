@@ -19,7 +19,7 @@
 -- @include counters
 -- @include guard
 -- @include lanes
--- @include permitted
+-- @include refusals
 -- @include text
 
 local prefix = ARGV[1]
@@ -50,19 +50,18 @@ end
 -- pending and dead receive this call's jobs after their rows are written; an
 -- error there would leave jobs in no set (an error does not undo a script's
 -- writes), so a key of the wrong type refuses the call before any write.
-for _, dest in ipairs({KEYS[2], KEYS[3]}) do
-  local kind = redis.call('TYPE', dest).ok
-  if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('EMQWRONGTYPE ' .. dest .. ' is a ' .. kind .. ', not a sorted set: '
-      .. 'nothing was moved; repair or delete that key (EchoMQ cannot use it either)')
-  end
-end
+require_sorted_set(KEYS[2], 'nothing was moved')
+require_sorted_set(KEYS[3], 'nothing was moved')
 
-local first_row = prefix .. 'job:' .. expired[1]
-local refusal = refused({{'ZREM', KEYS[1], expired[1]}, {'ZADD', KEYS[2], '0', expired[1]},
-  {'ZADD', KEYS[3], '0', expired[1]}, {'HSET', first_row, 'state', 'dead'},
-  {'HINCRBY', first_row, 'attempts', '1'}})
-if refusal then return no_permission(prefix, refusal, 'nothing was moved') end
+-- Every command that runs once the batch has left `active`, on its real keys
+-- (a row: the first of the batch); the lanes' and the totals' too: refused,
+-- they would leave a lane slot taken for good.
+local id1, row1 = expired[1], prefix .. 'job:' .. expired[1]
+require_permitted(prefix, {{'ZREM', KEYS[1], id1}, {'ZADD', KEYS[2], '0', id1}, {'ZADD', KEYS[3], '0', id1},
+  {'HMGET', row1, 'state'}, {'TYPE', row1}, {'EXISTS', row1}, {'HSET', row1, 'state', 'dead'},
+  {'HINCRBY', row1, 'attempts', '1'}, {'HSET', KEYS[5], 'g', '1'}, {'HDEL', KEYS[5], 'g'},
+  {'RPUSH', KEYS[4], 'g'}, {'LPUSH', KEYS[8], '1'}, {'LTRIM', KEYS[8], '0', '63'},
+  {'HINCRBY', KEYS[9], 'count', '1'}, {'HINCRBY', KEYS[10], 'recovered', '1'}}, 'nothing was moved')
 -- Events are fire-and-forget (the contract): without the channel the jobs
 -- still move, and the call reports the events it could not send.
 local can_publish = refused({{'PUBLISH', channel, ''}}) == nil
@@ -270,8 +269,9 @@ end
 -- reported in problems, never a reason to fail the call (guard).
 local problems = {}
 if unsent > 0 then
-  problems[#problems + 1] = 'the Redis user may not PUBLISH to ' .. channel .. " (ACL): this call's "
-    .. unsent .. ' events were not sent (its jobs moved all the same); grant it &' .. channel
+  -- the same words every call: the sweeper reports a problem when it appears
+  problems[#problems + 1] = 'the Redis user may not PUBLISH to ' .. channel .. ' (ACL): the events of '
+    .. 'recovered and dead-lettered jobs are not sent (the jobs move all the same); grant it &' .. channel
 end
 guarded(problems, {KEYS[5], 'hash', KEYS[7], 'set', KEYS[6], 'hash', KEYS[4], 'list', KEYS[8], 'list'},
   "this call's lane slots, ring and wake were not (all) settled",

@@ -143,7 +143,8 @@ class Sweeper:
         self.metrics.key_problems.labels(self.config.queue).set(len(problems))
         for problem in problems:
             if problem not in self._reported_problems:
-                log.warning("sweep: a shared key of the queue is malformed; every job still moved",
+                log.warning("sweep: part of a pass was not done (a shared key of the queue is malformed, or the "
+                            "Redis user may not run a command); every job still moved",
                             extra={"queue": self.config.queue, "problem": problem})
         self._reported_problems = set(problems)
 

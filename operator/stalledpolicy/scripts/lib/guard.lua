@@ -5,8 +5,9 @@
 -- interval later and recover one batch per interval. So such a step runs
 -- guarded: when it fails and one of its keys has the wrong type, that key is
 -- named in `problems` (returned to the caller, who reports it) and the call
--- goes on. So does any other error (a command the Redis user may not run):
--- raised, it would lose the reply just the same.
+-- goes on. So does a command the Redis user may not run (ACL; the scripts ask
+-- before their first write, lib/refusals, but a user's rights can change and
+-- Redis before 7 cannot be asked). Any other error (a bug) is raised.
 --
 --   guarded(problems, keys, consequence, step, ...)
 --
@@ -39,7 +40,11 @@ local function guarded(problems, keys, consequence, step, ...)
     end
   end
   if not named then
-    problems[#problems + 1] = consequence .. ' (' .. error_text(err) .. ')'
+    local text = error_text(err)
+    if not (text:find("executing the script can't", 1, true) or text:find('NOPERM', 1, true)) then
+      error(err, 0) -- as raised: no second position prefix
+    end
+    problems[#problems + 1] = consequence .. ' (' .. text .. ')'
   end
   return false
 end
