@@ -133,8 +133,7 @@ def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(wo
     ctl, sink, recorder, body, _ = world
     ctl.refresh(("ns", "p"))
     [written] = sink.patches
-    # the watch brings back our own write (a replay with an unknown count would
-    # hold a null, which the server drops): nothing to write
+    # the watch brings back our own write: nothing to write (nulls: the test above)
     ctl.observe_policy(policy(queue_name, rv="2") | {"status": json.loads(json.dumps(written))}, "MODIFIED")
     ctl.refresh(("ns", "p"))
     assert len(sink.patches) == 1
@@ -254,6 +253,58 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
     restarted.refresh(("ns", "p"))
     restarted.stop()
     assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
+
+
+class MergingStatus(StatusSink):
+    """The API server's side too: each patch merged (JSON merge patch) into the
+    stored status, which the next watch event brings back."""
+
+    def __init__(self):
+        super().__init__()
+        self.stored: dict = {}
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **kw):
+        super().patch_namespaced_custom_object_status(group, version, namespace, plural, name, body, **kw)
+
+        def merge(target, patch):
+            for key, value in patch.items():
+                if value is None:
+                    target.pop(key, None)
+                elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                    merge(target[key], value)
+                else:
+                    target[key] = json.loads(json.dumps(value))
+        merge(self.stored, body["status"])
+
+
+def test_an_all_lanes_replay_after_a_lane_replay_shows_no_lane_and_writes_once(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    sink = MergingStatus()
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1", REPLAY_LANE_ANNOTATION: "imports"}),
+                sink)
+    rv = [1]
+
+    def refresh(annotations):
+        ctl.refresh(("ns", "p"))
+        rv[0] += 1  # the watch brings back what the server holds
+        ctl.observe_policy(policy(queue_name, annotations=annotations, rv=str(rv[0])) | {"status": sink.stored},
+                           "MODIFIED")
+
+    try:
+        refresh({REPLAY_ANNOTATION: "t1", REPLAY_LANE_ANNOTATION: "imports"})
+        assert sink.stored["lastReplay"]["lane"] == "imports"
+        everything = {REPLAY_ANNOTATION: "t2"}
+        ctl.observe_policy(policy(queue_name, annotations=everything, rv=str(rv[0] + 1)) | {"status": sink.stored},
+                           "MODIFIED")
+        rv[0] += 1
+        refresh(everything)
+        assert sink.stored["lastReplay"]["token"] == "t2" and "lane" not in sink.stored["lastReplay"]
+        written = len(sink.patches)
+        refresh(everything)
+        refresh(everything)
+        assert len(sink.patches) == written, "the status was written again with nothing new"
+    finally:
+        ctl.stop()
 
 
 def test_a_replay_that_leaves_jobs_in_the_morgue_says_which_and_why(world, r, queue_name):
@@ -470,7 +521,7 @@ def test_an_operator_stopped_during_a_long_replay_does_not_run_it_again(redis_se
     assert runs == [], "the replay ran again"
     assert r.zcard(keys.dead) == 21 and r.zscore(keys.dead, "JOB99999") is not None
     last = next(p["lastReplay"] for p in reversed(again.custom.patches) if "lastReplay" in p)
-    assert last == {"token": "t1", "replayed": engine.MORGUE_BATCH, "time": last["time"]}
+    assert last == {"token": "t1", "replayed": engine.MORGUE_BATCH, "time": last["time"], "lane": None}
     [(_, kind, _, message)] = [e for e in again.recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning" and f"stopped after {engine.MORGUE_BATCH} jobs" in message
 

@@ -77,9 +77,9 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
         return served, None
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
-    record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now}
-    if request.lane:
-        record["lane"] = request.lane
+    # lane null when none: status.lastReplay is merged into, and an earlier
+    # replay's lane would otherwise stay in it
+    record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now, "lane": request.lane}
     moved: list[int] = []  # jobs moved after each completed script call
 
     def called(so_far: Any) -> None:
@@ -111,18 +111,26 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
                 warning = (f"the replay of queue {queue} got no answer from Redis ({type(exc).__name__}): "
                            "it may have run; `stalledpolicy morgue stats` shows what is left, and a new "
                            "annotation value replays it")
-            try:
-                _store(client, record_key, record)
-            except (redis.RedisError, OSError):
-                pass  # the connection is likely gone: this operator still serves it from memory
+            _store_if_possible(client, record_key, record)
             return record, warning
         # A reply that came back but cannot be read: the script ran. Serve the
         # token (``replayed`` null: unknown) so it is never run again.
         warning = (f"the replay of queue {queue} ran but its reply could not be read "
                    f"({type(exc).__name__}): how many jobs moved is unknown; "
                    "`stalledpolicy morgue stats` shows what is left")
-    _store(client, record_key, record)
+    _store_if_possible(client, record_key, record)
     return record, warning
+
+
+def _store_if_possible(client: Any, record_key: str, record: dict) -> None:
+    """The served record in Redis, if it can be written now: if not (the connection
+    is likely gone), this operator still serves the token from memory."""
+    import redis
+
+    try:
+        _store(client, record_key, record)
+    except (redis.RedisError, OSError):
+        pass
 
 
 def _may_have_run(exc: BaseException) -> bool:
