@@ -269,7 +269,9 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     on, else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)
     go to either; ``retry`` only to the plain client, because a RedisCluster's
     own retry also rides out failovers and MOVED storms, and cutting it to the
-    plain client's one quick retry would turn every failover into an error."""
+    plain client's one quick retry would turn every failover into an error.
+    :func:`single_attempt` is the exception: a change must never be sent twice,
+    on a cluster either (a failover during it is then an error to check)."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -287,7 +289,10 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
         raise
     if cluster_enabled:
         client.close()
-        return RedisCluster.from_url(url, **client_options)
+        cluster_options = dict(client_options)
+        if retry is not None and retry.get_retries() == 0:
+            cluster_options["retry"] = retry
+        return RedisCluster.from_url(url, **cluster_options)
     return client
 
 

@@ -195,3 +195,20 @@ def test_the_audit_reads_a_queue_whole_on_a_cluster_both_ways(cc):
         mq.enqueue_many(3, group="b")
         assert read_state(cc, queue, atomic=False) == read_state(cc, queue, atomic=True)
         assert mq.audit() == []
+
+
+def test_a_change_is_never_resent_on_a_cluster_either(redis_cluster):
+    """RedisCluster resends a command after a timeout on its own (3 attempts):
+    the morgue's changes and the operator's replay ask for a single attempt,
+    and get it there too; reads keep the cluster's retries (failovers)."""
+    from stalledpolicy.redis_url import connect, single_attempt
+
+    changes = connect(redis_cluster.url, retry=single_attempt())
+    reads = connect(redis_cluster.url)
+    try:
+        assert isinstance(changes, redis.RedisCluster) and changes.retry.get_retries() == 0
+        assert reads.retry.get_retries() > 0
+        assert changes.ping()
+    finally:
+        changes.close()
+        reads.close()
