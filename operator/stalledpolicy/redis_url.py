@@ -143,13 +143,24 @@ def scrub(text: str, url: str | None) -> str:
     return text
 
 
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+# a URL runs to the next whitespace: a quote may be part of its password (the
+# credentials end at its last '@', so a quote after the URL changes nothing)
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
+_URL_START = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact_urls(text: str) -> str:
     """``text`` with every URL in it redacted (:func:`redact_url`), for text we
-    did not write: argparse's complaints, an API server's or a library's message."""
+    did not write: argparse's complaints, an API server's or a library's message.
+    A password holding whitespace cannot be told from the text after it: in a
+    value that is a URL, :func:`redact_value` finds it."""
     return _URL_IN_TEXT.sub(lambda url: redact_url(url.group(0)), text)
+
+
+def redact_value(value: str) -> str:
+    """A setting's or a field's value, to quote in a message: redacted whole when
+    it is a URL (so a password holding a space is masked too), else any URL in it."""
+    return redact_url(value) if _URL_START.match(value) else redact_urls(value)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -47,9 +47,9 @@ def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = Non
     else its first ``keep`` (default ``limit``), ``...`` and its length;
     ``quoted`` puts the text (or the part shown) in repr quotes. A URL in it is
     redacted first: cut before its ``@``, a password could no longer be found."""
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url import redact_value
 
-    text = redact_urls(text)
+    text = redact_value(text)
     if len(text) <= limit:
         return repr(text) if quoted else text
     part = text[:limit if keep is None else keep]

@@ -192,3 +192,20 @@ def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
     shown = redact_urls(text)
     assert "pa/ss" not in shown and "x?y" not in shown
     assert shown == "refused 'redis://u:***@h:6379/0' and rediss://:***@h2/1, see https://k8s.io/docs"
+
+
+@pytest.mark.parametrize("url", ['redis://:pa"ss@h:6379/0', "redis://:pa'ss@h:6379/0", "redis://u:p w@h:6379"])
+def test_a_password_with_a_quote_or_a_space_is_masked_in_a_value(url):
+    from stalledpolicy.redis_url import redact_value
+    from stalledpolicy.tables import shown
+
+    for text in (redact_value(url), shown(url, 200), shown(url, 12, quoted=True)):
+        assert "pa" not in text and "p w" not in text and "ss@" not in text, text
+
+
+def test_a_quote_in_a_password_does_not_end_the_url_in_free_text():
+    from stalledpolicy.redis_url import redact_urls
+
+    text = redact_urls('connect to redis://:pa"ss@db:6379/0 failed, and to \'redis://:x\'y@db2\'')
+    assert "pa" not in text and "ss" not in text and "x'y" not in text
+    assert "redis://:***@db:6379/0" in text and "@db2" in text

@@ -507,8 +507,9 @@ def _explain(error: Mapping[str, Any]) -> tuple[str, str]:
         and field not in _SECRET_FIELDS
         and isinstance(given, (int, float, str, bool))
     ):
-        # redacted before it is cut: a URL in the wrong field shows no password
-        message += f" (got {tables.shown(repr(given), 80, keep=77)})"
+        # redacted before it is cut or quoted: a URL in the wrong field shows no password
+        got = tables.shown(given, 78, quoted=True, keep=70) if isinstance(given, str) else repr(given)
+        message += f" (got {got})"
     fix = _FIXES.get(field)
     return path, f"{message}; {fix}" if fix else message
 
