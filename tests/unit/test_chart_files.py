@@ -148,7 +148,7 @@ def test_status_interval_and_max_backoff_are_at_least_a_second(key):
 
 @pytest.mark.parametrize("entry", [
     "registry.example/team/*", "*", "other:1", "r.example/s@sha256:" + "0" * 64,
-    "", "a/*/b", "**", "a:1,b:1", "a b", " a:1",
+    "", "a/*/b", "**", "a:1,b:1", "a b", " a:1", "registry.example*", "registry.example/sweeper:*",
 ])
 def test_schema_and_operator_agree_on_allowed_sweeper_images(entry):
     # sweeperAllowedImages reaches the operator as one comma-separated variable:

@@ -958,7 +958,8 @@ def test_allowed_sweeper_images_from_env_and_its_errors():
     assert "STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES" not in OperatorConfig().to_env()
     assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "*"}).allowed_sweeper_images == ("*",)
     for raw, complaint in [("registry.example/*/x", "only at the end"), ("a:1,,b:1", "an entry is empty"),
-                           ("a:1,", "an entry is empty"), ("a b:1", "no whitespace"), ("**", "only at the end")]:
+                           ("a:1,", "an entry is empty"), ("a b:1", "no whitespace"), ("**", "only at the end"),
+                           ("registry.example*", "ends at a '/', ':' or '@'")]:
         with pytest.raises(SystemExit) as refused:
             OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": raw})
         text = str(refused.value.code)

@@ -39,6 +39,10 @@ def check_image_pattern(entry: str) -> str:
         raise ValueError(f"{entry!r}: an image reference holds no whitespace or comma")
     if "*" in entry[:-1]:
         raise ValueError(f"{entry!r}: '*' is allowed only at the end (a prefix, e.g. registry.example/team/*)")
+    if entry != "*" and entry.endswith("*") and entry[-2] not in "/:@":
+        # registry.example* would also allow registry.example.evil.io/...
+        raise ValueError(f"{entry!r}: a prefix ends at a '/', ':' or '@' before its '*' "
+                         "(registry.example/team/*, registry.example/sweeper:*)")
     return entry
 
 
