@@ -307,6 +307,47 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     return client
 
 
+# what a server says when it wants credentials or refuses ours (redis-py maps
+# most to AuthenticationError; these come as another error)
+_AUTH_REFUSALS = ("NOAUTH", "WRONGPASS", "Authentication required", "HELLO must be called with the client "
+                  "already authenticated", "invalid username-password pair", "invalid password")
+CREDENTIALS_ADVICE = ("put them in the URL, redis://user:password@host:port/db (or redis://:password@host:port/db "
+                      "for the default user; percent-encode a '/', '?', '#' or '@' in them)")
+
+
+def is_credentials_refusal(exc: BaseException) -> bool:
+    """The server wants credentials, or refuses the URL's."""
+    import redis
+
+    text = str(exc)
+    return isinstance(exc, redis.AuthenticationError) or any(
+        text.startswith(words) or f" {words}" in text for words in _AUTH_REFUSALS)
+
+
+def is_missing_database(exc: BaseException) -> bool:
+    """SELECT refused as a connection is made: the URL names a database the server lacks."""
+    return "DB index is out of range" in str(exc)
+
+
+def missing_database_problem(url: str) -> str:
+    """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`)."""
+    from redis.connection import parse_url
+
+    db = int(parse_url(url).get("db", 0))
+    return (f"the database {db} does not exist on this server (it has fewer: 'databases' in its "
+            "configuration, 16 by default, numbered from 0); use a database the server has, such as /0")
+
+
+def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
+    """What a person must fix in ``url`` when ``exc`` says so (credentials, a
+    database), in our words and without any part of the URL; else None."""
+    if is_credentials_refusal(exc):
+        return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
+    if is_missing_database(exc):
+        return missing_database_problem(url)
+    return None
+
+
 def unreachable_errors() -> tuple[type[BaseException], ...]:
     """Errors meaning "Redis cannot serve us now" (an outage, wrong credentials,
     a cluster mid-failover), as opposed to "this call is wrong"."""

@@ -205,6 +205,20 @@ def test_unreachable_redis_is_a_condition_and_an_event_never_a_password(world):
     assert [e[2] for e in recorder.events].count("RedisUnreachable") == 1
 
 
+def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_server):
+    """The condition says what to fix in the Secret, not redis-py's "HELLO must be
+    called with the client already authenticated"."""
+    ctl, sink, _, _, secrets = world
+    redis_server.client().config_set("requirepass", "c0rrect-h0rse")
+    try:
+        ctl.refresh(("ns", "p"))
+    finally:
+        redis_server.client(password="c0rrect-h0rse").config_set("requirepass", "")
+    redis = condition_of(sink.patches[-1], "RedisReachable")
+    assert redis["status"] == "False" and "requires a password" in redis["message"], redis
+    assert "HELLO" not in redis["message"] and "c0rrect" not in str(sink.patches)
+
+
 def test_a_spec_change_not_yet_reconciled_keeps_the_old_observed_generation(world):
     ctl, sink, _, body, _ = world
     ctl.refresh(("ns", "p"))

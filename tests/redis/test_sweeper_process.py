@@ -543,7 +543,13 @@ def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name,
     assert sweeper.wait(60) == 1
     assert len(sweeper.lines_with(ONCE_OUTAGE_LINE)) == 1
     assert re.search(r"error_type=\w*Auth", sweeper.stderr), sweeper.stderr
+    assert "requires a password (or refused this user/password): put them in the URL" in sweeper.stderr
     assert wrong not in sweeper.stderr + sweeper.stdout
+    # no password at all: the same words, not redis-py's ("HELLO must be called ...")
+    bare = sweepers("--queue", queue_name, "--once",
+                    env={"STALLEDPOLICY_REDIS_URL": f"redis://127.0.0.1:{server.port}/0"})
+    assert bare.wait(60) == 1
+    assert "requires a password" in bare.stderr and "HELLO" not in bare.stderr, bare.stderr
 
 
 # --------------------------------------------------------------------------- cluster

@@ -26,7 +26,7 @@ from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome,
     condition_of, desired_status, status_patch, utc_now)
-from stalledpolicy.redis_url import redact_url, scrub
+from stalledpolicy.redis_url import redact_url, refusal_in_our_words, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -67,8 +67,10 @@ def sweeper_name(policy_name: str) -> str:
 
 
 def safe_error(exc: BaseException, url: str | None) -> str:
-    """An exception as text, with the URL's password (if any) never shown."""
-    return scrub(f"{type(exc).__name__}: {exc}", url)[:500]
+    """An exception as text, with the URL's password (if any) never shown; a
+    refusal the URL must fix (credentials, a database) in our words."""
+    ours = refusal_in_our_words(exc, url) if url else None
+    return ours or scrub(f"{type(exc).__name__}: {exc}", url)[:500]
 
 
 @dataclass

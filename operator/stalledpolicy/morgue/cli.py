@@ -21,7 +21,9 @@ from stalledpolicy.morgue.exit_codes import (
 )
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
-from stalledpolicy.redis_url import connect, redact_url, scrub, single_attempt, unreachable_errors
+from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
+                                     missing_database_problem, redact_url, scrub, single_attempt,
+                                     unreachable_errors)
 from stalledpolicy.streams import discard
 
 __all__ = ["add_arguments", "run"]
@@ -80,33 +82,6 @@ def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: Base
         err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
     else:
         err.write(f"{prog}: lost the connection to Redis at {where}: {reason}\n")
-
-
-def _is_db_out_of_range(exc: BaseException) -> bool:
-    return "DB index is out of range" in str(exc)
-
-
-def _db_of(url: str) -> int:
-    from redis.connection import parse_url
-
-    return int(parse_url(url).get("db", 0))  # checked by check_redis_url before any connection
-
-
-# what a server says when it wants credentials or refuses ours (redis-py maps
-# most to AuthenticationError; these catch the ones that come as another error)
-_AUTH_REFUSALS = ("NOAUTH", "WRONGPASS", "Authentication required", "HELLO must be called with the client "
-                  "already authenticated", "invalid username-password pair", "invalid password")
-
-
-def _is_auth_refusal(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(text.startswith(words) or f" {words}" in text for words in _AUTH_REFUSALS)
-
-
-def _auth_problem(where: str) -> str:
-    return (f"Redis at {where} requires a password (or refused this user/password): put them in the URL, "
-            "redis://user:password@host:port/db (or redis://:password@host:port/db for the default user; "
-            "percent-encode a '/', '?', '#' or '@' in them)")
 
 
 def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
@@ -171,14 +146,13 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         discard(out)
         return EXIT_OK
     except (*unreachable_errors(), redis.ResponseError) as exc:
-        if _is_db_out_of_range(exc):
+        if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
-            err.write(f"{prog}: error: --redis-url {where}: the database {_db_of(url)} does not exist on "
-                      "this server (it has fewer: 'databases' in its configuration, 16 by default, "
-                      "numbered from 0); use a database the server has, such as /0\n")
+            err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
             return EXIT_USAGE
-        if isinstance(exc, redis.AuthenticationError) or _is_auth_refusal(exc):
-            err.write(f"{prog}: {_auth_problem(where)}\n")
+        if is_credentials_refusal(exc):
+            err.write(f"{prog}: Redis at {where} requires a password (or refused this user/password): "
+                      f"{CREDENTIALS_ADVICE}\n")
         elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError (ReadOnlyError is one too)
             err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
             return EXIT_FAILED

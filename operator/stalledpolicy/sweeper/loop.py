@@ -239,7 +239,9 @@ class Sweeper:
         )
 
     def _scrub(self, exc: BaseException) -> str:
-        return redis_url.scrub(str(exc) or type(exc).__name__, self.config.redis_url.get_secret_value())
+        url = self.config.redis_url.get_secret_value()
+        # a refusal the URL must fix (credentials, a database) in our words, else the server's
+        return redis_url.refusal_in_our_words(exc, url) or redis_url.scrub(str(exc) or type(exc).__name__, url)
 
     def backoff_delay(self) -> float:
         """0.5s, 1s, 2s, ... doubling per failed attempt, each stretched by up to
