@@ -133,7 +133,7 @@ def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(wo
     ctl, sink, recorder, body, _ = world
     ctl.refresh(("ns", "p"))
     [written] = sink.patches
-    # the watch brings back our own write: nothing to write (nulls: the test above)
+    # the watch brings back our own write: nothing to write (nulls: the all-lanes replay test)
     ctl.observe_policy(policy(queue_name, rv="2") | {"status": json.loads(json.dumps(written))}, "MODIFIED")
     ctl.refresh(("ns", "p"))
     assert len(sink.patches) == 1

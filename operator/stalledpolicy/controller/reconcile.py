@@ -203,14 +203,8 @@ def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, imag
     """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
     Redis URL from a Secret of the namespace, so an image of the policy author's
     choosing could read any Secret there. InvalidSpec, like any spec the operator
-    will not run. As for any InvalidSpec, the policy's existing sweeper keeps its
-    last applied spec, but only while that runs allowed images: one that runs a
-    refused image (the list was narrowed, or the sweeper predates the list) is
-    scaled to 0 replicas (the operator may not delete Deployments), until the
-    spec is fixed and applied again."""
+    will not run (see :func:`_stop_refused_sweeper` for a sweeper already running)."""
     meta = body.get("metadata") or {}
-    namespace, uid = meta.get("namespace"), meta.get("uid")
-    deployment_name = sweeper_name(meta.get("name"))
     own = own_sweeper_image(ctl)
     allowed = ", ".join(repr(p) for p in ctl.config.allowed_sweeper_images)
     message = (f"spec.sweeper.image {image!r} is not an allowed sweeper image (the operator allows "
@@ -218,26 +212,36 @@ def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, imag
                "to run the default image, or ask the operator's admin to add this image to the chart "
                "value sweeperAllowedImages (--allowed-sweeper-image)")
     try:
-        existing = read_deployment(ctl.apps, namespace, deployment_name)
-        if existing is not None and conflict_reason(existing, uid) is None:
-            refused = [i for i in _deployment_images(existing) if not sweeper_image_allowed(ctl, i)]
-            if not refused:
-                message += f"; Deployment {deployment_name} keeps running its last applied spec"
-            else:
-                # One message whether scaled now or before: one event, not one per reconcile.
-                if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
-                    _scale_to_zero(ctl.apps, namespace, deployment_name)
-                    log.warning("sweeper Deployment runs a refused image; scaled to 0", extra={
-                        "namespace": namespace, "policy": meta.get("name"), "deployment": deployment_name})
-                message += (f"; Deployment {deployment_name} runs a refused image ({refused[0]!r}) "
-                            "and is scaled to 0 replicas")
+        message += _stop_refused_sweeper(ctl, meta)
     except _api_errors() as exc:
-        message += (f"; Deployment {namespace}/{deployment_name} may still run a refused image, "
+        deployment_name = sweeper_name(meta.get("name"))
+        message += (f"; Deployment {meta.get('namespace')}/{deployment_name} may still run a refused image, "
                     f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
         raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff)) from None
     ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
     raise InvalidPolicy(message)
+
+
+def _stop_refused_sweeper(ctl: Controller, meta: Mapping[str, Any]) -> str:
+    """As for any InvalidSpec, the policy's existing sweeper keeps its last applied
+    spec, but only while that runs allowed images: one that runs a refused image
+    (the list was narrowed, or the sweeper predates the list) is scaled to 0
+    replicas (the operator may not delete Deployments) until the spec is fixed
+    and applied again. What was found, as a clause for the InvalidSpec message."""
+    namespace, deployment_name = meta.get("namespace"), sweeper_name(meta.get("name"))
+    existing = read_deployment(ctl.apps, namespace, deployment_name)
+    if existing is None or conflict_reason(existing, meta.get("uid")) is not None:
+        return ""
+    refused = [i for i in _deployment_images(existing) if not sweeper_image_allowed(ctl, i)]
+    if not refused:
+        return f"; Deployment {deployment_name} keeps running its last applied spec"
+    # One message whether scaled now or before: one event, not one per reconcile.
+    if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
+        _scale_to_zero(ctl.apps, namespace, deployment_name)
+        log.warning("sweeper Deployment runs a refused image; scaled to 0", extra={
+            "namespace": namespace, "policy": meta.get("name"), "deployment": deployment_name})
+    return f"; Deployment {deployment_name} runs a refused image ({refused[0]!r}) and is scaled to 0 replicas"
 
 
 def _scale_to_zero(apps, namespace: str, name: str) -> None:
