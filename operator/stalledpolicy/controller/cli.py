@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-sweeper-image", action="append", type=_image_pattern, default=None,
                         metavar="IMAGE",
                         help="an image a policy may set as spec.sweeper.image: an exact reference, or "
-                             "a prefix ending in '*' (registry.example/team/*); '*' allows any image. "
+                             "a prefix ending in '/*', ':*' or '@*' (registry.example/team/*); '*' allows any image. "
                              "Repeatable. Default: only the sweeper image (--sweeper-image). "
                              "(env STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES, comma-separated)")
     parser.add_argument("--liveness", metavar="URL",

@@ -158,7 +158,7 @@ def _check_interval(text: str) -> str:
     if not _SWEEP_INTERVAL.fullmatch(text):
         raise _problem(
             f"{text!r} is not a duration; write a number with a unit (ms, s, m or h), "
-            "for example 30s, 2m or 1h30m"
+            "for example 30s, 2m or 1m30s"
         )
     seconds = parse_duration(text)
     if not SWEEP_INTERVAL_MIN_S <= seconds <= SWEEP_INTERVAL_MAX_S:

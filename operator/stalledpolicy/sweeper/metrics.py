@@ -64,8 +64,9 @@ class SweeperMetrics:
             "stalledpolicy_redis_up", "1 when the last Redis round trip succeeded", ["queue"], registry=r)
         self.key_problems = Gauge(
             "stalledpolicy_key_problems",
-            "Shared keys of the queue found with the wrong type in the last pass (jobs still moved; "
-            "the bookkeeping on those keys was skipped: see the sweeper's warnings)", ["queue"], registry=r)
+            "Problems met in the last pass: shared keys of the queue of the wrong type, or a step or PUBLISH "
+            "the Redis ACL refuses (jobs still moved; that bookkeeping was skipped: see the sweeper's "
+            "warnings)", ["queue"], registry=r)
         self.last_pass = Gauge(
             "stalledpolicy_last_pass_timestamp_seconds", "Unix time of the last successful pass", registry=r)
         # Series exist from the start, at 0, so dashboards and rate() see them.
