@@ -22,10 +22,9 @@ OPERATOR_ACCOUNT = "stalledpolicy-operator"
 # The operator's permissions (the chart's ClusterRole). The tests run the
 # operator with exactly these, so a missing rule fails a test.
 OPERATOR_RULES = [
-    # kopf itself: discovering CRDs and namespaces as they come and go.
+    # kopf itself: discovering CRDs (cluster-wide it lists no namespaces).
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
      "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     # The policies: watched, annotated by kopf (progress, last handled spec), status written.
     {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies"],
      "verbs": ["get", "list", "watch", "patch"]},

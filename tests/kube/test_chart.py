@@ -139,19 +139,27 @@ def test_cluster_wide_rbac_is_exactly_the_operator_rules(helm):
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
 
 
+def test_values_that_look_like_numbers_stay_strings(helm):
+    """YAML reads an unquoted 123 as a number, and the API server refuses a number there."""
+    [deployment] = by_kind(helm.template("--set-string", "priorityClassName=123",
+                                         "--set-string", "sweeperImage=123"), "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "123"
+    assert "--sweeper-image=123" in spec["containers"][0]["args"]
+
+
 def test_namespaced_rbac_grants_only_the_watched_namespaces(helm):
     docs = helm.template("--set", "watchNamespaces={team-a,team-b}")
     roles = by_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    # kopf lists and watches CRDs and namespaces even when given namespace names.
-    cluster_scoped = rule_set([
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-         "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
+    # kopf lists and watches CRDs, and namespaces when given namespace names.
+    crds = rule_set([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                      "verbs": ["list", "watch"]}])
+    namespaces = rule_set([{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}])
     for role in roles:
-        assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - cluster_scoped
+        assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - crds
     [cluster_role] = by_kind(docs, "ClusterRole")
-    assert rule_set(cluster_role["rules"]) == cluster_scoped
+    assert rule_set(cluster_role["rules"]) == crds | namespaces
     assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
     [deployment] = by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -97,7 +97,8 @@ tests run with.
   verbs: [list, watch]
 {{- end -}}
 
-{{/* kopf follows namespaces as they come and go (it lists them even when given names). */}}
+{{/* Namespaced mode: kopf follows the watched namespaces as they come and go (it lists
+namespaces when given names; cluster-wide it does not). */}}
 {{- define "stalledpolicy.namespaceRules" -}}
 - apiGroups: [""]
   resources: [namespaces]

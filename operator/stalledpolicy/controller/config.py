@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+
 import os
+import re
 from dataclasses import dataclass
 
 ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
@@ -29,16 +31,21 @@ def check_metrics_port(text: str) -> int:
     return port
 
 
+_IMAGE_CHARACTERS = re.compile(r"[A-Za-z0-9._/:@-]*")
+
+
 def check_image_pattern(entry: str) -> str:
     """One entry of ``allowed_sweeper_images``, as given; ValueError saying what is wrong.
     An entry is an exact image reference, or a prefix ending in ``*``
     (``registry.example/team/*``); a lone ``*`` allows any image."""
     if not entry:
         raise ValueError("an entry is empty")
-    if any(ch.isspace() for ch in entry) or "," in entry:
-        raise ValueError(f"{entry!r}: an image reference holds no whitespace or comma")
     if "*" in entry[:-1]:
         raise ValueError(f"{entry!r}: '*' is allowed only at the end (a prefix, e.g. registry.example/team/*)")
+    if not _IMAGE_CHARACTERS.fullmatch(entry.rstrip("*")):
+        # the chart's schema allows the same characters (Helm's regex \s is ASCII only)
+        raise ValueError(f"{entry!r}: an image reference holds only letters, digits and . _ / : @ - "
+                         "(no whitespace or comma)")
     if entry != "*" and entry.endswith("*") and entry[-2] not in "/:@":
         # registry.example* would also allow registry.example.evil.io/...
         raise ValueError(f"{entry!r}: a prefix ends at a '/', ':' or '@' before its '*' "
