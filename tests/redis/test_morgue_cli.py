@@ -892,7 +892,7 @@ def signal_after_first_call(monkeypatch, name: str, signum: int) -> None:
 ])
 def test_a_signal_stops_a_change_between_calls_and_reports_what_moved(r, url, queue_name, monkeypatch,
                                                                       action, signum, code):
-    ids = big_morgue(r, queue_name, 1237)  # three calls of 500
+    ids = big_morgue(r, queue_name, 1600)  # four calls of 500 (the lane: 534, two)
     keys = QueueKeys(queue_name)
     signal_after_first_call(monkeypatch, "morgue_" + action[0], signum)
     out, err = io.StringIO(), io.StringIO()
@@ -911,6 +911,18 @@ def test_a_signal_stops_a_change_between_calls_and_reports_what_moved(r, url, qu
         selected = ids[::3] if "--lane" in action else ids
         assert sorted(doc["not_reached"]) == sorted(set(selected) & set(left))
     assert f"stopped by {signal.Signals(signum).name}" in err.getvalue()
+
+
+def test_a_signal_during_the_last_call_stops_nothing(r, url, queue_name, monkeypatch):
+    big_morgue(r, queue_name, 300)  # one call
+    signal_after_first_call(monkeypatch, "morgue_replay", signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    result = morgue_cli.run(_args("replay", "--all", "--yes", "-o", "json", "--redis-url", url, "--queue", queue_name),
+                            stdin=io.StringIO(), stdout=out, stderr=err)
+    doc = json.loads(out.getvalue())
+    assert result == 0, err.getvalue()
+    assert doc["replayed"] == 300 and doc["stopped_early"] is False and doc["not_reached"] is None
+    assert r.zcard(QueueKeys(queue_name).dead) == 0
 
 
 def test_a_change_without_a_signal_says_it_was_not_stopped(r, url, queue_name):

@@ -163,6 +163,9 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
             reached = set(done.ids) | set(vanished) | set(done.refused)
             done.refused = {**preview.refused, **done.refused}
             not_reached = [job_id for job_id in preview.ids if job_id not in reached] if done.stopped_by else None
+            if not_reached == []:
+                # the signal came during the last call: nothing was left to stop
+                done.stopped_by = not_reached = None
             code = report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished,
                                   not_reached=not_reached)
     return stopper.exit_code if done.stopped_by else code
