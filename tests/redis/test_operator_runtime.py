@@ -573,3 +573,36 @@ def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_serv
     [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning" and f"stopped after {engine.MORGUE_BATCH} jobs" in message
     assert "ConnectionError" in message
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_replays_are_counted_by_result_with_the_jobs_they_moved(world, r, queue_name):
+    ctl, sink, _, _, _ = world
+    dead_letter(r, queue_name, "JOB0001")
+    dead_letter(r, queue_name, "JOB0002")
+    ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "first"}, rv="9"), "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["lastReplay"]["replayed"] == 2
+    assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="done") == 1
+    assert ctl.metrics.value("stalledpolicy_operator_replayed_jobs_total") == 2
+    ctl.refresh(("ns", "p"))  # the same token: served already, not counted again
+    assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="done") == 1
+
+    bad_lane = {REPLAY_ANNOTATION: "second", REPLAY_LANE_ANNOTATION: "no spaces allowed"}
+    ctl.observe_policy(policy(queue_name, annotations=bad_lane, rv="10"), "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="refused") == 1
+    assert ctl.metrics.value("stalledpolicy_operator_replayed_jobs_total") == 2
+
+
+def test_an_unreachable_redis_is_a_failed_refresh(world):
+    ctl, _, _, _, secrets = world
+    ctl.refresh(("ns", "p"))
+    secrets[("ns", "creds")] = {"url": b64("redis://:hunter2@127.0.0.1:1/0")}
+    ctl.refresh(("ns", "p"))
+    failures = "stalledpolicy_operator_status_refresh_failures_total"
+    assert ctl.metrics.value(failures, reason="RedisUnreachable") == 1
+    assert ctl.metrics.value("stalledpolicy_operator_status_refreshes_total") == 2
+    assert "hunter2" not in ctl.metrics.exposition().decode()
