@@ -163,8 +163,9 @@ class Callgrind:
         finally:
             self._control("-i", "off")
 
-    def dump_ir(self) -> int:
-        """Dump, read the dump's total Ir, zero the counters."""
+    def dump_ir(self, keep_as: Path | None = None) -> int:
+        """Dump, read the dump's total Ir (the dump is copied to ``keep_as`` when
+        given, for ``callgrind_annotate``), zero the counters."""
         pattern = f"cg.{self.server.process.pid}.*"
         before = set(self.tmp.glob(pattern))
         self._control("-d")
@@ -172,6 +173,8 @@ class Callgrind:
         if len(new) != 1:
             raise RuntimeError(f"callgrind: expected one new dump, found {new}")
         text = new[0].read_text()
+        if keep_as is not None:
+            shutil.copyfile(new[0], keep_as)
         self._control("-z")
         # totals: is the sum over the dump; summary: stays 0 when instrumentation
         # is switched on at run time (valgrind 3.19, tried), so it is not read.
@@ -196,7 +199,7 @@ class Callgrind:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def measure(preload: Path | None, body: str, n: int, batch: int) -> dict:
+def measure(preload: Path | None, body: str, n: int, batch: int, keep_as: Path | None = None) -> dict:
     cg = Callgrind(preload)
     try:
         client = cg.server.client(decode_responses=True)
@@ -212,7 +215,7 @@ def measure(preload: Path | None, body: str, n: int, batch: int) -> dict:
                 yield
 
         run = profile_script.run_variant(client, body, n, batch, around_drain=quiet_then_count)
-        ir = cg.dump_ir()
+        ir = cg.dump_ir(keep_as)
     finally:
         cg.stop()
     return {"instructions": ir, "instructions_per_job": ir / n, "calls": run["calls"],
@@ -228,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", type=Path, action="append", default=[],
                         help="a candidate sweep.lua, measured as a variant named after the file")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
+                        help="keep each drain's callgrind dump there (callgrind_annotate --inclusive=yes DUMP)")
     args = parser.parse_args(argv)
+    if args.keep_dumps is not None:
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
     batches = args.batch or [100, 1000]
 
     known = list(profile_script.VARIANTS)
@@ -257,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, body in bodies.items():
                 rows.append({"variant": name, "batch": batch, "n": args.n,
                              "sha1": hashlib.sha1(body.encode()).hexdigest(),
-                             **measure(preload, body, args.n, batch)})
+                             **measure(preload, body, args.n, batch,
+                                       None if args.keep_dumps is None else
+                                       args.keep_dumps / f"{name.replace(' ', '-')}.batch{batch}.callgrind")})
                 print(f"  {name!r} batch {batch}: {rows[-1]['instructions']:,} Ir "
                       f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
 
