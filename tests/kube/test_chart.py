@@ -199,6 +199,27 @@ def test_operator_metrics_port_can_be_turned_off_and_never_shares_the_liveness_p
     assert failed.returncode != 0 and "must differ from operator.livenessPort" in failed.stderr
 
 
+def test_listen_address_reaches_the_liveness_url_and_the_metrics_server(helm):
+    """An IPv6-only cluster probes the pod's IPv6 address: both servers must listen on ::."""
+    from urllib.parse import urlsplit
+
+    from stalledpolicy.cli import build_parser
+
+    def operator_args(*values: str):
+        [deployment] = by_kind(helm.template(*values), "Deployment")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        return build_parser().parse_args(container["args"])
+
+    default = operator_args()
+    assert (urlsplit(default.liveness).hostname, default.metrics_address) == ("0.0.0.0", "0.0.0.0")
+    ipv6 = operator_args("--set", "operator.listenAddress=::")
+    # kopf binds the liveness URL's host name; :: needs brackets in a URL.
+    assert ipv6.liveness == "http://[::]:8080/healthz" and urlsplit(ipv6.liveness).hostname == "::"
+    assert ipv6.metrics_address == "::"
+    failed = helm("template", "r", str(CHART), "--set", "operator.listenAddress=everywhere", check=False)
+    assert failed.returncode != 0 and "listenAddress" in failed.stderr
+
+
 def test_allowed_sweeper_images_reach_the_operator_as_its_env(helm, monkeypatch):
     from stalledpolicy.cli import build_parser
     from stalledpolicy.controller.cli import config_from_args
