@@ -27,11 +27,15 @@ class FakeCore:
         self.events: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
         self.patch_error: int | None = None
+        self.create_error: int | None = None
         self._names = itertools.count(1)
         self._lock = threading.Lock()
 
     def create_namespaced_event(self, namespace, body, **_):
         with self._lock:
+            if self.create_error is not None:
+                self.calls.append(("create-refused", ""))
+                raise ApiException(status=self.create_error, reason="refused")
             name = body["metadata"]["generateName"] + f"{next(self._names):05x}"
             stored = json.loads(json.dumps(body))
             stored["metadata"] = {"name": name, "namespace": namespace}
@@ -155,6 +159,22 @@ def test_a_message_among_the_first_similar_ones_still_counts_on_its_own_event(re
     [first] = [e for e in core.listed() if e["message"] == "refusal 0"]
     assert first["count"] == 2
     assert len(core.listed()) == 11
+
+
+def test_messages_whose_post_failed_do_not_use_up_the_similar_budget(recorder, core, caplog):
+    core.create_error = 503  # the API server is down: nothing is posted
+    for n in range(10):
+        recorder.post(policy(), "Warning", "ApplyFailed", f"refusal {n}")
+    assert core.listed() == [] and caplog.text.count("could not post event") == 10
+    core.create_error = None
+    recorder.post(policy(), "Warning", "ApplyFailed", "refusal 10")
+    [event] = core.listed()
+    assert event["message"] == "refusal 10"  # its own Event, not a combined one
+    for n in range(9):  # nine more distinct ones: ten in the window, none combined yet
+        recorder.post(policy(), "Warning", "ApplyFailed", f"again {n}")
+    assert not any(e["message"].startswith(COMBINED_PREFIX) for e in core.listed())
+    recorder.post(policy(), "Warning", "ApplyFailed", "the eleventh")
+    assert core.listed()[-1]["message"] == COMBINED_PREFIX + "the eleventh"
 
 
 def test_similar_messages_are_combined_only_within_the_window(recorder, core, clock):

@@ -14,7 +14,8 @@ Repeats are folded the way client-go's EventRecorder does it (its correlator):
   within the window (a poison-job storm posts a ``DeadLettered`` with a new
   morgue size every refresh) are one Event from the ``SIMILAR_MAX + 1``-th on,
   its message the latest one prefixed with ``COMBINED_PREFIX``, its count the
-  number of occurrences it stands for.
+  number of occurrences it stands for. Only messages whose post succeeded
+  count toward that limit (an API server down does not use it up).
 
 What is remembered for that (the Event's name and count per key, the distinct
 messages per reason) lives in memory in two LRU caches of ``CACHE_SIZE``
@@ -237,29 +238,38 @@ class EventRecorder:
                     "namespace": namespace, "policy": involved["name"],
                     "reason": reason, "error": type(exc).__name__})
 
-    def _key(self, event: dict, group: tuple, now: float) -> Hashable:
+    def _key(self, event: dict, group: tuple, now: float) -> tuple[Hashable, bytes | None]:
         """The event's key: its own message, or the group's combined Event once
-        more than ``similar_max`` distinct messages came within the window."""
+        more than ``similar_max`` distinct messages came within the window; and
+        the message's digest to remember once the post succeeded (None: nothing
+        to remember). Nothing is remembered here: a post that fails uses up no
+        place among the similar messages."""
         digest = _digest(event["message"])
         with self._cache_lock:
             similar = self._similar.get(group)
             if similar is None or now - similar.seen > self._window:
                 similar = _Similar(set(), now)
-            similar.seen = now
-            self._similar.put(group, similar)
-            if digest in similar.messages:
-                return group + (digest,)
-            if len(similar.messages) < self._similar_max:
-                similar.messages.add(digest)
-                return group + (digest,)
+            if digest in similar.messages or len(similar.messages) < self._similar_max:
+                return group + (digest,), digest
         event["message"] = _message(COMBINED_PREFIX + event["message"])
-        return group + (None,)
+        return group + (None,), None
+
+    def _remember(self, group: tuple, digest: bytes | None, now: float) -> None:
+        """A post of ``group`` succeeded: its message counts among the similar ones."""
+        with self._cache_lock:
+            similar = self._similar.get(group)
+            if similar is None or now - similar.seen > self._window:
+                similar = _Similar(set(), now)
+            similar.seen = now
+            if digest is not None:
+                similar.messages.add(digest)
+            self._similar.put(group, similar)
 
     def _post(self, event: dict, group: tuple) -> None:
         from kubernetes.client.exceptions import ApiException
 
         now = self._clock()
-        key = self._key(event, group, now)
+        key, digest = self._key(event, group, now)
         namespace = event["metadata"]["namespace"]
         with self._cache_lock:
             posted = self._posted.get(key)
@@ -280,6 +290,7 @@ class EventRecorder:
             else:
                 with self._cache_lock:
                     self._posted.put(key, _Posted(posted.name, count, now))
+                self._remember(group, digest, now)
                 return
         response = self._core.create_namespaced_event(namespace, event, _preload_content=False)
         name = _created_name(response)
@@ -288,6 +299,7 @@ class EventRecorder:
                 self._posted.put(key, _Posted(name, 1, now))
             else:  # no name to patch: the next repeat creates again
                 self._posted.pop(key)
+        self._remember(group, digest, now)
 
 
 class NullRecorder:
