@@ -597,6 +597,28 @@ def test_replays_are_counted_by_result_with_the_jobs_they_moved(world, r, queue_
     assert ctl.metrics.value("stalledpolicy_operator_replayed_jobs_total") == 2
 
 
+def test_a_replay_served_from_its_redis_record_after_a_restart_is_not_counted_again(
+        redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    dead_letter(r, queue_name, "JOB0001")
+    dead_letter(r, queue_name, "JOB0002")
+    annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+    done, jobs = "stalledpolicy_operator_replays_total", "stalledpolicy_operator_replayed_jobs_total"
+
+    first = start(secrets, annotated, LostStatus())  # replays, dies before its status write lands
+    first.refresh(("ns", "p"))
+    first.stop()
+    assert first.metrics.value(done, result="done") == 1 and first.metrics.value(jobs) == 2
+
+    sink = StatusSink()
+    restarted = start(secrets, annotated, sink)
+    restarted.refresh(("ns", "p"))
+    restarted.stop()
+    assert sink.patches[-1]["lastReplay"]["replayed"] == 2  # served from the record
+    assert restarted.metrics.value(done, result="done") == 0, "counted twice across the restart"
+    assert restarted.metrics.value(jobs) == 0
+
+
 def test_an_unreachable_redis_is_a_failed_refresh(world):
     ctl, _, _, _, secrets = world
     ctl.refresh(("ns", "p"))

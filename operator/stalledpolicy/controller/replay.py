@@ -61,20 +61,35 @@ def requested_replay(annotations: Mapping[str, str] | None,
     return ReplayRequest(token=token, lane=lane)
 
 
+def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict, str | None] | None:
+    """This token's replay as recorded in Redis (served before, by this operator
+    or one before a restart): its ``status.lastReplay`` record and warning, or
+    None when it was never served. Not run, so not a replay to count again."""
+    from stalledpolicy.keyspace import QueueKeys
+
+    served = _served_record(client.get(QueueKeys(queue).sweeper_last_replay), request.token)
+    if served is None:
+        return None
+    if served.pop(_INCOMPLETE, False):
+        return served, (f"the replay of queue {queue} was stopped after {served['replayed']} jobs "
+                        "(the operator stopped during it); annotate the policy again with a new value "
+                        "to replay the rest")
+    return served, None
+
+
 def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
-               replay_fn: Callable[..., Any] | None = None) -> tuple[dict, str | None]:
-    """Replay (unless this token was served already): the ``status.lastReplay``
+               replay_fn: Callable[..., Any] | None = None,
+               check_served: bool = True) -> tuple[dict, str | None]:
+    """Replay (unless this token was served already, see :func:`served_replay`;
+    ``check_served=False`` when the caller has looked): the ``status.lastReplay``
     record, and what did not go as asked (:func:`replay_warning`) or None."""
     from stalledpolicy.keyspace import QueueKeys
 
     record_key = QueueKeys(queue).sweeper_last_replay
-    served = _served_record(client.get(record_key), request.token)
-    if served is not None:
-        if served.pop(_INCOMPLETE, False):
-            return served, (f"the replay of queue {queue} was stopped after {served['replayed']} jobs "
-                            "(the operator stopped during it); annotate the policy again with a new value "
-                            "to replay the rest")
-        return served, None
+    if check_served:
+        served = served_replay(client, queue, request)
+        if served is not None:
+            return served
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
     # lane null when none: status.lastReplay is merged into, and an earlier

@@ -21,7 +21,7 @@ from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.redis_clients import (
     PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url, secret_value_digest)
 from stalledpolicy.controller.replay import (
-    InvalidReplayRequest, replay_message, requested_replay, run_replay)
+    InvalidReplayRequest, replay_message, requested_replay, run_replay, served_replay)
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome,
@@ -384,7 +384,12 @@ class Controller:
         replay_client = None
         try:
             replay_client = self._replay_client(url)
-            record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn)
+            served = served_replay(replay_client, spec.get("queue"), request)
+            if served is None:
+                record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn,
+                                             check_served=False)
+            else:
+                record, warning = served
         except (redis.RedisError, OSError) as exc:
             self.clients.invalidate(state.key)
             self.metrics.count_replay("failed")
@@ -398,7 +403,10 @@ class Controller:
                     pass
         # Served from now on, whatever happens to the status write.
         state.served_token = request.token
-        self.metrics.count_replay("done", int(record.get("replayed") or 0))
+        if served is None:
+            # Counted by the run that moved the jobs only: a record served from
+            # Redis (after a restart) was counted by the process that ran it.
+            self.metrics.count_replay("done", int(record.get("replayed") or 0))
         state.unwritten_replay, state.replay_warning = record, warning
         try:
             lanes = [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
