@@ -386,14 +386,17 @@ def _replay_keys(keys: QueueKeys) -> list[str]:
 
 def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequence[str] | None = None,
                   limit: int | None = None, dry_run: bool = False,
-                  progress: Callable[[ReplayResult], None] | None = None) -> ReplayResult:
+                  progress: Callable[[ReplayResult], None] | None = None,
+                  should_stop: Callable[[], bool] = lambda: False) -> ReplayResult:
     """Move dead jobs back to their lane (or ``pending``) with the stall count reset.
 
     Selection: ``ids`` (only those; ids not in the morgue come back in
     ``missing``), else every dead job of ``lane`` (``""`` = flat jobs), else the
     whole morgue; at most ``limit`` jobs. Each script call is bounded, and
     ``progress`` (if given) sees the result so far after each one: a caller
-    that meets an error half-way knows what already moved.
+    that meets an error half-way knows what already moved. ``should_stop`` is
+    asked between calls only, as in :func:`drain` (never after the last one):
+    once it says yes, no other call is sent and the result so far is returned.
     """
     if limit is not None:
         _check_positive("limit", limit)
@@ -422,26 +425,27 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
         for start in range(0, len(wanted), MORGUE_BATCH):
             if limit is not None and result.replayed >= limit:
                 break
+            if start and should_stop():
+                break
             call("ids", "", wanted[start:start + MORGUE_BATCH])
         return result
-    cursor = ""
-    while limit is None or result.replayed < limit:
+    cursor = call("scan", "", ())
+    while cursor and (limit is None or result.replayed < limit) and not should_stop():
         cursor = call("scan", cursor, ())
-        if not cursor:
-            break
     return result
 
 
 def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, lane: str | None = None,
                  ids: Sequence[str] | None = None, dry_run: bool = False,
-                 progress: Callable[[PurgeResult], None] | None = None) -> PurgeResult:
+                 progress: Callable[[PurgeResult], None] | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> PurgeResult:
     """Delete dead jobs (the morgue entry and the row) for good.
 
     Selection as :func:`morgue_replay`, narrowed by ``older_than_s``: only jobs
     whose ``dead_at`` is at least that old on the server clock. The others
     without a valid ``dead_at`` are kept and counted: ``undated`` (dated now)
-    and ``undatable`` (their row is missing or not a hash). ``progress`` as
-    in :func:`morgue_replay`: it sees the result so far after each call.
+    and ``undatable`` (their row is missing or not a hash). ``progress`` and
+    ``should_stop`` as in :func:`morgue_replay`.
     """
     min_age = ""
     if older_than_s is not None:
@@ -470,10 +474,11 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
     if ids is not None:
         wanted = _unique(ids)
         for start in range(0, len(wanted), MORGUE_BATCH):
+            if start and should_stop():
+                break
             call("ids", "", wanted[start:start + MORGUE_BATCH])
         return result
-    cursor = ""
-    while True:
+    cursor = call("scan", "", ())
+    while cursor and not should_stop():
         cursor = call("scan", cursor, ())
-        if not cursor:
-            return result
+    return result

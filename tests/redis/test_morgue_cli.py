@@ -925,6 +925,21 @@ def test_a_signal_during_the_last_call_stops_nothing(r, url, queue_name, monkeyp
     assert r.zcard(QueueKeys(queue_name).dead) == 0
 
 
+def test_a_signal_during_the_last_call_of_an_age_purge_stops_nothing(r, url, queue_name, monkeypatch):
+    """An age purge runs by rule (no pinned ids): whether a call was the last
+    one is the engine's to know, and a signal then leaves nothing undone."""
+    big_morgue(r, queue_name, 300)  # one call, every job old enough
+    signal_after_first_call(monkeypatch, "morgue_purge", signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    result = morgue_cli.run(_args("purge", "--older-than", "30m", "--yes", "-o", "json", "--redis-url", url,
+                                  "--queue", queue_name), stdin=io.StringIO(), stdout=out, stderr=err)
+    doc = json.loads(out.getvalue())
+    assert result == 0, err.getvalue()
+    assert doc["purged"] == 300 and doc["stopped_early"] is False and doc["signal"] is None
+    assert "stopped by" not in err.getvalue()
+    assert r.zcard(QueueKeys(queue_name).dead) == 0
+
+
 def test_a_change_without_a_signal_says_it_was_not_stopped(r, url, queue_name):
     standard_morgue(r, queue_name)
     result = morgue(url, "replay", "--queue", queue_name, "--all", "--yes", "-o", "json")

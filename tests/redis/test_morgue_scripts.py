@@ -303,6 +303,29 @@ def test_replay_limit_spans_bounded_calls_and_resumes_correctly(r, keys, small_b
     assert morgue_ids(r, keys) == ["JOB2"]
 
 
+@pytest.mark.parametrize("change", [
+    lambda r, q, **kw: engine.morgue_replay(r, q, **kw),
+    lambda r, q, **kw: engine.morgue_replay(r, q, ids=[f"JOB{i}" for i in range(5)], **kw),
+    lambda r, q, **kw: engine.morgue_purge(r, q, older_than_s=1, **kw),
+    lambda r, q, **kw: engine.morgue_purge(r, q, ids=[f"JOB{i}" for i in range(5)], **kw),
+], ids=["replay-scan", "replay-ids", "purge-age", "purge-ids"])
+def test_should_stop_is_asked_between_calls_only(r, keys, small_batches, change):
+    """Never after the last call (a caller told to stop then has nothing left
+    to stop: the change is complete); once it says yes, no other call is sent."""
+    for i in range(5):
+        put_dead(r, keys, f"JOB{i}", dead_at=1000)
+    calls, asked = [], []
+    result = change(r, keys.queue, progress=lambda so_far: calls.append(len(so_far.ids)),
+                    should_stop=lambda: asked.append(len(calls)) or False)
+    assert len(result.ids) == 5 and morgue_ids(r, keys) == []
+    assert asked == list(range(1, len(calls))) and len(calls) >= 3
+    for i in range(5):
+        put_dead(r, keys, f"JOB{i}", dead_at=1000)
+    calls.clear()
+    stopped = change(r, keys.queue, progress=lambda so_far: calls.append(len(so_far.ids)), should_stop=lambda: True)
+    assert len(calls) == 1 and len(stopped.ids) == 2 and len(morgue_ids(r, keys)) == 3
+
+
 def test_rows_that_cannot_be_replayed_stay_in_the_morgue_and_are_reported(r, keys):
     r.zadd(keys.dead, {"JOBgone": 0})
     r.sadd(keys.job("JOBset"), "x")

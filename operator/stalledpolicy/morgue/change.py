@@ -33,7 +33,7 @@ from stalledpolicy.morgue.exit_codes import EXIT_ABORTED, EXIT_USAGE
 from stalledpolicy.morgue.prompt import confirm, is_interactive
 from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import report_outcome, show_preview
-from stalledpolicy.morgue.stopping import StopRequested, Stopper
+from stalledpolicy.morgue.stopping import Stopper
 
 # rows read per pipeline for the lanes of a purge preview
 MORGUE_BATCH_READ = 500
@@ -65,21 +65,20 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
                  ids: list[str] | None, dry_run: bool, stopper: Stopper | None = None) -> Outcome:
     """``ids`` replaces the lane filter: pinned ids were selected by it already.
     With a ``stopper``, a SIGTERM/SIGINT stops the engine between its calls and
-    the outcome is what the calls made so far did (``stopped_by`` says so)."""
+    the outcome is what the calls made so far did (``stopped_by`` says so; a
+    signal during the last call stopped nothing)."""
     lane = selection["lane"] if ids is None else None
-    progress = stopper.progress if stopper is not None else None
-    try:
-        if args.morgue_action == "replay":
-            result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
-                                          progress=progress)
-        else:
-            result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
-                                         ids=ids, dry_run=dry_run, progress=progress)
-    except StopRequested:
-        outcome = _outcome(stopper.result)
+    should_stop = stopper.should_stop if stopper is not None else (lambda: False)
+    if args.morgue_action == "replay":
+        result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
+                                      should_stop=should_stop)
+    else:
+        result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
+                                     ids=ids, dry_run=dry_run, should_stop=should_stop)
+    outcome = _outcome(result)
+    if stopper is not None and stopper.stopped_early:
         outcome.stopped_by = stopper.signal_name
-        return outcome
-    return _outcome(result)
+    return outcome
 
 
 def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:
@@ -163,9 +162,6 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
             reached = set(done.ids) | set(vanished) | set(done.refused)
             done.refused = {**preview.refused, **done.refused}
             not_reached = [job_id for job_id in preview.ids if job_id not in reached] if done.stopped_by else None
-            if not_reached == []:
-                # the signal came during the last call: nothing was left to stop
-                done.stopped_by = not_reached = None
             code = report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past, vanished=vanished,
                                   not_reached=not_reached)
     return stopper.exit_code if done.stopped_by else code

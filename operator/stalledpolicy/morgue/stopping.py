@@ -16,26 +16,20 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_SIGNALLED_BASE = 128
 
 
-class StopRequested(Exception):
-    """Raised from the engine's ``progress`` callback: stop before the next call."""
-
-
 class Terminated(BaseException):
     """SIGTERM outside a change's calls: ends the command as Ctrl-C does."""
 
 
 class Stopper:
     """Remembers the first SIGTERM/SIGINT received while installed; its
-    :meth:`progress` (the engine's callback) keeps the result so far and
-    stops the engine before its next call once a signal came."""
+    :meth:`should_stop` (the engine's, asked between calls only) stops the
+    engine before its next call once a signal came. A signal during the last
+    call stops nothing: the engine does not ask after it, and
+    :attr:`stopped_early` stays false."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.result: Any = None
-
-    @property
-    def stopped(self) -> bool:
-        return self.signum is not None
+        self.stopped_early = False  # a call was left unsent because of the signal
 
     @property
     def signal_name(self) -> str:
@@ -49,10 +43,10 @@ class Stopper:
         if self.signum is None:
             self.signum = signum
 
-    def progress(self, result: Any) -> None:
-        self.result = result
+    def should_stop(self) -> bool:
         if self.signum is not None:
-            raise StopRequested
+            self.stopped_early = True
+        return self.stopped_early
 
     @contextmanager
     def installed(self) -> Iterator[Stopper]:
