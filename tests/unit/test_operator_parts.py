@@ -120,6 +120,27 @@ def test_bad_url_in_a_secret_is_reported_without_its_text():
     assert bad.value.reason == "InvalidRedisURL" and "s3cret" not in bad.value.message
 
 
+def test_a_secret_value_that_is_not_utf8_is_an_invalid_url_condition_not_a_crash():
+    """A secretRef.key naming a binary value (a keystore, a DER certificate): the
+    policy says so (InvalidRedisURL), the status loop goes on, nothing is echoed."""
+    from stalledpolicy.controller.status import condition_of
+
+    binary = base64.b64encode(b"redis://:s3cr\xffet@db:6379/0").decode()
+    reader, _ = secrets_with({("ns", "creds"): {"url": binary}})
+    with pytest.raises(RedisConfigError) as bad:
+        resolve_url("ns", {"secretRef": {"name": "creds", "key": "url"}}, reader)
+    assert bad.value.reason == "InvalidRedisURL"
+    assert "key 'url' in Secret ns/creds" in bad.value.message and "UTF-8" in bad.value.message
+    assert "s3cr" not in bad.value.message
+
+    _, ctl, _ = reconciled_policy({("ns", "creds"): {"url": binary}})
+    ctl.refresh(("ns", "p"))  # raised UnicodeDecodeError: no condition, a traceback every 30 s
+    status = ctl.policies[("ns", "p")].status
+    reachable = condition_of(status, "RedisReachable")
+    assert (reachable["status"], reachable["reason"]) == ("False", "InvalidRedisURL")
+    assert condition_of(status, "Ready")["reason"] == "InvalidRedisURL"
+
+
 def test_secret_reads_are_cached_but_a_missing_secret_is_read_again():
     store = {("ns", "a"): {"url": b64("redis://db")}}
     reader, reads = secrets_with(store)

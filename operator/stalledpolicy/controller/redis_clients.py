@@ -132,7 +132,16 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
             "SecretNotFound",
             f"Secret {namespace}/{name} (spec.redis.secretRef.name) does not exist; "
             f"create it with the Redis URL under key {key!r}")
-    value = secret_value(data, key)
+    try:
+        value = secret_value(data, key)
+    except (UnicodeDecodeError, ValueError):  # binascii.Error is a ValueError
+        # A binary value (a keystore, a DER certificate: the wrong key). The
+        # decoder's own text is not shown: it quotes bytes of the value.
+        raise RedisConfigError(
+            "InvalidRedisURL",
+            f"the value of key {key!r} in Secret {namespace}/{name} is not UTF-8 text, so not a Redis URL "
+            "(spec.redis.secretRef.key names the wrong key?); store the URL, "
+            "redis://[user:password@]host:port/db, under that key") from None
     if not value:
         raise RedisConfigError(
             "SecretKeyNotFound",
