@@ -1300,6 +1300,24 @@ def test_a_stdout_closed_before_the_start_is_not_a_traceback(url, queue_name):
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("action", ["replay", "purge"])
+def test_an_empty_id_is_bad_usage_naming_the_flag_before_redis_is_contacted(action):
+    """It was the engine's 'ids: every id must be a non-empty string', after
+    connecting (a server that is down made it exit 3 instead)."""
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    result = morgue(down, action, "--queue", "q", "--id", "JOB001", "--id", "", "--yes")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"stalledpolicy morgue {action}: error: --id: a job id cannot be empty\n"
+
+
+@pytest.mark.parametrize(("queue", "words"), [("", "must be a non-empty string"), ("a b", "contains ' '")])
+def test_a_bad_queue_is_named_once(url, queue, words):
+    result = morgue(url, "stats", "--queue", queue)
+    assert result.returncode == 2
+    assert result.stderr.startswith("stalledpolicy morgue stats: error: --queue (or STALLEDPOLICY_QUEUE): ")
+    assert words in result.stderr and "queue: " not in result.stderr.partition("STALLEDPOLICY_QUEUE): ")[2]
+
+
 def test_a_url_in_the_queue_setting_shows_no_password(url):
     result = morgue(url, "stats", "--queue", "redis://:s3cr3t@elsewhere")
     assert result.returncode == 2 and "--queue" in result.stderr

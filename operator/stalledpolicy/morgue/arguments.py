@@ -186,13 +186,15 @@ def resolve_settings(args: argparse.Namespace) -> None:
     try:
         args.queue = validate_queue_name(queue)
     except InvalidQueueName as exc:
-        raise UsageError(f"--queue (or {ENV_QUEUE}): {exc}") from None
+        raise UsageError(f"--queue (or {ENV_QUEUE}): {str(exc).removeprefix('queue: ')}") from None
 
 
 def change_selection(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's filter keywords for a replay or purge; refuses an empty or
     contradictory selection."""
     ids = list(dict.fromkeys(args.ids)) if args.ids else None
+    if ids is not None and "" in ids:
+        raise UsageError("--id: a job id cannot be empty")
     older_than = getattr(args, "older_than", None)
     filters = [name for name, given in (
         ("--lane", args.lane is not None), ("--id", ids is not None), ("--older-than", older_than is not None),
