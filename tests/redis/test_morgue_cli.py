@@ -179,6 +179,21 @@ def test_queue_and_url_from_the_environment(r, url, queue_name):
     assert json.loads(result.stdout)["size"] == 6
 
 
+def test_the_sweepers_variables_work_as_the_sweeper_reads_them(r, url, queue_name):
+    """The same STALLEDPOLICY_REDIS_URL and STALLEDPOLICY_QUEUE as the sweeper's
+    (run in its pod, the URL from a Secret): the sweeper strips whitespace
+    around them and takes an empty variable as unset, so the morgue does too
+    (it said the URL must start with redis://, the queue may not hold ' ')."""
+    standard_morgue(r, queue_name)
+    result = morgue(None, "stats", "-o", "json",
+                    env={"STALLEDPOLICY_REDIS_URL": f" {url} \n", "STALLEDPOLICY_QUEUE": f"{queue_name}\n"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["size"] == 6
+    result = morgue(None, "stats", env={"STALLEDPOLICY_REDIS_URL": url, "STALLEDPOLICY_QUEUE": "  "})
+    assert result.returncode == 2
+    assert "--queue is required (or set STALLEDPOLICY_QUEUE)" in result.stderr
+
+
 # --------------------------------------------------------------------- list
 
 

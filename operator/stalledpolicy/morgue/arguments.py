@@ -171,9 +171,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_settings(args: argparse.Namespace) -> None:
-    """Fill --redis-url/--queue from the environment and validate; UsageError names the setting."""
-    args.redis_url = args.redis_url or os.environ.get(ENV_REDIS_URL) or None
-    queue = args.queue if args.queue is not None else os.environ.get(ENV_QUEUE)
+    """Fill --redis-url/--queue from the environment and validate; UsageError names the setting.
+    As the sweeper reads the same variables: whitespace around a value is
+    dropped (a URL from a Secret often ends in a newline) and an empty
+    variable counts as unset."""
+    args.redis_url = (args.redis_url or "").strip() or (os.environ.get(ENV_REDIS_URL) or "").strip() or None
+    queue = args.queue if args.queue is not None else (os.environ.get(ENV_QUEUE) or "").strip() or None
+    queue = queue.strip() if queue is not None else None
     if not args.redis_url:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
     problem = check_redis_url(args.redis_url)
