@@ -337,6 +337,51 @@ def test_a_deleted_sweeper_is_put_back(operator, apis, kube_namespace, secret, q
 
 
 
+def test_a_policy_deleted_and_created_again_waits_for_its_old_sweeper_without_a_name_conflict(
+        operator, apis, kube_api, kube_namespace, secret, queue_name):
+    """`kubectl delete` then `kubectl apply` of the same policy: the old sweeper is
+    the garbage collector's to delete (held here by a finalizer, as a slow garbage
+    collector would hold it); the new policy waits for it, says so, and gets its
+    own sweeper once it is gone. It is no NameConflict asking to delete or rename."""
+    _, apps, custom = apis
+    first = create_policy(custom, kube_namespace, policy_manifest("reborn", queue_name))
+    wait_for(lambda: read_deployment(apps, kube_namespace, "reborn-sweeper"), "the sweeper")
+    hold = {"metadata": {"finalizers": ["test.emq.dev/hold"]}}
+    apps.patch_namespaced_deployment("reborn-sweeper", kube_namespace, hold)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "reborn")
+
+    def policy_gone():
+        try:
+            get_policy(custom, kube_namespace, "reborn")
+            return False
+        except ApiException as exc:
+            return exc.status == 404
+
+    wait_for(policy_gone, "the policy to disappear")
+    second = create_policy(custom, kube_namespace, policy_manifest("reborn", queue_name))
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    try:
+        ready = wait_for(lambda: condition(get_policy(custom, kube_namespace, "reborn"), "Ready"),
+                         "a Ready condition of the new policy")
+        assert ready["status"] == "False"
+        assert ready["reason"] == "OldSweeperDeleting", ready
+        assert "garbage collector" in ready["message"] and first["metadata"]["uid"] in ready["message"]
+        sweeper = condition(get_policy(custom, kube_namespace, "reborn"), "SweeperAvailable")
+        assert (sweeper["status"], sweeper["reason"]) == ("False", "OldSweeperDeleting")
+    finally:
+        apps.patch_namespaced_deployment("reborn-sweeper", kube_namespace, {"metadata": {"finalizers": None}})
+
+    def owned_by_the_new_policy():
+        found = read_deployment(apps, kube_namespace, "reborn-sweeper")
+        return found is not None and found.metadata.owner_references[0].uid == second["metadata"]["uid"]
+
+    wait_for(owned_by_the_new_policy, "the new policy's own sweeper")
+    wait_for(lambda: condition(get_policy(custom, kube_namespace, "reborn"), "SweeperAvailable")["reason"]
+             != "OldSweeperDeleting", "the new sweeper in status")
+    assert not [e for e in events_for(kube_api, kube_namespace, "reborn")
+                if e.reason == "NameConflict" and e.involved_object.uid == second["metadata"]["uid"]]
+
+
 def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, queue_name):
     _, _, custom = apis
     create_policy(custom, kube_namespace, policy_manifest("quiet", queue_name))

@@ -38,6 +38,21 @@ def conflict_reason(existing: Mapping[str, Any] | None, policy_uid: str) -> str 
     return None
 
 
+def earlier_policy_uid(existing: Mapping[str, Any] | None, policy_name: str, policy_uid: str) -> str | None:
+    """The uid of the earlier StalledPolicy of this name (deleted, since the name
+    is now another object's) that still controls ``existing``, or None. Such a
+    Deployment is the garbage collector's to delete: not a name conflict."""
+    from stalledpolicy.controller import GROUP, KIND
+
+    owner = controller_owner(existing or {})
+    if owner is None or owner.get("kind") != KIND or owner.get("name") != policy_name:
+        return None
+    if str(owner.get("apiVersion") or "").split("/")[0] != GROUP:
+        return None
+    uid = owner.get("uid")
+    return uid if uid and uid != policy_uid else None
+
+
 def _json(response) -> dict:
     return json.loads(response.data)
 

@@ -61,6 +61,9 @@ REPLAYED = "Replayed"
 REPLAY_FAILED = "ReplayFailed"
 REPLAY_INCOMPLETE = "ReplayIncomplete"
 NAME_CONFLICT = "NameConflict"
+# The sweeper of an earlier policy of the same name (deleted, then created again)
+# is still there: the garbage collector deletes it, then this policy gets its own.
+OLD_SWEEPER_DELETING = "OldSweeperDeleting"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 DRIFT_REVERTED = "DriftReverted"

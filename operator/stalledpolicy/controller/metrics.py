@@ -24,6 +24,7 @@ RECONCILE_RESULTS = {
     events.INVALID_SPEC: "invalid_spec",
     events.APPLY_FAILED: "apply_failed",
     events.NAME_CONFLICT: "conflict",
+    events.OLD_SWEEPER_DELETING: "waiting",
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
 REFRESH_FAILURE_REASONS = ("RedisUnreachable", "StatusWriteFailed", "SecretNotFound", "SecretKeyNotFound",
@@ -45,7 +46,8 @@ class OperatorMetrics:
             "stalledpolicy_operator_reconciles",
             "Reconciles (applies of a policy's sweeper Deployment) by result: ok, invalid_spec, "
             "apply_failed (the API refused or was unreachable), conflict (a Deployment of that name "
-            "owned by someone else)", ["result"], registry=r)
+            "owned by someone else), waiting (the sweeper of a deleted policy of the same name is "
+            "not garbage-collected yet)", ["result"], registry=r)
         self.drift_reverts = Counter(
             "stalledpolicy_operator_drift_reverts",
             "Sweeper Deployments changed outside their policy and put back", registry=r)

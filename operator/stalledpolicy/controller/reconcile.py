@@ -19,7 +19,7 @@ from typing import Any, Mapping, NoReturn
 
 from stalledpolicy.controller import FIELD_MANAGER, KIND, events
 from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, controller_owner,
-                                            read_deployment)
+                                            earlier_policy_uid, read_deployment)
 from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller, plain, sweeper_name
@@ -28,6 +28,7 @@ from stalledpolicy.controller.status import ReconcileOutcome
 log = logging.getLogger("stalledpolicy.operator")
 
 NAME_CONFLICT_FIRST_RETRY = 5.0
+OLD_SWEEPER_FIRST_RETRY = 1.0
 APPLY_FAILED_FIRST_RETRY = 5.0
 API_MESSAGE_MAX = 1000
 
@@ -148,6 +149,18 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                       f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}")
     if existing is not None:
         ctl.observe_deployment(existing)
+    earlier = earlier_policy_uid(existing, name, uid)
+    if earlier is not None:
+        # Deleted and created again under the same name (kubectl delete + apply,
+        # replace --force): the old sweeper goes with its owner. Its deletion
+        # (reapply_after_deletion) or this retry applies ours.
+        deleting = " (its deletion has begun)" if (existing.get("metadata") or {}).get("deletionTimestamp") else ""
+        message = (f"Deployment {namespace}/{deployment_name} belongs to the deleted StalledPolicy {name} "
+                   f"(uid {earlier}){deleting}: waiting for the garbage collector to delete it, then this "
+                   "policy's sweeper is created; if it stays, check that Deployment's finalizers "
+                   "(kubectl get deployment -o yaml) or delete it")
+        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
+        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff))
     clash = conflict_reason(existing, uid)
     if clash:
         message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
@@ -431,8 +444,36 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
                               "the operator re-applied the policy's spec: edit the StalledPolicy instead")
 
 
+def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The policy (created again under its old name) waiting for this Deployment,
+    the sweeper of its deleted predecessor, to be gone; else None. Memory only."""
+    meta = deployment.get("metadata") or {}
+    owner = controller_owner(deployment)
+    if owner is None or owner.get("kind") != KIND:
+        return None
+    key = (meta.get("namespace") or "", owner.get("name") or "")
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None or state.outcome.reason != events.OLD_SWEEPER_DELETING:
+        return None
+    if sweeper_name(key[1]) != meta.get("name"):
+        return None
+    if earlier_policy_uid(deployment, key[1], (state.body.get("metadata") or {}).get("uid")) is None:
+        return None
+    return key
+
+
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
-    """Someone deleted a sweeper whose policy still exists: put it back."""
+    """Someone deleted a sweeper whose policy still exists: put it back. Or the
+    garbage collector deleted the sweeper of a deleted policy whose name a new
+    policy took: apply the new one's now, instead of at its next retry."""
+    waiting = _waiting_policy(ctl, deployment)
+    if waiting is not None:
+        state = ctl.policies.get(waiting)
+        if state is not None and not _deleting(state.body):
+            log.info("old sweeper Deployment deleted; applying the policy's own", extra={
+                "namespace": waiting[0], "policy": waiting[1]})
+            _reconcile_again(ctl, waiting, state.body)
+        return
     owned = _owned_policy_state(ctl, deployment)
     if owned is None:
         return

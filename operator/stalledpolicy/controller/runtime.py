@@ -220,6 +220,10 @@ class Controller:
                      "generation": outcome.generation, "reason": outcome.reason}
             if outcome.ok:
                 log.info("policy reconciled", extra=extra)
+            elif outcome.reason == events.OLD_SWEEPER_DELETING:
+                # Expected after a delete and create again: news, not a warning.
+                log.info(outcome.message, extra=extra)
+                self.recorder.post(state.body, events.NORMAL, outcome.reason, outcome.message)
             else:
                 log.warning(outcome.message, extra=extra)
                 self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)

@@ -86,7 +86,7 @@ class Condition:
 def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | None,
                       deployment_name: str) -> Condition:
     if not outcome.ok:
-        if outcome.reason == "NameConflict":
+        if outcome.reason in ("NameConflict", "OldSweeperDeleting"):  # that Deployment is not ours
             return Condition(FALSE, outcome.reason, outcome.message)
         if deployment is None:
             return Condition(FALSE, outcome.reason, outcome.message)
