@@ -652,6 +652,35 @@ def test_missing_or_wrong_credentials_are_explained_in_our_words(password_server
         assert "Authentication required" not in result.stderr and "wr0ng-pw" not in result.stderr
 
 
+@pytest.mark.parametrize("action", [["replay", "--all"], ["purge", "--older-than", "1m"]])
+def test_a_read_only_replica_is_named_with_the_fix_and_nothing_changed(queue_name, action):
+    """A reader endpoint given for the primary: it read 'lost the connection to
+    Redis ...: You can't write against a read only replica' and 'the change may
+    have been partly applied', though the connection was fine and the first
+    call changed nothing."""
+    from stalledpolicy.devenv.redis_server import start_redis
+
+    server = start_redis()
+    try:
+        client = server.client(decode_responses=True)
+        standard_morgue(client, queue_name)
+        # a replica of a primary it cannot reach keeps its data and refuses writes
+        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        before = dump(client)
+        result = morgue(server.url, *action, "--queue", queue_name, "--yes")
+        assert result.returncode == 3, result.stderr
+        assert f"Redis at {server.url} is a read-only replica" in result.stderr
+        assert "point --redis-url at the primary" in result.stderr
+        assert "nothing was changed" in result.stderr
+        assert "lost the connection" not in result.stderr and "partly applied" not in result.stderr
+        assert dump(client) == before
+    finally:
+        server.stop()
+    help_text = subprocess.run([sys.executable, "-m", "stalledpolicy", "morgue", action[0], "--help"],
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "read-only replica (point --redis-url at the primary)" in " ".join(help_text.split())
+
+
 def test_a_database_the_server_does_not_have_is_bad_usage(r, url, queue_name):
     beyond = url.removesuffix("/0") + "/16"  # the test server has the default 16 databases
     for action in (["stats"], ["list"], ["purge", "--all", "--yes"]):

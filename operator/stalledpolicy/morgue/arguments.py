@@ -34,9 +34,10 @@ exit codes:
        port, database or query option, or a database the server does not
        have) or duration, --limit/--offset out of range, or a change refused
        because stdin is not a terminal and --yes was not given
-  3    Redis unreachable or refused our credentials (or the connection was
-       lost, or no answer came in time, during the operation: a change is
-       never sent twice, so check what it did with stats and list)
+  3    Redis unreachable or refused our credentials, or a change sent to a
+       read-only replica (point --redis-url at the primary); or the
+       connection was lost, or no answer came in time, during the operation:
+       a change is never sent twice, so check what it did with stats and list
   4    aborted at the confirmation prompt (nothing changed)
   130  interrupted (Ctrl-C, SIGINT)
   143  terminated (SIGTERM)

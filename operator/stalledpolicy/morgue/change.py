@@ -69,12 +69,17 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
     signal during the last call stopped nothing)."""
     lane = selection["lane"] if ids is None else None
     should_stop = stopper.should_stop if stopper is not None else (lambda: False)
+
+    def answered(_so_far: Any) -> None:
+        if not dry_run:
+            args.change_answered = True  # a real call came back: the change has begun to apply
+
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
-                                      should_stop=should_stop)
+                                      progress=answered, should_stop=should_stop)
     else:
         result = engine.morgue_purge(client, args.queue, older_than_s=selection["older_than_s"], lane=lane,
-                                     ids=ids, dry_run=dry_run, should_stop=should_stop)
+                                     ids=ids, dry_run=dry_run, progress=answered, should_stop=should_stop)
     outcome = _outcome(result)
     if stopper is not None and stopper.stopped_early:
         outcome.stopped_by = stopper.signal_name

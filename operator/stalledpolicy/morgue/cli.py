@@ -108,6 +108,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
     url = args.redis_url
     where = redact_url(url)
     args.change_started = False  # set by run_change when the real calls begin
+    args.change_answered = False  # set when one of those calls came back
     try:
         with terminate_like_interrupt():
             return _run_action(args, prog, url, where, changing, selection, out, err, stdin)
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
 def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, changing: bool,
                 selection: dict[str, Any] | None, out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     import redis
+    from redis.exceptions import ReadOnlyError
 
     from stalledpolicy import engine
 
@@ -150,7 +152,14 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             # SELECT refused when the connection is made: the URL is wrong, not the server
             err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
             return EXIT_USAGE
-        if is_credentials_refusal(exc):
+        if isinstance(exc, ReadOnlyError):
+            # a reader endpoint, or a primary demoted by a failover: reachable, but refuses writes
+            err.write(f"{prog}: Redis at {where} is a read-only replica and refused the change; "
+                      "point --redis-url at the primary (the server that takes writes)\n")
+            if not args.change_answered:
+                err.write("nothing was changed\n")
+                return EXIT_UNREACHABLE
+        elif is_credentials_refusal(exc):
             err.write(f"{prog}: Redis at {where} requires a password (or refused this user/password): "
                       f"{CREDENTIALS_ADVICE}\n")
         elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError (ReadOnlyError is one too)
