@@ -32,14 +32,22 @@ class JsonFormatter(logging.Formatter):
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        fields = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
-                          for k, v in _extras(record).items())
+        fields = " ".join(f"{k}={_value(v)}" for k, v in _extras(record).items())
         line = f"{stamp} {record.levelname.lower():5} {record.name}: {record.getMessage()}"
         if fields:
             line += " " + fields
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+def _value(value: object) -> str:
+    """A field as written in a text line: quoted (repr) when it holds a space or
+    anything not printable, so a value from Redis (a lane name, an error) with a
+    newline or a terminal escape in it can neither split the line nor forge one."""
+    if isinstance(value, str) and (" " in value or not value.isprintable()):
+        return repr(value)
+    return str(value)
 
 
 def configure(fmt: str = "text", level: str = "info") -> None:
