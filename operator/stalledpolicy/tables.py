@@ -15,19 +15,28 @@ ELLIPSIS = "…"
 GAP = "  "
 
 
-def printable(value: object) -> str:
+def printable(value: object, *, exact: bool = False) -> str:
     """``value`` as one printable line: None -> ``-``, whitespace runs (newlines
     included) -> one space, other control characters -> ``\\xNN`` escapes,
     bytes that were not UTF-8 (decoded with ``surrogateescape``) -> ``\\xNN``,
     and a backslash -> two, so that an escape shown is never a backslash the
-    value holds (``JOB\\\\xff`` is the text, ``JOB\\xff`` the byte)."""
+    value holds (``JOB\\\\xff`` is the text, ``JOB\\xff`` the byte).
+
+    ``exact`` (an id or a lane: what is shown must name one value): only the
+    plain space stays as it is, every space kept; other whitespace and
+    separators (tab, newline, no-break space, ...) are escaped too, and
+    nothing is trimmed; a character past ASCII is escaped as ``\\uNNNN``, so that
+    it never reads as the byte ``\\xNN`` (both can be typed: ``$'\\u00a0'``)."""
     if value is None:
         return EMPTY
     text = str(value)
     out: list[str] = []
+    x_below = 0x80 if exact else 0x100
     for ch in text:
-        if ch in " \t\n\r\v\f":
-            if out and out[-1] != " ":
+        if exact and ch != " " and (ch in "\t\n\r\v\f" or unicodedata.category(ch)[0] == "Z"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < x_below else f"\\u{ord(ch):04x}")
+        elif ch in " \t\n\r\v\f":
+            if exact or (out and out[-1] != " "):
                 out.append(" ")
         elif ch == "\\":
             out.append("\\\\")
@@ -36,10 +45,10 @@ def printable(value: object) -> str:
             # shown as the byte it stands for
             out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < x_below else f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
-    return "".join(out).strip()
+    return "".join(out) if exact else "".join(out).strip()
 
 
 def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = None) -> str:
@@ -96,13 +105,16 @@ def render_table(
     *,
     right: Iterable[str] = (),
     max_widths: Mapping[str, int] | None = None,
+    exact: Iterable[str] = (),
 ) -> str:
     """Aligned columns separated by two spaces; columns named in ``right`` are
-    right-aligned (numbers), ``max_widths`` caps a column (cut with ``…``).
+    right-aligned (numbers), ``max_widths`` caps a column (cut with ``…``),
+    columns named in ``exact`` hold ids or names (``printable(exact=True)``).
     No trailing spaces; no trailing newline."""
     right_aligned = set(right)
     caps = dict(max_widths or {})
-    cells = [[printable(v) for v in row] for row in rows]
+    exact_columns = {i for i, name in enumerate(headers) if name in set(exact)}
+    cells = [[printable(v, exact=i in exact_columns) for i, v in enumerate(row)] for row in rows]
     for row in cells:
         if len(row) != len(headers):
             raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns")

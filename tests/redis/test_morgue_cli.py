@@ -1275,6 +1275,26 @@ def test_the_largest_offset_is_accepted(r, url, queue_name):
     assert "no jobs at offset 4294967295 (total 6)" in result.stdout
 
 
+def test_lanes_and_ids_that_differ_only_in_whitespace_are_told_apart(r, url, queue_name):
+    """A table showed a tab, a newline or two spaces in a lane or an id as one
+    space: two lanes looked like one, and what the table showed selected nothing."""
+    bury(r, queue_name, "JOB001", lane="a\tb")
+    bury(r, queue_name, "JOB002", lane="a b")
+    bury(r, queue_name, "JOB\n003", lane="a  b")
+    result = morgue(url, "stats", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    lanes = [line.rsplit(None, 1)[0] for line in table_rows(result.stdout, "LANE")[1:]]
+    assert sorted(lanes) == sorted(["a\\x09b", "a b", "a  b"])
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in table_rows(result.stdout, "ID")[1:]}
+    assert rows["JOB\\x0a003"].startswith("JOB\\x0a003  a  b ") and " a\\x09b " in rows["JOB001"]
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "a\tb", "--dry-run")
+    assert result.returncode == 0 and "a\\x09b" in result.stdout and "JOB001" in result.stdout
+    result = morgue(url, "list", "--queue", queue_name, "--lane", "a\nb")
+    assert result.stdout.startswith(f"queue {queue_name}: no jobs in lane a\\x0ab ")
+
+
 # ------------------------------------------------------------ bytes that are not UTF-8
 
 

@@ -101,3 +101,21 @@ def test_a_backslash_is_shown_doubled_so_escapes_are_never_ambiguous():
     assert printable(raw_byte) == "JOB\\xff"
     assert printable(literal) == "JOB\\\\xff"
     assert printable(raw_byte) != printable(literal)
+
+
+def test_an_exact_cell_keeps_every_character_told_apart():
+    """Ids and lanes: what is shown must name one value (and be typeable with
+    the shell's escapes), so whitespace is not collapsed, trimmed or hidden."""
+    assert printable("a\tb", exact=True) == "a\\x09b"
+    assert printable("a\nb", exact=True) == "a\\x0ab"
+    assert printable("a  b", exact=True) == "a  b"
+    assert printable("a\u00a0b", exact=True) == "a\\u00a0b"  # a no-break space is not a space
+    assert printable("a\u0085b", exact=True) == "a\\u0085b"  # nor the byte 0x85 (\\x85)
+    assert printable("a\u2028b", exact=True) == "a\\u2028b"
+    assert printable("JOB\\x01", exact=True) == "JOB\\\\x01"
+    assert printable(None, exact=True) == "-"
+
+
+def test_exact_columns_of_a_table():
+    table = render_table(("ID", "LAST ERROR"), [("a\tb", "x\ty")], exact=("ID",))
+    assert table.splitlines()[1] == "a\\x09b  x y"

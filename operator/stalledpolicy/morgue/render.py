@@ -11,6 +11,8 @@ from stalledpolicy import tables
 
 # ids printed in a table-mode preview before "... and N more"
 PREVIEW_IDS = 20
+# table columns that name a job or a lane: shown exactly (tables.printable(exact=True))
+EXACT_COLUMNS = ("ID", "LANE")
 
 
 def emit_json(document: dict, out: IO[str]) -> None:
@@ -35,7 +37,7 @@ def age_seconds(now_ms: int, then_ms: int | None) -> float | None:
 def lane_label(lane: str | None) -> str:
     """A lane in a message (a table cell takes :func:`lane_cell`: the table
     makes every cell printable, and escaping twice would double backslashes)."""
-    return tables.printable(lane_cell(lane))
+    return tables.printable(lane_cell(lane), exact=True)
 
 
 def lane_cell(lane: str | None) -> str:
@@ -51,6 +53,6 @@ def lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
 
 
 def ids_preview(ids: Sequence[str]) -> str:
-    shown = ", ".join(tables.printable(i) for i in ids[:PREVIEW_IDS])
+    shown = ", ".join(tables.printable(i, exact=True) for i in ids[:PREVIEW_IDS])
     more = len(ids) - PREVIEW_IDS
     return shown + (f", ... and {more} more (-o json lists all)" if more > 0 else "")

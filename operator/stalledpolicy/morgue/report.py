@@ -10,7 +10,7 @@ from typing import IO, TYPE_CHECKING, Any, Sequence
 from stalledpolicy import tables
 from stalledpolicy.durations import format_duration
 from stalledpolicy.morgue.exit_codes import EXIT_FAILED, EXIT_OK
-from stalledpolicy.morgue.render import PREVIEW_IDS, emit_json, ids_preview, jobs_phrase, lane_rows
+from stalledpolicy.morgue.render import EXACT_COLUMNS, PREVIEW_IDS, emit_json, ids_preview, jobs_phrase, lane_rows
 
 if TYPE_CHECKING:  # change imports this module to report its outcomes
     from stalledpolicy.morgue.change import Outcome
@@ -30,7 +30,7 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes
     err.write(f"{verb} preview for queue {args.queue}{age}: {jobs_phrase(len(preview.ids))}\n")
     if preview.ids:
         if lanes:
-            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",)) + "\n")
+            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",), exact=EXACT_COLUMNS) + "\n")
         err.write(f"ids: {ids_preview(preview.ids)}\n")
     if preview.refused:
         err.write(f"{jobs_phrase(len(preview.refused))} would be left in the morgue (the reasons follow the "
@@ -87,7 +87,7 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
             out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}{early}\n")
         if ids:
             if outcome.lanes:
-                out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",)) + "\n")
+                out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",), exact=EXACT_COLUMNS) + "\n")
             out.write(f"ids: {ids_preview(ids)}\n")
     if previewed is not None and previewed != len(ids):
         err.write(f"note: the preview counted {jobs_phrase(previewed)}; the morgue changed before the purge ran\n")
@@ -115,7 +115,7 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
         action = f"would not {verb}" if dry_run else f"did not {verb}"
         err.write(f"{action} {jobs_phrase(len(outcome.refused))} (left in the morgue):\n")
         reasons = [(job_id, why) for job_id, why in list(outcome.refused.items())[:PREVIEW_IDS]]
-        err.write(tables.render_table(("ID", "WHY"), reasons) + "\n")
+        err.write(tables.render_table(("ID", "WHY"), reasons, exact=EXACT_COLUMNS) + "\n")
         if len(outcome.refused) > PREVIEW_IDS:
             err.write(f"... and {len(outcome.refused) - PREVIEW_IDS} more (-o json lists all)\n")
     for problem in outcome.problems:

@@ -10,7 +10,8 @@ from stalledpolicy import tables
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.morgue.exit_codes import EXIT_OK
 from stalledpolicy.morgue.prompt import is_interactive
-from stalledpolicy.morgue.render import age_seconds, emit_json, iso_time, lane_cell, lane_label, lane_rows
+from stalledpolicy.morgue.render import (EXACT_COLUMNS, age_seconds, emit_json, iso_time, lane_cell, lane_label,
+                                         lane_rows)
 
 LAST_ERROR_MIN_WIDTH = 20
 LAST_ERROR_DEFAULT_WIDTH = 60
@@ -51,7 +52,8 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
                                          "`list` shows them, `purge --id` removes them)"))
     out.write(tables.render_pairs(pairs) + "\n")
     if stats.lanes:
-        out.write("\n" + tables.render_table(("LANE", "DEAD"), lane_rows(stats.lanes), right=("DEAD",)) + "\n")
+        out.write("\n" + tables.render_table(("LANE", "DEAD"), lane_rows(stats.lanes), right=("DEAD",),
+                                                  exact=EXACT_COLUMNS) + "\n")
     return EXIT_OK
 
 
@@ -117,10 +119,10 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
          tables.format_age(age_seconds(now_ms, job.dead_at_ms)), _error_cell(job))
         for job in jobs
     ]
-    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows]).splitlines()[0]
+    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows], exact=EXACT_COLUMNS).splitlines()[0]
     width = _last_error_width(out, tables.display_width(fixed) + len(tables.GAP))
     out.write(tables.render_table(
-        headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width},
+        headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width}, exact=EXACT_COLUMNS,
     ) + "\n")
     first, last = args.offset + 1, args.offset + len(jobs)
     footer = f"{where}: jobs {first}-{last} of {total}"
