@@ -25,11 +25,14 @@ def printable(value: object, *, exact: bool = False) -> str:
     ``exact`` (an id or a lane: what is shown must name one value): only the
     plain space stays as it is, every space kept; other whitespace and
     separators (tab, newline, no-break space, ...) are escaped too, and
-    nothing is trimmed; a character past ASCII is escaped as ``\\uNNNN``, so that
+    nothing is trimmed; a value that is ``-`` (the empty cell) shows as ``\\x2d``;
+    a character past ASCII is escaped as ``\\uNNNN``, so that
     it never reads as the byte ``\\xNN`` (both can be typed: ``$'\\u00a0'``)."""
     if value is None:
         return EMPTY
     text = str(value)
+    if exact and text == EMPTY:
+        return "\\x2d"  # a name that is '-' is not the empty cell
     out: list[str] = []
     x_below = 0x80 if exact else 0x100
     for ch in text:

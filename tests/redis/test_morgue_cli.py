@@ -1295,6 +1295,20 @@ def test_lanes_and_ids_that_differ_only_in_whitespace_are_told_apart(r, url, que
     assert result.stdout.startswith(f"queue {queue_name}: no jobs in lane a\\x0ab ")
 
 
+def test_a_lane_named_dash_is_not_shown_as_the_flat_jobs(r, url, queue_name):
+    """Flat jobs show as '-' in a LANE column; a lane named '-' read the same."""
+    bury(r, queue_name, "JOB001")
+    bury(r, queue_name, "JOB002", lane="-")
+    result = morgue(url, "stats", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    assert sorted(line.split()[0] for line in table_rows(result.stdout, "LANE")[1:]) == ["-", "\\x2d"]
+    result = morgue(url, "list", "--queue", queue_name)
+    rows = {line.split()[0]: line.split()[1] for line in table_rows(result.stdout, "ID")[1:]}
+    assert rows == {"JOB001": "-", "JOB002": "\\x2d"}
+    result = morgue(url, "replay", "--queue", queue_name, "--lane", "-", "--dry-run")
+    assert result.returncode == 0 and "\\x2d  " in result.stdout and "JOB002" in result.stdout
+
+
 # ------------------------------------------------------------ bytes that are not UTF-8
 
 

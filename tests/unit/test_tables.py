@@ -119,3 +119,9 @@ def test_an_exact_cell_keeps_every_character_told_apart():
 def test_exact_columns_of_a_table():
     table = render_table(("ID", "LAST ERROR"), [("a\tb", "x\ty")], exact=("ID",))
     assert table.splitlines()[1] == "a\\x09b  x y"
+
+
+def test_an_exact_value_that_reads_as_the_empty_cell_is_escaped():
+    assert printable("-", exact=True) == "\\x2d"  # a lane named '-' is not "no lane"
+    assert printable(None, exact=True) == printable(None) == "-"
+    assert printable("-") == "-"

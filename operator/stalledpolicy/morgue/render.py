@@ -40,11 +40,12 @@ def lane_label(lane: str | None) -> str:
     return tables.printable(lane_cell(lane), exact=True)
 
 
-def lane_cell(lane: str | None) -> str:
-    return lane or tables.EMPTY
+def lane_cell(lane: str | None) -> str | None:
+    """None (shown ``-``) for no lane; a lane named ``-`` is shown escaped."""
+    return lane or None
 
 
-def lane_rows(lanes: dict[str, int]) -> list[tuple[str, int]]:
+def lane_rows(lanes: dict[str, int]) -> list[tuple[str | None, int]]:
     """Lane table rows, the largest lane first."""
     return [
         (lane_cell(name), count)
