@@ -4,6 +4,7 @@ morgue operation work there as on a single server."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -16,6 +17,8 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.devenv.echomq import EchoMQ, read_state
 from stalledpolicy.keyspace import QueueKeys
+
+from tests.redis.engine_rows import put_active, put_dead
 
 pytestmark = pytest.mark.redis
 
@@ -212,3 +215,149 @@ def test_a_change_is_never_resent_on_a_cluster_either(redis_cluster):
     finally:
         changes.close()
         reads.close()
+
+
+# ------------------------------------------------- a slot being migrated
+
+
+@contextlib.contextmanager
+def slot_migrating(client, queue: str, moved: list[str]):
+    """The slot of ``queue`` half-way through a resharding: MIGRATING on its
+    node, IMPORTING on another, and the keys ``moved`` already sent there
+    (what redis-cli --cluster reshard does, a batch of keys at a time). The
+    slot is stable and every key back on its node afterwards."""
+    keys = QueueKeys(queue)
+    slot = client.keyslot(keys.active)
+    source = client.get_node_from_key(keys.active)
+    target = next(node for node in client.get_primaries() if node.port != source.port)
+    src = _node_client(source.port)
+    dst = redis.Redis(host="127.0.0.1", port=target.port)  # DUMP payloads are bytes
+    src_id, dst_id = src.cluster("myid"), dst.cluster("myid").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    try:
+        for key in moved:
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, key, 0, 5000)
+        yield src
+    finally:
+        dumps = {}
+        for key in moved:  # back to the node that owns the slot
+            pipe = dst.pipeline(transaction=False)
+            pipe.execute_command("ASKING")
+            pipe.execute_command("DUMP", key)
+            pipe.execute_command("ASKING")
+            pipe.execute_command("DEL", key)
+            dumps[key] = pipe.execute()[1]
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        for key, dump in dumps.items():
+            if dump is not None:
+                src.restore(key, 0, dump, replace=True)
+        dst.close()
+        src.close()
+
+
+def _every_shared_key(client, keys: QueueKeys) -> None:
+    """Each key a script declares exists (so the call runs on the slot's node
+    while the slot migrates: a missing declared key is redirected instead)."""
+    client.zadd(keys.pending, {"JOB-waiting": 0})
+    client.hset(keys.job("JOB-waiting"), mapping={"state": "pending", "attempts": "0"})
+    put_active(client, keys, "JOB-running", score=2**50)  # a lease running for ever
+    client.rpush(keys.ring, "other")
+    client.lpush(keys.wake, "1")
+    client.hset(keys.gactive, "other", 1)
+    client.hset(keys.glimit, "other", 5)
+    client.sadd(keys.paused, "paused-lane")
+    client.hset(keys.metrics_failed, "count", 0)
+    client.hset(keys.sweeper_totals, "recovered", 0)
+
+
+def _queue_dump(client, keys: QueueKeys, ids) -> dict:
+    return {
+        "active": client.zrange(keys.active, 0, -1, withscores=True),
+        "pending": client.zrange(keys.pending, 0, -1),
+        "dead": client.zrange(keys.dead, 0, -1),
+        "rows": {job_id: client.hgetall(keys.job(job_id)) for job_id in ids},
+    }
+
+
+def test_a_sweep_while_the_queue_slot_migrates_moves_all_or_nothing(redis_cluster):
+    """A row already moved to the importing node is refused inside the script
+    ('Script attempted to access a non local key'). That refusal used to come
+    after the batch left `active`: the jobs before it were half-recovered (row
+    rewritten, in no set) and every job of the batch was lost. The sweep now
+    reads every row before its first write, so the call moves nothing and the
+    next pass, once the slot has moved, recovers them all."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "migrating-sweep"
+    keys = QueueKeys(queue)
+    ids = ["JOB1", "JOB2", "JOB3"]
+    for job_id in ids:
+        put_active(client, keys, job_id)
+    _every_shared_key(client, keys)
+    client.zadd(keys.dead, {"JOB-old": 0})
+    client.hset(keys.job("JOB-old"), mapping={"state": "dead", "attempts": "1"})
+    with slot_migrating(client, queue, [keys.job("JOB2")]) as node:
+        before = _queue_dump(node, keys, ["JOB1", "JOB3"])
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            engine.sweep_batch(client, queue, BUDGETS, 100)
+        assert _queue_dump(node, keys, ["JOB1", "JOB3"]) == before
+    result = engine.sweep_batch(client, queue, BUDGETS, 100)
+    assert result.recovered == 3
+    assert client.zrange(keys.pending, 0, -1) == ["JOB-waiting", *ids]
+    client.close()
+
+
+def test_a_grouped_sweep_while_the_lane_key_migrates_moves_nothing(redis_cluster):
+    """A lane key the call would fill, or ask for work, may have moved too."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "migrating-lane"
+    keys = QueueKeys(queue)
+    put_active(client, keys, "JOB1", group="g")
+    put_active(client, keys, "JOB2")
+    client.zadd(keys.lane_pending("g"), {"JOB0": 0})
+    client.hset(keys.job("JOB0"), mapping={"state": "pending", "attempts": "0", "group": "g"})
+    _every_shared_key(client, keys)
+    client.zadd(keys.dead, {"JOB-old": 0})
+    with slot_migrating(client, queue, [keys.lane_pending("g")]) as node:
+        before = _queue_dump(node, keys, ["JOB1", "JOB2"])
+        gactive = node.hgetall(keys.gactive)
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            engine.sweep_batch(client, queue, BUDGETS, 100)
+        assert _queue_dump(node, keys, ["JOB1", "JOB2"]) == before
+        assert node.hgetall(keys.gactive) == gactive
+    result = engine.sweep_batch(client, queue, BUDGETS, 100)
+    assert result.recovered == 2 and result.quarantined == 0
+    assert client.zrange(keys.lane_pending("g"), 0, -1) == ["JOB0", "JOB1"]
+    client.close()
+
+
+@pytest.mark.parametrize("change", ["replay", "purge"])
+def test_a_morgue_change_while_the_queue_slot_migrates_changes_nothing(redis_cluster, change):
+    """The replay used to take the first jobs out of `dead` and rewrite their
+    rows before meeting the moved row: those jobs were in no set."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = f"migrating-{change}"
+    keys = QueueKeys(queue)
+    ids = ["JOB1", "JOB2", "JOB3"]
+    for job_id in ids:
+        put_dead(client, keys, job_id)
+    _every_shared_key(client, keys)
+    with slot_migrating(client, queue, [keys.job("JOB2")]) as node:
+        before = _queue_dump(node, keys, ["JOB1", "JOB3"])
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            if change == "replay":
+                engine.morgue_replay(client, queue)
+            else:
+                engine.morgue_purge(client, queue)
+        assert _queue_dump(node, keys, ["JOB1", "JOB3"]) == before
+    if change == "replay":
+        assert engine.morgue_replay(client, queue).replayed == 3
+        assert client.zrange(keys.pending, 0, -1) == ["JOB-waiting", *ids]
+    else:
+        assert engine.morgue_purge(client, queue).purged == 3
+    assert client.zcard(keys.dead) == 0
+    client.close()

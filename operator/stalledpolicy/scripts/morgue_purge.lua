@@ -48,6 +48,7 @@ local kept = {}
 local missing = {}
 local undated = 0
 local undatable = 0
+local stamps = {}  -- rows an age purge dates (written after the reads)
 
 for _, id in ipairs(candidates) do
   if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
@@ -55,6 +56,7 @@ for _, id in ipairs(candidates) do
   else
     local row = prefix .. 'job:' .. id
     local f = redis.pcall('HMGET', row, 'group', 'dead_at', 'state')
+    if f.err then read_refused(f) end
     local is_hash = not f.err
     local g, dead_at, state = false, false, false
     if is_hash then g, dead_at, state = f[1], f[2], f[3] end
@@ -87,7 +89,7 @@ for _, id in ipairs(candidates) do
           -- value): the age starts now, stamped on the row; a later purge can
           -- remove it
           undated = undated + 1
-          if not dry then redis.call('HSET', row, 'dead_at', now_s) end
+          if not dry then stamps[#stamps + 1] = row end
         else
           -- missing, or not a hash: nothing to stamp, never dated
           undatable = undatable + 1
@@ -99,14 +101,22 @@ for _, id in ipairs(candidates) do
     end
     if reason == nil then
       purged[#purged + 1] = id
-      if not dry then
-        redis.call('ZREM', KEYS[1], id)
-        redis.call('DEL', row)
-      end
     elseif reason then
       kept[#kept + 1] = id
       kept[#kept + 1] = readable(reason) -- it may quote the row's state
     end
+  end
+end
+
+-- Every row was read above, before this first write: a row Redis refuses to
+-- read (on a cluster whose slot is being migrated: one already moved to the
+-- other node) stopped the call with nothing changed (lib/refusals,
+-- read_refused), not half-way with the call's purges done but not counted.
+if not dry then
+  for _, row in ipairs(stamps) do redis.call('HSET', row, 'dead_at', now_s) end
+  for _, id in ipairs(purged) do
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('DEL', prefix .. 'job:' .. id)
   end
 end
 

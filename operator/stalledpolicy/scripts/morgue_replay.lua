@@ -63,6 +63,7 @@ local missing = {}
 local lanes = {}       -- group -> ids going back to the lane
 local lane_order = {}
 local flat = {}
+local moves = {}       -- {id, row, last_error} of each job replayed, written after the reads
 local n = 0
 local last_examined = ''
 
@@ -83,6 +84,7 @@ for _, id in ipairs(candidates) do
     -- a row that is missing or not a hash has no lane: why, or nil
     local laneless = nil
     if f.err then
+      read_refused(f)
       laneless = 'malformed: job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
     elseif not (f[1] or f[2] or f[3] or f[4]) and redis.call('EXISTS', row) == 0 then
       laneless = 'job row is missing'
@@ -121,13 +123,7 @@ for _, id in ipairs(candidates) do
       replayed[#replayed + 1] = id
       replayed[#replayed + 1] = g or ''
       if not dry then
-        redis.call('ZREM', KEYS[1], id)
-        if f[4] then
-          redis.call('HSET', row, 'state', 'pending', 'previous_error', f[4])
-        else
-          redis.call('HSET', row, 'state', 'pending')
-        end
-        redis.call('HDEL', row, 'stalled', 'last_error', 'dead_at')
+        moves[#moves + 1] = {id, row, f[4]}
         if g then
           if lanes[g] == nil then
             lanes[g] = {}
@@ -143,8 +139,23 @@ for _, id in ipairs(candidates) do
   end
 end
 
+-- Every row and lane key was read above, before this first write: a key
+-- Redis refuses to read (on a cluster whose slot is being migrated: one
+-- already moved to the other node) stopped the call with nothing replayed,
+-- where an error half-way would have left jobs out of `dead` and in no other
+-- set (lib/refusals, read_refused).
 local problems = {}
 if not dry then
+  for _, move in ipairs(moves) do
+    local id, row, last_error = move[1], move[2], move[3]
+    redis.call('ZREM', KEYS[1], id)
+    if last_error then
+      redis.call('HSET', row, 'state', 'pending', 'previous_error', last_error)
+    else
+      redis.call('HSET', row, 'state', 'pending')
+    end
+    redis.call('HDEL', row, 'stalled', 'last_error', 'dead_at')
+  end
   if #flat > 0 then variadic('ZADD', KEYS[2], flat, true) end
   for _, g in ipairs(lane_order) do
     variadic('ZADD', prefix .. 'g:' .. g .. ':pending', lanes[g], true)

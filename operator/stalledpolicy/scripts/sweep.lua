@@ -70,8 +70,6 @@ local function announce(event)
   if can_publish then redis.call('PUBLISH', channel, event) else unsent = unsent + 1 end
 end
 
-variadic('ZREM', KEYS[1], expired, false)
-
 -- Ids almost never need escaping (text: json_escaped): one scan of the whole
 -- batch decides, so the common case builds each event with one concatenation.
 -- The scan passes only bytes json_escaped never changes, printable ASCII
@@ -129,7 +127,12 @@ end
 -- A grouped job may wait in the flat pending too (the reference replay puts it
 -- there), and a row whose group is empty names no lane.
 local function listed(key, id)
-  return type(redis.pcall('ZSCORE', key, id)) == 'string'
+  local score = redis.pcall('ZSCORE', key, id)
+  if type(score) == 'table' and score.err then
+    read_refused(score)
+    return false
+  end
+  return score ~= false
 end
 
 local function waits_elsewhere(id, g, state)
@@ -144,20 +147,28 @@ local function waits_elsewhere(id, g, state)
   return false
 end
 
+-- The whole batch is read and decided before the first write. On a cluster
+-- whose slot is being migrated, a key the call derives (a row, a lane,
+-- schedule) may already have moved to the other node: Redis refuses the
+-- command with an error, and an error after the batch left `active` would
+-- leave its jobs in no set. Read first, such an error refuses the call with
+-- nothing moved (the next pass tries again). Only a key of the wrong type is
+-- an answer (read_refused).
 local row_prefix = prefix .. 'job:'
-for _, id in ipairs(expired) do
+local plan = {}  -- per id: {what, row, group, value}, in the order of `expired`
+for i, id in ipairs(expired) do
   local row = row_prefix .. id
   local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
   if f.err then
+    read_refused(f)
     if listed(KEYS[2], id) or listed(KEYS[3], id) or listed(prefix .. 'schedule', id) then
       -- a stray lease of an id that waits elsewhere (as above; its lane, if
       -- any, is unknown): sending it to the morgue would list it twice
-      orphans = orphans + 1
+      plan[i] = {'orphan'}
     else
       -- Not a hash: nothing on it can be written. The id goes to the morgue
       -- as-is; morgue_list names the key type as the problem.
-      local kind = redis.call('TYPE', row).ok
-      quarantine(id, nil, nil, 'job row is a ' .. kind .. ', not a hash', false)
+      plan[i] = {'quarantine', nil, nil, 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash', false}
     end
   else
     local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
@@ -165,57 +176,85 @@ for _, id in ipairs(expired) do
     if g == false and stalled_raw == false and attempts_raw == false
         and redis.call('EXISTS', row) == 0 then
       -- completed (row deleted) while still listed in active: never recreate it
-      orphans = orphans + 1
+      plan[i] = {'orphan'}
     elseif state and state ~= 'active' and waits_elsewhere(id, g, state) then
-      orphans = orphans + 1 -- a stray lease: drop the entry, touch nothing else
+      plan[i] = {'orphan'} -- a stray lease: drop the entry, touch nothing else
     else
       local stalled = count_of(stalled_raw)
       local attempts = count_of(attempts_raw)
       if g == '' then
-        quarantine(id, row, nil, 'group is empty', attempts ~= nil)
+        plan[i] = {'quarantine', row, nil, 'group is empty', attempts ~= nil}
       elseif stalled == nil then
-        quarantine(id, row, g or nil, 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw),
-          attempts ~= nil)
+        plan[i] = {'quarantine', row, g or nil, 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw),
+          attempts ~= nil}
       elseif attempts == nil then
         -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
-        quarantine(id, row, g or nil, 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw),
-          false)
+        plan[i] = {'quarantine', row, g or nil, 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw),
+          false}
       else
-        stalled = stalled + 1
-        local budget = default_budget
-        if g then
-          touch(g)
-          local override = lane_budget[g]
-          if override ~= nil then budget = override end
-        end
-        -- attempts + 1 fences the stalled worker, whether the job dies or
-        -- returns: its complete/retry/extend carry the old token and are
-        -- refused with EMQSTALE (docs/scripts.md, "Fencing").
-        local fence = count_string(attempts + 1)
-        if budget > 0 and stalled >= budget then
-          redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'dead',
-            'last_error', 'stalled', 'dead_at', now_s, 'attempts', fence)
-          to_dead[#to_dead + 1] = id
-          dead_lettered = dead_lettered + 1
-          if g then lane_dead[g] = lane_dead[g] + 1 end
-          announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
-        else
-          redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'pending', 'attempts', fence)
-          if g then
-            local jobs = lane_jobs[g]
-            if jobs == nil then
-              jobs = {}
-              lane_jobs[g] = jobs
-            end
-            jobs[#jobs + 1] = id
-            lane_rec[g] = lane_rec[g] + 1
-          else
-            to_pending[#to_pending + 1] = id
-          end
-          recovered = recovered + 1
-          announce('{"event":"stalled","job":"' .. json_id(id) .. '"}')
-        end
+        plan[i] = {'stall', row, g, stalled + 1, attempts}
       end
+    end
+  end
+end
+
+-- the lanes this call will write or ask for work (a lane key that is absent
+-- here while its slot migrates refuses the call now, as above)
+local probed, lane_keys = {}, {}
+for _, step in ipairs(plan) do
+  local g = step[3]
+  if g and not probed[g] then
+    probed[g] = true
+    lane_keys[#lane_keys + 1] = prefix .. 'g:' .. g .. ':pending'
+  end
+end
+for i = 1, #lane_keys, 4000 do
+  redis.call('EXISTS', unpack(lane_keys, i, math.min(i + 3999, #lane_keys)))
+end
+
+variadic('ZREM', KEYS[1], expired, false)
+
+for i, id in ipairs(expired) do
+  local step = plan[i]
+  local what, row, g = step[1], step[2], step[3]
+  if what == 'orphan' then
+    orphans = orphans + 1
+  elseif what == 'quarantine' then
+    quarantine(id, row, g, step[4], step[5])
+  else
+    local stalled, attempts = step[4], step[5]
+    local budget = default_budget
+    if g then
+      touch(g)
+      local override = lane_budget[g]
+      if override ~= nil then budget = override end
+    end
+    -- attempts + 1 fences the stalled worker, whether the job dies or
+    -- returns: its complete/retry/extend carry the old token and are
+    -- refused with EMQSTALE (docs/scripts.md, "Fencing").
+    local fence = count_string(attempts + 1)
+    if budget > 0 and stalled >= budget then
+      redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'dead',
+        'last_error', 'stalled', 'dead_at', now_s, 'attempts', fence)
+      to_dead[#to_dead + 1] = id
+      dead_lettered = dead_lettered + 1
+      if g then lane_dead[g] = lane_dead[g] + 1 end
+      announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"stalled"}')
+    else
+      redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'pending', 'attempts', fence)
+      if g then
+        local jobs = lane_jobs[g]
+        if jobs == nil then
+          jobs = {}
+          lane_jobs[g] = jobs
+        end
+        jobs[#jobs + 1] = id
+        lane_rec[g] = lane_rec[g] + 1
+      else
+        to_pending[#to_pending + 1] = id
+      end
+      recovered = recovered + 1
+      announce('{"event":"stalled","job":"' .. json_id(id) .. '"}')
     end
   end
 end

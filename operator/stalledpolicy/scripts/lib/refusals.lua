@@ -14,6 +14,15 @@
 --   require_permitted(prefix, checks, consequence)
 --       raises EMQNOPERM naming the first refused check (prefix: the queue's
 --       'emq:{q}:', for the grant it suggests)
+--   read_refused(reply)
+--       for the error reply of a read made with redis.pcall: returns when the
+--       key holds another type (an answer the caller reads as such); raises any
+--       other error as it is. A script reads before its first write, so the
+--       call then stops with nothing changed: on a cluster whose slot is being
+--       migrated, a key already moved to the other node is refused with
+--       'Script attempted to access a non local key' (the next call, once the
+--       slot has moved, goes to that node), and a read the ACL refuses is no
+--       answer either.
 
 local function require_sorted_set(key, consequence)
   local kind = redis.call('TYPE', key).ok
@@ -40,4 +49,8 @@ local function require_permitted(prefix, checks, consequence)
       .. "; grant it the queue's keys, channel and commands (e.g. ACL SETUSER <user> ~" .. prefix .. '* &'
       .. prefix .. 'events +@all)'))
   end
+end
+
+local function read_refused(reply)
+  if string.sub(reply.err, 1, 10) ~= 'WRONGTYPE ' then error(reply) end
 end
