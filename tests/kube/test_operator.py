@@ -382,6 +382,28 @@ def test_a_policy_deleted_and_created_again_waits_for_its_old_sweeper_without_a_
                 if e.reason == "NameConflict" and e.involved_object.uid == second["metadata"]["uid"]]
 
 
+def test_sweeper_pods_the_cluster_refuses_to_create_are_named_in_ready(operator, apis, kube_namespace, secret,
+                                                                       queue_name):
+    """A LimitRange (or a ResourceQuota, a PodSecurity level) refuses the sweeper's
+    pods: only the Deployment's ReplicaFailure condition says so. Ready must carry
+    it, not an endless '0 of 1 sweeper replicas available'."""
+    core, apps, custom = apis
+    core.create_namespaced_limit_range(kube_namespace, {
+        "metadata": {"name": "small"},
+        "spec": {"limits": [{"type": "Container", "max": {"memory": "100Mi"}}]}})  # the sweeper's: 256Mi
+    create_policy(custom, kube_namespace, policy_manifest("limited", queue_name))
+    ready = wait_for_reason(custom, kube_namespace, "limited", "PodsNotCreated")
+    assert ready["status"] == "False"
+    assert "limited-sweeper" in ready["message"] and "100Mi" in ready["message"], ready["message"]
+    assert "spec.sweeper.resources" in ready["message"]
+    sweeper = condition(get_policy(custom, kube_namespace, "limited"), "SweeperAvailable")
+    assert (sweeper["status"], sweeper["reason"]) == ("False", "PodsNotCreated")
+
+    core.delete_namespaced_limit_range("small", kube_namespace)  # the pods can be created again
+    wait_for(lambda: condition(get_policy(custom, kube_namespace, "limited"), "SweeperAvailable")["reason"]
+             != "PodsNotCreated", "the refusal to leave the status", timeout=120)
+
+
 def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, queue_name):
     _, _, custom = apis
     create_policy(custom, kube_namespace, policy_manifest("quiet", queue_name))

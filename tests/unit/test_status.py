@@ -201,3 +201,41 @@ def test_a_configuration_problem_is_ready_s_reason_before_progressing():
     assert (ready["status"], ready["reason"]) == (FALSE, "ApplyFailed") and "HTTP 422" in ready["message"]
     # The sweeper that runs (the last applied spec) is still described as it is.
     assert condition_of(status, SWEEPER_AVAILABLE)["status"] == TRUE
+
+
+def deployment_object(conditions, replicas=1, available=0):
+    """A sweeper Deployment as the deployment controller leaves it."""
+    return {"metadata": {"generation": 1}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas,
+                       "availableReplicas": available, "conditions": conditions}}
+
+
+def test_pods_the_cluster_refuses_and_a_stuck_rollout_are_the_sweepers_reason():
+    refused = DeploymentState.from_object(deployment_object([
+        {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"},
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+         "message": 'pods "p-sweeper-1" is forbidden: exceeded quota: q, requested: pods=1'}], replicas=1))
+    condition = sweeper_condition(applied(), refused, "p-sweeper")
+    assert (condition.status, condition.reason) == (FALSE, "PodsNotCreated")
+    assert "exceeded quota" in condition.message and "p-sweeper" in condition.message
+    status = desired_status({}, outcome=applied(), deployment=refused, deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0)
+    assert condition_of(status, READY)["reason"] == "PodsNotCreated"
+
+    stuck = DeploymentState.from_object(deployment_object([
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": 'ReplicaSet "p-sweeper-1" has timed out progressing.'}]))
+    condition = sweeper_condition(applied(), stuck, "p-sweeper")
+    assert (condition.status, condition.reason) == (FALSE, "ProgressDeadlineExceeded")
+    assert "timed out progressing" in condition.message and "spec.sweeper.image" in condition.message
+
+    # suspended: no pods wanted, nothing to refuse
+    suspended = DeploymentState.from_object(deployment_object([
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "stale"}], replicas=0))
+    outcome = ReconcileOutcome(1, True, "Applied", "applied", suspended=True, deployment_generation=1, replicas=0)
+    assert sweeper_condition(outcome, suspended, "p-sweeper").reason == "Suspended"
+    # a healthy Deployment reads as before
+    healthy = DeploymentState.from_object(deployment_object([
+        {"type": "Available", "status": "True"},
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}], available=1))
+    assert sweeper_condition(applied(), healthy, "p-sweeper").reason == "Available"

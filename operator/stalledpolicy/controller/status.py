@@ -53,12 +53,21 @@ class DeploymentState:
     available: int
     ready: int
     total: int = -1  # status.replicas: old and new pods (-1: not reported)
+    # Why its pods cannot be created (the ReplicaFailure condition: a ResourceQuota,
+    # a PodSecurity level, a LimitRange refused them), or None.
+    pods_refused: str | None = None
+    # The rollout made no progress within progressDeadlineSeconds (Progressing=False,
+    # ProgressDeadlineExceeded: pods that never become ready), or None.
+    stuck: str | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> "DeploymentState":
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         replicas = spec.get("replicas")
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+        refused = conditions.get("ReplicaFailure") or {}
+        progressing = conditions.get("Progressing") or {}
         return cls(
             generation=int((obj.get("metadata") or {}).get("generation") or 0),
             observed_generation=int(status.get("observedGeneration") or 0),
@@ -67,7 +76,20 @@ class DeploymentState:
             available=int(status.get("availableReplicas") or 0),
             ready=int(status.get("readyReplicas") or 0),
             total=int(status.get("replicas") or 0),
+            pods_refused=(_api_text(refused.get("message") or refused.get("reason") or "refused")
+                          if refused.get("status") == "True" else None),
+            stuck=(_api_text(progressing.get("message") or "")
+                   if progressing.get("status") == "False"
+                   and progressing.get("reason") == "ProgressDeadlineExceeded" else None),
         )
+
+
+def _api_text(text: str) -> str:
+    """A condition message of the Deployment, as the cluster wrote it (it names our
+    pod spec, which holds no secret; any URL credentials are masked all the same)."""
+    from stalledpolicy.redis_url import redact_urls
+
+    return redact_urls(str(text))[:1000]
 
 
 @dataclass(frozen=True)
@@ -100,6 +122,18 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
     if not rolled:
         return Condition(FALSE, "RollingOut",
                          f"Deployment {deployment_name} has not observed its latest change yet")
+    if deployment.pods_refused and want_pods(outcome, deployment):
+        return Condition(FALSE, "PodsNotCreated",
+                         f"the cluster refuses to create the pods of Deployment {deployment_name}: "
+                         f"{deployment.pods_refused}; fix that (a ResourceQuota, the namespace's "
+                         "PodSecurity level, a LimitRange) or the policy's spec.sweeper.resources")
+    if deployment.stuck and want_pods(outcome, deployment):
+        return Condition(FALSE, "ProgressDeadlineExceeded",
+                         f"Deployment {deployment_name} made no progress: {deployment.stuck}; "
+                         f"`kubectl describe deployment {deployment_name}` and its pods say why they do "
+                         "not become ready (an image that cannot be pulled: spec.sweeper.image, "
+                         "spec.sweeper.imagePullSecrets; pods that cannot be scheduled: "
+                         "spec.sweeper.resources, nodeSelector, tolerations)")
     want = deployment.replicas if outcome.replicas is None else outcome.replicas
     if deployment.replicas != want:
         # Scaled by hand (kubectl scale): not the policy's sweeper, even when "0 of 0" are up.
@@ -116,6 +150,10 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
                          f"{deployment.available} of {want} sweeper replicas available, "
                          f"{deployment.updated} updated to the current spec")
     return Condition(TRUE, "Available", f"{deployment.available} of {want} sweeper replicas available")
+
+
+def want_pods(outcome: ReconcileOutcome, deployment: DeploymentState) -> bool:
+    return (deployment.replicas if outcome.replicas is None else outcome.replicas) > 0
 
 
 def redis_condition(problem: Problem | None) -> Condition:
