@@ -235,6 +235,21 @@ def test_once_exits_1_on_a_script_error(redis_server, r, queue_name, sweepers):
     assert sweeper.stdout == ""
 
 
+def test_once_with_a_totals_hash_of_the_wrong_type_reports_what_moved_and_warns(redis_server, r, queue_name,
+                                                                                 sweepers):
+    """The sweep takes the totals hash of the wrong type as a key problem and moves
+    the jobs; the snapshot read after it (for the gauges) failed the whole pass:
+    exit 1, nothing printed of what moved, no warning naming the key."""
+    keys = QueueKeys(queue_name)
+    r.set(keys.sweeper_totals, "not a hash")
+    add_active(r, queue_name, "JOB0001")
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--once")
+    assert sweeper.wait(60) == 0, sweeper.stderr
+    assert json.loads(sweeper.stdout.strip().splitlines()[-1])["dead_lettered"] == 1
+    assert r.zrange(keys.dead, 0, -1) == ["JOB0001"]
+    assert sweeper.lines_with(keys.sweeper_totals) and not sweeper.lines_with("sweep pass failed")
+
+
 def test_a_metrics_port_in_use_is_refused_with_exit_2(redis_server, queue_name, sweepers):
     import socket
 

@@ -182,6 +182,26 @@ def test_a_key_problem_is_warned_when_it_appears_and_counted_while_it_lasts(monk
     assert sweeper.passes == 5 and sweeper.health.ready()[0]
 
 
+def test_a_snapshot_the_server_refuses_is_a_key_problem_not_a_failed_pass(monkeypatch, clock, caplog):
+    """The jobs moved; only the read for the gauges was refused (a key of the
+    wrong type, or an ACL): the pass counts, the problem is warned and counted."""
+    script_engine(monkeypatch, clock, [0.0, 0.0])
+    refused = redis.ResponseError("Command # 4 (HGETALL emq:{orders}:sweeper:totals) of pipeline caused error: "
+                                  "WRONGTYPE Operation against a key holding the wrong kind of value")
+
+    def snapshot(client, queue, lanes=()):
+        raise refused
+
+    monkeypatch.setattr(loop.engine, "queue_snapshot", snapshot)
+    sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() and sweeper.sweep_pass()
+    assert sweeper.health.ready() == (True, "ok") and sweeper.last_result.recovered == 1
+    assert sweeper.metrics.key_problems.labels("orders")._value.get() == 1
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]  # once while it lasts
+    assert "emq:{orders}:sweeper:totals" in warning.problem and "gauges" in warning.problem
+
+
 def test_a_bug_in_a_pass_does_not_end_the_loop(monkeypatch, clock, caplog):
     starts, ref = script_engine(monkeypatch, clock, [KeyError("surprise"), 0.0])
     ref[0] = sweeper = make_sweeper(clock)

@@ -111,8 +111,18 @@ class Sweeper:
                 should_stop=self.stop.is_set, on_call=self._on_call,
             )
             snapshot = None
+            snapshot_problems: list[str] = []
             if not self.stop.is_set():
-                snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
+                try:
+                    snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
+                except redis.ResponseError as exc:
+                    if isinstance(exc, UNREACHABLE):
+                        raise
+                    # The jobs moved; only the read for the gauges was refused (a key of
+                    # the wrong type, say the totals hash the sweep itself takes as a
+                    # problem, or the ACL): a problem of the pass, not a failed pass.
+                    snapshot_problems.append(f"the queue's sizes were not read for the gauges (they keep "
+                                             f"their last values): {self._scrub(exc)}")
                 self._redis_answered()
         except UNREACHABLE as exc:
             self._outage(exc)
@@ -134,7 +144,7 @@ class Sweeper:
         self._logged_errors.clear()
         self.last_result = result
         self.passes += 1
-        self._report_problems(result.problems)
+        self._report_problems([*result.problems, *snapshot_problems])
         self._log_pass(result, seconds, snapshot)
         return True
 
