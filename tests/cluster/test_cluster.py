@@ -361,3 +361,65 @@ def test_a_morgue_change_while_the_queue_slot_migrates_changes_nothing(redis_clu
         assert engine.morgue_purge(client, queue).purged == 3
     assert client.zcard(keys.dead) == 0
     client.close()
+
+
+def _asking(port: int, *command):
+    """One command on the importing node of a migrating slot (ASKING first)."""
+    node = _node_client(port)
+    try:
+        pipe = node.pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.execute_command(*command)
+        return pipe.execute()[1]
+    finally:
+        node.close()
+
+
+def test_a_sweep_on_the_importing_node_never_takes_a_row_left_behind_for_gone(redis_cluster):
+    """Every key the sweep declares has moved, so the call is redirected (ASK)
+    to the importing node; some rows have not moved yet. There Redis answers a
+    command on such a row alone as if the row did not exist: the sweep took
+    those jobs for completed ones (orphans), dropped their `active` entries and
+    lost them once their rows arrived. A row's absence is now asked together
+    with `active` (refused there while the slot migrates): nothing moves."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "importing-sweep"
+    keys = QueueKeys(queue)
+    ids = ["JOB1", "JOB2", "JOB3"]
+    for job_id in ids:
+        put_active(client, keys, job_id)
+    _every_shared_key(client, keys)
+    client.zadd(keys.dead, {"JOB-old": 0})
+    declared = [keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit, keys.paused,
+                keys.wake, keys.metrics_failed, keys.sweeper_totals]
+    target_port = next(node.port for node in client.get_primaries()
+                       if node.port != client.get_node_from_key(keys.active).port)
+    with slot_migrating(client, queue, [*declared, keys.job("JOB1")]) as node:
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            engine.sweep_batch(client, queue, BUDGETS, 100)
+        active = _asking(target_port, "ZRANGE", keys.active, 0, -1)
+        assert active == [*ids, "JOB-running"]
+        assert _asking(target_port, "HGETALL", keys.job("JOB1"))["state"] == "active"
+        assert node.hgetall(keys.job("JOB2"))["state"] == "active"
+    result = engine.sweep_batch(client, queue, BUDGETS, 100)
+    assert (result.recovered, result.orphans) == (3, 0)
+    client.close()
+
+
+def test_a_purge_on_the_importing_node_leaves_no_row_behind(redis_cluster):
+    """A purge there took a row left behind for a missing one: it removed the
+    entry, and the row arrived later in no set (a ghost)."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "importing-purge"
+    keys = QueueKeys(queue)
+    client.zadd(keys.dead, {"JOB1": 0})
+    client.hset(keys.job("JOB1"), mapping={"payload": "p"})  # a row EchoMQ left without a state
+    client.hset(keys.sweeper_totals, "purged", 0)
+    with slot_migrating(client, queue, [keys.dead, keys.sweeper_totals]):
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            engine.morgue_purge(client, queue, ids=["JOB1"])
+    assert engine.morgue_purge(client, queue, ids=["JOB1"]).purged == 1
+    assert client.exists(keys.job("JOB1")) == 0 and client.zcard(keys.dead) == 0
+    client.close()

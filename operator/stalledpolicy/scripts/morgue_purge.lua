@@ -60,11 +60,14 @@ for _, id in ipairs(candidates) do
     local is_hash = not f.err
     local g, dead_at, state = false, false, false
     if is_hash then g, dead_at, state = f[1], f[2], f[3] end
+    -- a hash row holding none of the three may be missing (asked once; a row
+    -- absent here while the slot migrates stops the call: refusals, here)
+    local present = is_hash
+    if is_hash and not (g or dead_at or state) then present = here(row) end
     local reason = nil  -- nil = purge, false = not selected (silent), string = kept, reported
     if filter ~= '' then
       -- a row that is missing or not a hash has no lane: no lane filter selects it
-      if not is_hash or filter ~= '=' .. (g or '') or (not (g or dead_at or state)
-          and redis.call('EXISTS', row) == 0) then
+      if not present or filter ~= '=' .. (g or '') then
         if mode == 'ids' then reason = 'not in the selected lane' else reason = false end
       end
     end
@@ -84,7 +87,7 @@ for _, id in ipairs(candidates) do
       -- entry from every age purge for good.
       if died ~= nil and died > now then died = nil end
       if died == nil then
-        if is_hash and ((g or dead_at or state) or redis.call('EXISTS', row) == 1) then
+        if present then
           -- undated (dead-lettered by EchoMQ itself, a malformed or future
           -- value): the age starts now, stamped on the row; a later purge can
           -- remove it

@@ -38,7 +38,8 @@ local lane_problem = {}
 local function lane_refusal(g)
   if lane_problem[g] == nil then
     local lane = prefix .. 'g:' .. g .. ':pending'
-    local kind = redis.call('TYPE', lane).ok
+    local kind = 'none'
+    if here(lane) then kind = redis.call('TYPE', lane).ok end
     lane_problem[g] = ''
     if kind ~= 'none' and kind ~= 'zset' then
       lane_problem[g] = lane_type_problem(prefix, g, kind)
@@ -86,7 +87,7 @@ for _, id in ipairs(candidates) do
     if f.err then
       read_refused(f)
       laneless = 'malformed: job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
-    elseif not (f[1] or f[2] or f[3] or f[4]) and redis.call('EXISTS', row) == 0 then
+    elseif not (f[1] or f[2] or f[3] or f[4]) and not here(row) then
       laneless = 'job row is missing'
     else
       g = f[1]

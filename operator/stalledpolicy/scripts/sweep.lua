@@ -127,6 +127,7 @@ end
 -- A grouped job may wait in the flat pending too (the reference replay puts it
 -- there), and a row whose group is empty names no lane.
 local function listed(key, id)
+  if key ~= KEYS[2] and key ~= KEYS[3] and not here(key) then return false end
   local score = redis.pcall('ZSCORE', key, id)
   if type(score) == 'table' and score.err then
     read_refused(score)
@@ -173,8 +174,7 @@ for i, id in ipairs(expired) do
   else
     local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
     -- every claimed row has attempts, so EXISTS runs only for rare rows
-    if g == false and stalled_raw == false and attempts_raw == false
-        and redis.call('EXISTS', row) == 0 then
+    if g == false and stalled_raw == false and attempts_raw == false and not here(row) then
       -- completed (row deleted) while still listed in active: never recreate it
       plan[i] = {'orphan'}
     elseif state and state ~= 'active' and waits_elsewhere(id, g, state) then
@@ -199,7 +199,8 @@ for i, id in ipairs(expired) do
 end
 
 -- the lanes this call will write or ask for work (a lane key that is absent
--- here while its slot migrates refuses the call now, as above)
+-- here while its slot migrates refuses the call now, as above; `active`
+-- makes the probe a multi-key one, see here())
 local probed, lane_keys = {}, {}
 for _, step in ipairs(plan) do
   local g = step[3]
@@ -208,8 +209,10 @@ for _, step in ipairs(plan) do
     lane_keys[#lane_keys + 1] = prefix .. 'g:' .. g .. ':pending'
   end
 end
-for i = 1, #lane_keys, 4000 do
-  redis.call('EXISTS', unpack(lane_keys, i, math.min(i + 3999, #lane_keys)))
+if #lane_keys > 0 then
+  for i = 1, #lane_keys, 3999 do
+    redis.call('EXISTS', KEYS[1], unpack(lane_keys, i, math.min(i + 3998, #lane_keys)))
+  end
 end
 
 variadic('ZREM', KEYS[1], expired, false)

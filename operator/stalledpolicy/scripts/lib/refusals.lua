@@ -14,6 +14,13 @@
 --   require_permitted(prefix, checks, consequence)
 --       raises EMQNOPERM naming the first refused check (prefix: the queue's
 --       'emq:{q}:', for the grant it suggests)
+--   here(key)
+--       whether key exists, asked together with KEYS[1] (which must exist: the
+--       set the call read its ids from). A key that is absent may only have
+--       moved: while the slot migrates, Redis answers a command naming it
+--       alone as absent on the importing node (the caller came with ASKING);
+--       named with a second key, it refuses it there (TRYAGAIN), as on the
+--       migrating node. So absent means absent, and the call stops otherwise.
 --   read_refused(reply)
 --       for the error reply of a read made with redis.pcall: returns when the
 --       key holds another type (an answer the caller reads as such); raises any
@@ -53,4 +60,8 @@ end
 
 local function read_refused(reply)
   if string.sub(reply.err, 1, 10) ~= 'WRONGTYPE ' then error(reply) end
+end
+
+local function here(key)
+  return redis.call('EXISTS', key, KEYS[1]) == 2
 end
