@@ -458,6 +458,19 @@ def test_purge_prompt_says_it_is_permanent(r, url, queue_name):
     assert not r.exists(QueueKeys(queue_name).job("JOB001"))
 
 
+def test_the_age_purge_question_says_its_rule_applies_when_it_runs(r, url, queue_name):
+    """It asked 'Purge 2 jobs ...?' and could then delete more (jobs that grew old
+    enough while the prompt was open): the question must say so, as the dating
+    question does."""
+    standard_morgue(r, queue_name)
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--older-than", "1h", answer="n\n")
+    assert code == 4 and dump(r) == before
+    question = " ".join(err.split())
+    assert "Purge 2 jobs of queue" in question and "cannot be undone" in question
+    assert "a job that grows old enough meanwhile is purged too" in question
+
+
 def test_purge_missing_id_exits_1(r, url, queue_name):
     standard_morgue(r, queue_name)
     result = morgue(url, "purge", "--queue", queue_name, "--id", "JOB404", "--yes")

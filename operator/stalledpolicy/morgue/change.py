@@ -142,6 +142,9 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
             age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
             question = (f"Purge {jobs_phrase(count)} of queue {queue}{age}? This permanently deletes "
                         f"{'it' if count == 1 else 'them'} and cannot be undone.")
+            if older_than is not None:
+                question += (" (The purge applies its age rule when it runs: a job that grows old enough "
+                             "meanwhile is purged too.)")
         if not confirm(question, stdin=stdin, stderr=err):
             err.write(f"aborted: nothing {'dated or ' if preview.undated else ''}{past}\n")
             return EXIT_ABORTED
