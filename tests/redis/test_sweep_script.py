@@ -447,6 +447,22 @@ def test_negative_gactive_is_decremented_then_deleted_like_hincrby(r, keys):
     assert r.lrange(keys.ring, 0, -1) == ["g"]
 
 
+def test_a_slot_count_deleted_below_zero_is_no_room_under_a_limit_of_zero(r, keys):
+    """gactive had drifted below the jobs in flight (EchoMQ's complete frees a
+    slot for a grouped job claimed from the flat pending); the sweep frees
+    this job's slot, the field is deleted, and the lane now holds 0 slots:
+    under a glimit of 0 it is at its limit. The ring rule compared the count
+    before the deletion (-1) and put the lane on the ring, where EchoMQ's claim
+    (which trusts the ring) admitted a job the limit forbids."""
+    put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
+    r.zadd(keys.lane_pending("g"), {"JOB0": 0})
+    r.hset(keys.glimit, "g", "0")
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 1
+    assert r.hget(keys.gactive, "g") is None
+    assert r.lrange(keys.ring, 0, -1) == [] and r.llen(keys.wake) == 0
+
+
 def test_more_than_64_lanes_ringed_push_64_wakes(r, keys):
     for i in range(70):
         put_active(r, keys, f"JOB{i:03d}", group=f"lane{i:03d}")

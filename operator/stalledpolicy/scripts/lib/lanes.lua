@@ -60,6 +60,7 @@ local function settle_lanes(k, groups, freed, gained)
         n = n - give_back
         if n <= 0 then
           drops[#drops + 1] = g
+          n = 0 -- the field is deleted: the lane holds no slot from now on
         else
           writes[#writes + 1] = g
           writes[#writes + 1] = string.format('%d', n)
