@@ -324,6 +324,22 @@ def is_credentials_refusal(exc: BaseException) -> bool:
         text.startswith(words) or f" {words}" in text for words in _AUTH_REFUSALS)
 
 
+# a replica's refusal of a write (redis-py raises ReadOnlyError for it; inside a
+# script or a pipeline it may come as a plain ResponseError)
+_READ_ONLY_REFUSALS = ("READONLY", "You can't write against a read only replica")
+READ_ONLY_ADVICE = "point the URL at the primary (the server that takes writes)"
+
+
+def is_read_only_refusal(exc: BaseException) -> bool:
+    """A replica refused a write: reachable, but the URL names a replica (or a
+    failover has just demoted the server)."""
+    from redis.exceptions import ReadOnlyError
+
+    text = str(exc)
+    return isinstance(exc, ReadOnlyError) or any(
+        text.startswith(words) or f" {words}" in text for words in _READ_ONLY_REFUSALS)
+
+
 def is_missing_database(exc: BaseException) -> bool:
     """SELECT refused as a connection is made: the URL names a database the server lacks."""
     return "DB index is out of range" in str(exc)
@@ -340,11 +356,13 @@ def missing_database_problem(url: str) -> str:
 
 def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
     """What a person must fix in ``url`` when ``exc`` says so (credentials, a
-    database), in our words and without any part of the URL; else None."""
+    database, a replica), in our words and without any part of the URL; else None."""
     if is_credentials_refusal(exc):
         return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
     if is_missing_database(exc):
         return missing_database_problem(url)
+    if is_read_only_refusal(exc):
+        return f"Redis is a read-only replica and refused a write: {READ_ONLY_ADVICE}"
     return None
 
 

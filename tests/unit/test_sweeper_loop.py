@@ -124,6 +124,20 @@ def test_an_outage_backs_off_exponentially_and_logs_once(monkeypatch, clock, cap
     assert sweeper.health.redis_up and sweeper.health.last_pass_ok
 
 
+def test_a_read_only_replica_is_named_with_the_fix(monkeypatch, clock, caplog):
+    """It logged and served 'redis unreachable: You can't write against a read
+    only replica.': true of a failover's moment, but a URL that names a replica
+    (a reader endpoint) stays so: the fix is the URL."""
+    replica = redis.ReadOnlyError("You can't write against a read only replica. script: 9f3c, on @user_script:38.")
+    _, ref = script_engine(monkeypatch, clock, [replica, 0.0])
+    ref[0] = sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.WARNING, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+    [warning] = caplog.records
+    for text in (warning.error, sweeper.health.ready()[1]):
+        assert "read-only replica" in text and "point the URL at the primary" in text
+
+
 def test_readiness_follows_redis(monkeypatch, clock):
     down = redis.TimeoutError("Timeout connecting to server")
     health_seen = []

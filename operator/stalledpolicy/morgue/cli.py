@@ -22,8 +22,8 @@ from stalledpolicy.morgue.exit_codes import (
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
-                                     missing_database_problem, redact_url, scrub, single_attempt,
-                                     unreachable_errors)
+                                     is_read_only_refusal, missing_database_problem, redact_url, scrub,
+                                     single_attempt, unreachable_errors)
 from stalledpolicy.streams import discard
 
 __all__ = ["add_arguments", "run"]
@@ -125,7 +125,6 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
 def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, changing: bool,
                 selection: dict[str, Any] | None, out: IO[str], err: IO[str], stdin: IO[str]) -> int:
     import redis
-    from redis.exceptions import ReadOnlyError
 
     from stalledpolicy import engine
 
@@ -152,7 +151,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             # SELECT refused when the connection is made: the URL is wrong, not the server
             err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
             return EXIT_USAGE
-        if isinstance(exc, ReadOnlyError):
+        if is_read_only_refusal(exc):
             # a reader endpoint, or a primary demoted by a failover: reachable, but refuses writes
             err.write(f"{prog}: Redis at {where} is a read-only replica and refused the change; "
                       "point --redis-url at the primary (the server that takes writes)\n")
