@@ -30,7 +30,8 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes
     err.write(f"{verb} preview for queue {args.queue}{age}: {jobs_phrase(len(preview.ids))}\n")
     if preview.ids:
         if lanes:
-            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",), exact=EXACT_COLUMNS) + "\n")
+            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",),
+                                          exact=EXACT_COLUMNS) + "\n")
         err.write(f"ids: {ids_preview(preview.ids)}\n")
     if preview.refused:
         err.write(f"{jobs_phrase(len(preview.refused))} would be left in the morgue (the reasons follow the "
@@ -87,7 +88,8 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
             out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}{early}\n")
         if ids:
             if outcome.lanes:
-                out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",), exact=EXACT_COLUMNS) + "\n")
+                out.write(tables.render_table(("LANE", "JOBS"), lane_rows(outcome.lanes), right=("JOBS",),
+                                              exact=EXACT_COLUMNS) + "\n")
             out.write(f"ids: {ids_preview(ids)}\n")
     if previewed is not None and previewed != len(ids):
         err.write(f"note: the preview counted {jobs_phrase(previewed)}; the morgue changed before the purge ran\n")
