@@ -358,6 +358,42 @@ def test_the_api_connection_pool_fits_every_thread_that_calls_the_api():
     assert OperatorConfig(status_workers=2).api_connections == 6
 
 
+def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
+    """A connection the API server (or a load balancer before it) stops answering
+    on: every call of the operator's own client has a deadline, so a status worker
+    or a handler thread is not held for ever (kopf's watches have their own), and
+    the Secret read says what happened instead of raising out of the refresh."""
+    import socket
+
+    from kubernetes import client
+
+    from stalledpolicy.controller.wiring import build_controller
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts (the kernel does), never answers
+    api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{silent.getsockname()[1]}"))
+    ctl = build_controller(OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_API_TIMEOUT": "0.5"}), api_client=api)
+    outcome = {}
+
+    def calls():
+        try:
+            resolve_url("ns", {"secretRef": {"name": "creds"}}, ctl.secrets)
+        except RedisConfigError as exc:
+            outcome["secret"] = exc
+        state = ctl.state({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
+        outcome["status written"] = ctl._write_status(state, {"pending": 1})
+
+    worker = threading.Thread(target=calls, daemon=True)
+    worker.start()
+    worker.join(60)  # a backstop, far above the 0.5 s deadline (and urllib3's retries of a GET)
+    silent.close()
+    assert not worker.is_alive(), "an API call without a deadline is still waiting"
+    assert outcome["secret"].reason == "SecretUnreadable"
+    assert "ns/creds" in outcome["secret"].message and "did not answer" in outcome["secret"].message
+    assert outcome["status written"] is False
+
+
 # -- settings: at least a second ---------------------------------------------------------
 
 @pytest.mark.parametrize("text", ["0s", "1ms", "999ms", "0.5s"])

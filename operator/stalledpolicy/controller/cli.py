@@ -90,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         secret_ttl=base.secret_ttl,
         status_workers=args.status_workers or base.status_workers,
         redis_timeout=base.redis_timeout,
+        api_timeout=base.api_timeout,
         metrics_port=base.metrics_port if args.metrics_port is None else args.metrics_port,
         metrics_address=args.metrics_address or base.metrics_address,
     )

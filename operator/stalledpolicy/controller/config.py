@@ -84,6 +84,10 @@ class OperatorConfig:
     secret_ttl: float = 30.0
     status_workers: int = 8
     redis_timeout: float = 2.0
+    # Deadline of each call of the operator's own Kubernetes client (applies, status
+    # writes, Secret reads, events): a connection the API server stops answering on
+    # must not hold a status worker or a handler thread for ever.
+    api_timeout: float = 30.0
     # The operator's own /metrics (controller/metrics.py). 0: not served. Off by
     # default on the command line (several operators run by hand or in tests would
     # clash on one port); the chart turns it on (operator.metricsPort, 8081).
@@ -146,6 +150,7 @@ class OperatorConfig:
             secret_ttl=number("SECRET_TTL", defaults.secret_ttl),
             status_workers=int(number("STATUS_WORKERS", defaults.status_workers)),
             redis_timeout=number("REDIS_TIMEOUT", defaults.redis_timeout),
+            api_timeout=number("API_TIMEOUT", defaults.api_timeout),
             metrics_port=metrics_port(),
             metrics_address=(env.get(METRICS_ADDRESS_ENV) or "").strip() or defaults.metrics_address,
         )
@@ -157,6 +162,7 @@ class OperatorConfig:
             ENV_PREFIX + "SECRET_TTL": str(self.secret_ttl),
             ENV_PREFIX + "STATUS_WORKERS": str(self.status_workers),
             ENV_PREFIX + "REDIS_TIMEOUT": str(self.redis_timeout),
+            ENV_PREFIX + "API_TIMEOUT": str(self.api_timeout),
             METRICS_PORT_ENV: str(self.metrics_port),
             METRICS_ADDRESS_ENV: self.metrics_address,
         }
