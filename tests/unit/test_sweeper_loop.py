@@ -6,6 +6,7 @@ The engine is replaced by fakes here; the real engine and a real Redis are in
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -19,6 +20,7 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
+from stalledpolicy.sweeper import metrics as metrics_module
 from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
 
 
@@ -433,6 +435,33 @@ def test_the_status_server_listens_on_ipv6(clock, address):
             assert get(f"http://127.0.0.1:{server.port}/healthz") == 200  # and IPv4 too
     finally:
         server.stop()
+
+
+def test_by_default_the_status_server_answers_on_ipv4_and_ipv6(clock):
+    """The kubelet probes the pod's IP: IPv6 in an IPv6-only cluster, IPv4 elsewhere."""
+    address = SweeperConfig(queue="orders").metrics_address
+    server = StatusServer(address, 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
+    try:
+        assert get(f"http://127.0.0.1:{server.port}/healthz") == 200
+        assert get(f"http://[::1]:{server.port}/healthz") == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("refusal", [errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL])
+def test_every_address_falls_back_to_ipv4_on_a_host_without_ipv6(clock, monkeypatch, refusal):
+    def no_ipv6(*_args, **_kwargs):
+        raise OSError(refusal, "no IPv6 here")
+
+    monkeypatch.setattr(metrics_module, "_Server6", no_ipv6)
+    server = StatusServer("::", 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
+    try:
+        assert get(f"http://127.0.0.1:{server.port}/healthz") == 200
+    finally:
+        server.stop()
+    # one IPv6 address is not "every address": its failure stays an error
+    with pytest.raises(OSError):
+        StatusServer("::1", 0, SweeperMetrics("orders"), Health(60.0, clock=clock))
 
 
 def test_the_status_server_still_listens_on_ipv4(clock):

@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--metrics-port", metavar="PORT",
         help=f"port of /metrics, /healthz and /readyz; 0 disables [{_env('metrics_port')}] (default 9090)")
     add("--metrics-address", metavar="ADDR",
-        help=f"address the metrics server listens on: IPv4 (0.0.0.0 = all) or IPv6 (:: = all, "
-             f"IPv4 too where the host allows) [{_env('metrics_address')}] (default 0.0.0.0)")
+        help=f"address the metrics server listens on: IPv4 (0.0.0.0 = every IPv4 address) or IPv6 "
+             f"(:: = every address, IPv4 too where the host allows; every IPv4 address on a host "
+             f"without IPv6) [{_env('metrics_address')}] (default ::)")
     add("--once", action="store_true", default=None,
         help=f"one pass (drain), print its result, exit: 0 done, 1 the pass failed, "
              f"130/143 stopped by SIGINT/SIGTERM before it finished [{_env('once')}=true]")

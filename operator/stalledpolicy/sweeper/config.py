@@ -157,7 +157,9 @@ class SweeperConfig(BaseModel):
     interval: float = 30.0
     batch_size: int = BATCH_DEFAULT
     metrics_port: int = 9090
-    metrics_address: str = "0.0.0.0"
+    # every address: the kubelet probes the pod's IP, which is IPv6 in an IPv6-only
+    # cluster (StatusServer falls back to IPv4 on a host without IPv6)
+    metrics_address: str = "::"
     once: bool = False
     log_format: str = "text"
     log_level: str = "info"

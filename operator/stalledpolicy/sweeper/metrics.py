@@ -11,6 +11,7 @@ in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import threading
@@ -205,14 +206,28 @@ def listen_address(address: str) -> tuple[str, bool]:
     return address, ":" in address
 
 
+EVERY_ADDRESS = "::"
+
+
+def _bound_server(address: str, port: int, handler: type) -> _Server:
+    host, ipv6 = listen_address(address)
+    try:
+        return (_Server6 if ipv6 else _Server)((host, port), handler)
+    except OSError as exc:
+        if host != EVERY_ADDRESS or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            raise
+    # "every address" on a host without IPv6 (a container with it disabled):
+    # every IPv4 address, rather than no metrics and no probes at all.
+    return _Server(("0.0.0.0", port), handler)
+
+
 class StatusServer:
     """/metrics, /healthz and /readyz on one port (IPv4 or IPv6); :meth:`stop` on shutdown.
     Without ``health``, /metrics only (the operator's metrics server)."""
 
     def __init__(self, address: str, port: int, metrics: Any, health: Health | None = None):
         handler = type("Handler", (_Handler,), {"metrics": metrics, "health": health})
-        host, ipv6 = listen_address(address)
-        self._server = (_Server6 if ipv6 else _Server)((host, port), handler)
+        self._server = _bound_server(address, port, handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
 
     @property
