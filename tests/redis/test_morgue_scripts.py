@@ -513,6 +513,42 @@ def test_age_purge_stamps_any_hash_row_without_a_time_of_death(r, keys, fields):
     assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOBbare")) == 0
 
 
+def test_an_age_purge_over_maxmemory_still_frees_what_it_may(r, keys):
+    """Over maxmemory (noeviction), Redis refuses a command that may grow
+    memory only as a script's first write: the purge deletes before it dates,
+    so an age purge still frees memory when it also meets undated entries (it
+    dated the first one met first: when that came before the first old one,
+    the whole purge was refused with OOM)."""
+    put_dead(r, keys, "JOB1")  # undated: the purge dates it
+    put_dead(r, keys, "JOB2", dead_at=server_ms(r) - 3_600_000)
+    r.config_set("maxmemory", "1")
+    try:
+        result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    finally:
+        r.config_set("maxmemory", "0")
+    assert result.ids == ["JOB2"] and result.undated == 1
+    assert morgue_ids(r, keys) == ["JOB1"] and r.hget(keys.job("JOB1"), "dead_at") is not None
+
+
+def test_an_age_purge_over_maxmemory_goes_past_a_window_it_cannot_date(r, keys, small_batches):
+    """A window with only undated entries cannot date them over maxmemory (its
+    first write would grow memory): it says so and the purge goes on to the
+    old entries of the next windows instead of stopping there."""
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2")
+    put_dead(r, keys, "JOB3", dead_at=server_ms(r) - 3_600_000)
+    r.config_set("maxmemory", "1")
+    try:
+        result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    finally:
+        r.config_set("maxmemory", "0")
+    assert result.ids == ["JOB3"] and result.undated == 2
+    [problem] = result.problems
+    assert problem.startswith("entries without a time of death were not dated (OOM ")
+    assert morgue_ids(r, keys) == ["JOB1", "JOB2"]
+    assert r.hget(keys.job("JOB1"), "dead_at") is None
+
+
 def test_age_purge_dry_run_stamps_nothing(r, keys):
     r.hset(keys.job("JOBbare"), "payload", "p")
     r.zadd(keys.dead, {"JOBbare": 0})

@@ -115,15 +115,28 @@ end
 -- read (on a cluster whose slot is being migrated: one already moved to the
 -- other node) stopped the call with nothing changed (lib/refusals,
 -- read_refused), not half-way with the call's purges done but not counted.
+-- The deletions go first: over maxmemory (noeviction), Redis refuses a
+-- command that may grow memory (HSET) as a script's first write, and a purge
+-- is what frees memory. A call that deletes nothing may be refused its first
+-- date so: nothing is written then, and the call goes on to the next window
+-- (the entries stay undated; a later age purge dates them).
+local problems = {}
 if not dry then
-  for _, row in ipairs(stamps) do redis.call('HSET', row, 'dead_at', now_s) end
   for _, id in ipairs(purged) do
     redis.call('ZREM', KEYS[1], id)
     redis.call('DEL', prefix .. 'job:' .. id)
   end
+  for _, row in ipairs(stamps) do
+    local stamped = redis.pcall('HSET', row, 'dead_at', now_s)
+    if type(stamped) == 'table' and stamped.err then
+      if #purged > 0 or not string.find(stamped.err, '^OOM ') then error(stamped) end
+      problems[#problems + 1] = 'entries without a time of death were not dated (' .. stamped.err
+        .. '); a later age purge dates them'
+      break
+    end
+  end
 end
 
-local problems = {}
 if not dry and #purged > 0 then
   guarded(problems, {KEYS[2], 'hash'}, "this call's purges were not counted", add_counts, KEYS[2], {'purged', #purged})
 end
