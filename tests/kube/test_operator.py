@@ -404,6 +404,35 @@ def test_sweeper_pods_the_cluster_refuses_to_create_are_named_in_ready(operator,
              != "PodsNotCreated", "the refusal to leave the status", timeout=120)
 
 
+def test_a_namespace_being_deleted_is_no_apply_failure(control_plane, kube_api, apis, queue_name):
+    """Deleting a namespace deletes the sweeper, often before its policy: putting it
+    back is refused (403, NamespaceTerminating). That is the namespace going away,
+    not an ApplyFailed (a warning, an event, the apply_failed metric that alerts)."""
+    import uuid
+
+    core, _, _ = apis
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    # Something that holds the namespace in Terminating (a finalizer), as any slow deletion would.
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "hold",
+                                                               "finalizers": ["test.emq.dev/hold"]}})
+    try:
+        core.delete_namespace(namespace)
+        wait_for(lambda: core.read_namespace(namespace).status.phase == "Terminating", "Terminating")
+        ctl = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test"), api_client=kube_api)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "StalledPolicy",
+                "metadata": {"name": "leaving", "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "generation": 1, "resourceVersion": "1"},
+                "spec": {"queue": queue_name, "redis": {"url": "redis://127.0.0.1:6379/0"}}}
+        ctl.observe_policy(body, "MODIFIED")
+        reconcile(ctl, body)  # raised RetryLater: "HTTP 403 ... being terminated"
+        recorded = ctl.policies[(namespace, "leaving")]
+        assert recorded.outcome is None or recorded.outcome.reason != "ApplyFailed"
+        assert ctl.metrics.value("stalledpolicy_operator_reconciles_total", result="apply_failed") == 0
+    finally:
+        core.patch_namespaced_config_map("hold", namespace, {"metadata": {"finalizers": None}})
+
+
 def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, queue_name):
     _, _, custom = apis
     create_policy(custom, kube_namespace, policy_manifest("quiet", queue_name))

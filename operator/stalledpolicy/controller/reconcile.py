@@ -98,6 +98,20 @@ def describe_api_error(exc: BaseException) -> str:
     return redact_urls(text)[:API_MESSAGE_MAX]
 
 
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused a create because the namespace is being deleted
+    (403 with the NamespaceTerminating cause)."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not isinstance(exc, ApiException) or exc.status != 403 or not exc.body:
+        return False
+    try:
+        causes = (json.loads(exc.body).get("details") or {}).get("causes") or []
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return any(isinstance(c, Mapping) and c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
     """The digest of the policy's Secret value for the pod template. When that value
     is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
@@ -116,16 +130,17 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
-              old_spec: Mapping[str, Any] | None = None) -> ReconcileOutcome:
+              old_spec: Mapping[str, Any] | None = None) -> ReconcileOutcome | None:
     """Apply the policy's sweeper Deployment. One reconcile of a policy at a time
-    (kopf's handlers and the re-applies after drift, deletion or a Secret change)."""
+    (kopf's handlers and the re-applies after drift, deletion or a Secret change).
+    None when there is nothing to do: the namespace is being deleted."""
     body = plain(body)
     with ctl.state(body).apply_lock:
         return _reconcile(ctl, body, retry, old_spec)
 
 
 def _reconcile(ctl: Controller, body: dict, retry: int,
-               old_spec: Mapping[str, Any] | None) -> ReconcileOutcome:
+               old_spec: Mapping[str, Any] | None) -> ReconcileOutcome | None:
     from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
     meta = body.get("metadata") or {}
@@ -175,6 +190,12 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
     try:
         applied = apply_deployment(ctl.apps, deployment)
     except _api_errors() as exc:
+        if namespace_terminating(exc):
+            # The namespace deletion took the sweeper before its policy: nothing
+            # can be created there any more, and the policy goes next. Not a failure.
+            log.info("namespace is being deleted; the sweeper Deployment is not created again", extra={
+                "namespace": namespace, "policy": name, "deployment": deployment_name})
+            return None
         _apply_failed(ctl, body, generation, retry,
                       f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}")
     ctl.observe_deployment(applied)
