@@ -219,6 +219,25 @@ def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_s
     assert "HELLO" not in redis["message"] and "c0rrect" not in str(sink.patches)
 
 
+def test_a_queue_key_redis_refuses_to_read_is_no_outage_and_keeps_the_shared_client(world, r, queue_name,
+                                                                                     redis_server):
+    """Redis answered (WRONGTYPE: a key of the queue holds another type): not
+    RedisUnreachable, and the client, shared by every policy on that Redis, is not
+    closed under their feet (a command of theirs in flight would fail)."""
+    ctl, sink, recorder, _, _ = world
+    ctl.refresh(("ns", "p"))
+    shared = ctl.clients.client(("ns", "other"), redis_server.url)  # another policy, same Redis
+    r.set(QueueKeys(queue_name).dead, "not a sorted set")
+    ctl.refresh(("ns", "p"))
+    reachable = condition_of(sink.patches[-1], "RedisReachable")
+    assert (reachable["status"], reachable["reason"]) == ("False", "QueueUnreadable"), reachable
+    assert "WRONGTYPE" in reachable["message"] and queue_name in reachable["message"]
+    assert ctl.clients.client(("ns", "other"), redis_server.url) is shared
+    assert shared.ping()
+    assert [e[2] for e in recorder.events].count("QueueUnreadable") == 1
+    assert ctl.metrics.value("stalledpolicy_operator_status_refresh_failures_total", reason="QueueUnreadable") == 1
+
+
 def test_a_spec_change_not_yet_reconciled_keeps_the_old_observed_generation(world):
     ctl, sink, _, body, _ = world
     ctl.refresh(("ns", "p"))

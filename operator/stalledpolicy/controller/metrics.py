@@ -27,8 +27,8 @@ RECONCILE_RESULTS = {
     events.OLD_SWEEPER_DELETING: "waiting",
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
-REFRESH_FAILURE_REASONS = ("RedisUnreachable", "StatusWriteFailed", "SecretNotFound", "SecretKeyNotFound",
-                           "SecretUnreadable", "InvalidRedisURL", "InvalidSpec")
+REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", "SecretNotFound",
+                           "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL", "InvalidSpec")
 OTHER = "Other"
 REPLAY_RESULTS = ("done", "failed", "refused")
 

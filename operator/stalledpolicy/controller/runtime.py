@@ -317,16 +317,31 @@ class Controller:
             return None, None, Problem(exc.reason, exc.message), None
         except InvalidQueueName as exc:
             return None, None, Problem("InvalidSpec", f"spec.{exc}"), None
+        except redis.ResponseError as exc:
+            if url is not None and refusal_in_our_words(exc, url) is None:
+                # Redis answered (WRONGTYPE: a key of the queue holds another type;
+                # NOPERM: the ACL user may not read it): the connection is fine, and
+                # the client is shared by every policy on this Redis: keep it.
+                return None, None, Problem(
+                    "QueueUnreadable",
+                    f"Redis at {redact_url(url)} refused to read queue {spec.get('queue')}: "
+                    f"{safe_error(exc, url)}; check the queue's keys (`stalledpolicy morgue stats`) "
+                    "and the Redis user's permissions"), None
+            return self._unreachable(state, spec, url, exc)
         except (redis.RedisError, OSError) as exc:
-            self.clients.invalidate(state.key)
-            ref = (spec.get("redis") or {}).get("secretRef") or {}
-            if ref.get("name"):
-                # A wrong URL is fixed by editing the Secret: read it again next time.
-                self.secrets.forget(state.key[0], ref["name"])
-            where = redact_url(url) if url else "Redis"
-            return None, None, Problem("RedisUnreachable",
-                                       f"cannot read queue {spec.get('queue')} at {where}: "
-                                       f"{safe_error(exc, url)}"), None
+            return self._unreachable(state, spec, url, exc)
+
+    def _unreachable(self, state: PolicyState, spec: Mapping[str, Any], url: str | None, exc: BaseException):
+        """(None, None, problem, None) for a Redis that cannot serve us (or a URL it refuses)."""
+        self.clients.invalidate(state.key)
+        ref = (spec.get("redis") or {}).get("secretRef") or {}
+        if ref.get("name"):
+            # A wrong URL is fixed by editing the Secret: read it again next time.
+            self.secrets.forget(state.key[0], ref["name"])
+        where = redact_url(url) if url else "Redis"
+        return None, None, Problem("RedisUnreachable",
+                                   f"cannot read queue {spec.get('queue')} at {where}: "
+                                   f"{safe_error(exc, url)}"), None
 
     def _refresh_locked(self, state: PolicyState) -> Problem | None:
         body, outcome = state.body, state.outcome
