@@ -239,3 +239,18 @@ def test_pods_the_cluster_refuses_and_a_stuck_rollout_are_the_sweepers_reason():
         {"type": "Available", "status": "True"},
         {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}], available=1))
     assert sweeper_condition(applied(), healthy, "p-sweeper").reason == "Available"
+
+
+def test_a_sweeper_scaled_to_zero_by_the_policy_does_not_read_as_a_running_sweeper():
+    """spec.sweeper.replicas: 0 without suspend: nothing sweeps. Ready may be True (the
+    policy is as asked) but must not say 'the sweeper is available'."""
+    outcome = ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1, replicas=0)
+    zero = available(replicas=0)
+    sweeper = sweeper_condition(outcome, zero, "p-sweeper")
+    assert (sweeper.status, sweeper.reason) == (TRUE, "ScaledToZero")
+    assert "spec.sweeper.replicas" in sweeper.message and "spec.suspend" in sweeper.message
+    status = desired_status({}, outcome=outcome, deployment=zero, deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0)
+    ready = condition_of(status, READY)
+    assert (ready["status"], ready["reason"]) == (TRUE, "ScaledToZero")
+    assert "available" not in ready["message"]

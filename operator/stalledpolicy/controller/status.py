@@ -116,6 +116,11 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
         return Condition(FALSE, "DeploymentMissing", f"Deployment {deployment_name} does not exist yet")
     if outcome.ok and outcome.suspended and deployment.replicas == 0:
         return Condition(TRUE, "Suspended", "spec.suspend is true: the sweeper is scaled to zero")
+    if outcome.ok and outcome.replicas == 0 and deployment.replicas == 0:
+        # As asked, but nothing sweeps: never "available".
+        return Condition(TRUE, "ScaledToZero",
+                         "spec.sweeper.replicas is 0: no sweeper runs and stalled jobs are not recovered; "
+                         "set spec.sweeper.replicas to 1 or more to sweep (spec.suspend: true says a pause)")
     rolled = deployment.observed_generation >= deployment.generation and (
         outcome.deployment_generation is None
         or deployment.observed_generation >= outcome.deployment_generation)
@@ -183,6 +188,8 @@ def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condit
         return Condition(FALSE, sweeper.reason, sweeper.message)
     if sweeper.reason == "Suspended":
         return Condition(TRUE, "Suspended", "the policy is suspended; Redis is reachable")
+    if sweeper.reason == "ScaledToZero":
+        return Condition(TRUE, "ScaledToZero", "spec.sweeper.replicas is 0: no sweeper runs; Redis is reachable")
     return Condition(TRUE, "Ready", "the sweeper is available and Redis is reachable")
 
 
