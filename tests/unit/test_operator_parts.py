@@ -782,6 +782,34 @@ def test_a_policy_or_sweeper_being_deleted_is_not_drift():
     assert not [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
 
 
+def test_the_deletion_of_a_policy_seen_after_its_successor_forgets_only_the_deleted_one():
+    """kopf handles each object (uid) in a stream of its own: after a delete and a
+    create under the same name, the new policy's events may be handled before the
+    old one's DELETED. That DELETED (and a late outcome of the old policy) must not
+    take the new policy's state: its status would never be written again."""
+    from stalledpolicy.controller.reconcile import reconcile
+    from stalledpolicy.controller.status import ReconcileOutcome
+
+    apps, ctl, old = reconciled_policy()
+    new = copy.deepcopy(old)
+    new["metadata"].update(uid="u-2", resourceVersion="10")  # created after the old one's last write
+    apps.stored = None  # the old sweeper went with its policy
+    ctl.observe_policy(new, "ADDED")
+    reconcile(ctl, new)
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+
+    ctl.observe_policy(old, "DELETED")  # the old policy's stream, handled late
+    assert ("ns", "p") in ctl.policies, "the new policy was forgotten"
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+    assert ctl.policies[("ns", "p")].outcome is not None
+    ctl.record_outcome(old, ReconcileOutcome(1, True, "Applied", "late"))  # an old reconcile ending late
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+    assert ctl.policies[("ns", "p")].outcome.message != "late"
+
+    ctl.observe_policy(new, "DELETED")
+    assert ("ns", "p") not in ctl.policies
+
+
 def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_brought_back(monkeypatch):
     from stalledpolicy.controller import reconcile as rec
 

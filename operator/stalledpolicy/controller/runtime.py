@@ -150,6 +150,11 @@ class Controller:
             state = self.policies.get(key)
             uid = (body.get("metadata") or {}).get("uid")
             if state is not None and state.body.get("metadata", {}).get("uid") != uid:
+                if _rv(body) < _rv(state.body):
+                    # An earlier policy of this name (kopf handles each uid in a stream
+                    # of its own, so its late events come after its successor's): a
+                    # state of its own, never the successor's.
+                    return PolicyState(key=key, body=snapshot(body))
                 state = None  # deleted and created again under the same name
             if state is None:
                 first = snapshot(body)
@@ -162,7 +167,7 @@ class Controller:
     def observe_policy(self, body: Mapping[str, Any], event_type: str | None) -> None:
         key = policy_key(body)
         if event_type == "DELETED":
-            self.forget(key)
+            self.forget(key, (body.get("metadata") or {}).get("uid"))
             return
         state = self.state(body)
         with state.lock:
@@ -176,8 +181,13 @@ class Controller:
         if wants_replay and state.outcome is not None:
             self._kick(key)
 
-    def forget(self, key: PolicyKey) -> None:
+    def forget(self, key: PolicyKey, uid: str | None = None) -> None:
+        """Drop a deleted policy; with ``uid``, only if the name still belongs to
+        that policy (not to one created since under the same name)."""
         with self._lock:
+            state = self.policies.get(key)
+            if uid is not None and state is not None and (state.body.get("metadata") or {}).get("uid") != uid:
+                return
             self.policies.pop(key, None)
         if self.scheduler is not None:
             self.scheduler.remove(key)
@@ -445,7 +455,7 @@ class Controller:
             return True
         except ApiException as exc:
             if exc.status == 404:
-                self.forget(state.key)
+                self.forget(state.key, (state.body.get("metadata") or {}).get("uid"))
                 return False
             self._log_problem(state, Problem("StatusWriteFailed",
                                              f"status patch refused: HTTP {exc.status} {exc.reason}"))
