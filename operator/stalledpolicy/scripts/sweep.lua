@@ -156,59 +156,63 @@ end
 -- nothing moved (the next pass tries again). Only a key of the wrong type is
 -- an answer (read_refused).
 local row_prefix = prefix .. 'job:'
-local plan = {}  -- per id: {what, row, group, value}, in the order of `expired`
-for i, id in ipairs(expired) do
+-- The plan, by position in `expired` (parallel arrays: a table per job costs
+-- more): what ('stall', 'orphan', 'quarantine', or
+-- 'unwritable' for a quarantine with no row to write), its row key, its group
+-- (false: none), and two values: the new stall count and the attempts for a stall, the
+-- problem and whether to fence for a quarantine.
+local what, rows, group_of, value1, value2 = {}, {}, {}, {}, {}
+local lane_keys, probed = {}, {}  -- the lanes this call will write or ask for work
+-- (numeric loops over the batch: ipairs costs a C call per job in Lua 5.1)
+for i = 1, #expired do
+  local id = expired[i]
   local row = row_prefix .. id
+  rows[i], group_of[i] = row, false
   local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
   if f.err then
     read_refused(f)
     if listed(KEYS[2], id) or listed(KEYS[3], id) or listed(prefix .. 'schedule', id) then
       -- a stray lease of an id that waits elsewhere (as above; its lane, if
       -- any, is unknown): sending it to the morgue would list it twice
-      plan[i] = {'orphan'}
+      what[i] = 'orphan'
     else
       -- Not a hash: nothing on it can be written. The id goes to the morgue
       -- as-is; morgue_list names the key type as the problem.
-      plan[i] = {'quarantine', nil, nil, 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash', false}
+      what[i], value1[i] = 'unwritable', 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
     end
   else
     local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
     -- every claimed row has attempts, so EXISTS runs only for rare rows
     if g == false and stalled_raw == false and attempts_raw == false and not here(row) then
       -- completed (row deleted) while still listed in active: never recreate it
-      plan[i] = {'orphan'}
+      what[i] = 'orphan'
     elseif state and state ~= 'active' and waits_elsewhere(id, g, state) then
-      plan[i] = {'orphan'} -- a stray lease: drop the entry, touch nothing else
+      what[i] = 'orphan' -- a stray lease: drop the entry, touch nothing else
     else
       local stalled = count_of(stalled_raw)
       local attempts = count_of(attempts_raw)
       if g == '' then
-        plan[i] = {'quarantine', row, nil, 'group is empty', attempts ~= nil}
+        what[i], value1[i], value2[i] = 'quarantine', 'group is empty', attempts ~= nil
       elseif stalled == nil then
-        plan[i] = {'quarantine', row, g or nil, 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw),
-          attempts ~= nil}
+        what[i], group_of[i], value2[i] = 'quarantine', g, attempts ~= nil
+        value1[i] = 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw)
       elseif attempts == nil then
         -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
-        plan[i] = {'quarantine', row, g or nil, 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw),
-          false}
+        what[i], group_of[i], value2[i] = 'quarantine', g, false
+        value1[i] = 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw)
       else
-        plan[i] = {'stall', row, g, stalled + 1, attempts}
+        what[i], group_of[i], value1[i], value2[i] = 'stall', g, stalled + 1, attempts
+      end
+      if g and g ~= '' and not probed[g] then
+        probed[g] = true
+        lane_keys[#lane_keys + 1] = prefix .. 'g:' .. g .. ':pending'
       end
     end
   end
 end
 
--- the lanes this call will write or ask for work (a lane key that is absent
--- here while its slot migrates refuses the call now, as above; `active`
--- makes the probe a multi-key one, see here())
-local probed, lane_keys = {}, {}
-for _, step in ipairs(plan) do
-  local g = step[3]
-  if g and not probed[g] then
-    probed[g] = true
-    lane_keys[#lane_keys + 1] = prefix .. 'g:' .. g .. ':pending'
-  end
-end
+-- A lane key that is absent here while its slot migrates refuses the call
+-- now, as above (`active` makes the probe a multi-key one, see here()).
 if #lane_keys > 0 then
   for i = 1, #lane_keys, 3999 do
     redis.call('EXISTS', KEYS[1], unpack(lane_keys, i, math.min(i + 3998, #lane_keys)))
@@ -217,15 +221,16 @@ end
 
 variadic('ZREM', KEYS[1], expired, false)
 
-for i, id in ipairs(expired) do
-  local step = plan[i]
-  local what, row, g = step[1], step[2], step[3]
-  if what == 'orphan' then
+for i = 1, #expired do
+  local id, step, g = expired[i], what[i], group_of[i] or nil
+  if step == 'orphan' then
     orphans = orphans + 1
-  elseif what == 'quarantine' then
-    quarantine(id, row, g, step[4], step[5])
+  elseif step == 'unwritable' then
+    quarantine(id, nil, nil, value1[i], false)
+  elseif step == 'quarantine' then
+    quarantine(id, rows[i], g, value1[i], value2[i])
   else
-    local stalled, attempts = step[4], step[5]
+    local row, stalled, attempts = rows[i], value1[i], value2[i]
     local budget = default_budget
     if g then
       touch(g)
