@@ -354,16 +354,72 @@ def missing_database_problem(url: str) -> str:
             "configuration, 16 by default, numbered from 0); use a database the server has, such as /0")
 
 
+# A URL whose scheme does not match the server's TLS fails in ways redis-py
+# reports as an outage: rediss:// to a plain port sends a TLS handshake that a
+# plain Redis never answers (it waits for a command line: a timeout) or answers
+# in RESP (an SSL error: not TLS); redis:// to a TLS-only port sends a command
+# that the server's TLS layer drops the connection on, with no reply.
+PLAIN_SERVER_ADVICE = ("is the server speaking TLS? rediss:// needs the server's TLS port (tls-port); "
+                       "a server without TLS takes redis://")
+TLS_SERVER_ADVICE = "is the server speaking TLS only? then use rediss:// (and the server's TLS port)"
+# OpenSSL's reasons for a handshake answered with bytes that are not TLS
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                              "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING"})
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (redis-py
+    raises its own from the socket's or ssl's)."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def is_tls_handshake_timeout(exc: BaseException) -> bool:
+    """The server accepted the connection but did not answer the TLS handshake
+    in time (redis-py says only "Timeout connecting to server")."""
+    return any(isinstance(link, TimeoutError) and "handshake" in str(link).lower() for link in _chain(exc))
+
+
+def tls_mismatch_problem(exc: BaseException, url: str, timeout_s: float | None = None) -> str | None:
+    """When ``exc`` is how a connection fails with the URL's scheme wrong for
+    the server (rediss:// to a server without TLS, redis:// to a TLS-only one):
+    what was seen and the question to ask, in our words, without any part of
+    the URL; else None. ``timeout_s``: the wait a handshake timeout ran out, to name it."""
+    import ssl
+
+    import redis
+
+    if not isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return None  # an error reply, a refusal: the server spoke our protocol
+    chain = _chain(exc)
+    if url.startswith("rediss://"):
+        if is_tls_handshake_timeout(exc):
+            within = f" within {timeout_s:g} s" if timeout_s is not None else ""
+            return f"no answer to the TLS handshake{within}: {PLAIN_SERVER_ADVICE}"
+        if any(isinstance(link, ssl.SSLError) and not isinstance(link, ssl.SSLCertVerificationError)
+               and (isinstance(link, ssl.SSLEOFError) or link.reason in _NOT_TLS_REASONS) for link in chain):
+            return f"the answer to the TLS handshake is not TLS: {PLAIN_SERVER_ADVICE}"
+    elif url.startswith("redis://"):
+        if any(isinstance(link, ConnectionResetError) for link in chain) or \
+                "Connection closed by server" in str(exc):
+            return f"the server closed the connection without an answer: {TLS_SERVER_ADVICE}"
+    return None
+
+
 def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
     """What a person must fix in ``url`` when ``exc`` says so (credentials, a
-    database, a replica), in our words and without any part of the URL; else None."""
+    database, a replica, a scheme that does not match the server's TLS), in our
+    words and without any part of the URL; else None."""
     if is_credentials_refusal(exc):
         return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
     if is_missing_database(exc):
         return missing_database_problem(url)
     if is_read_only_refusal(exc):
         return f"Redis is a read-only replica and refused a write: {READ_ONLY_ADVICE}"
-    return None
+    return tls_mismatch_problem(exc, url)
 
 
 def unreachable_errors() -> tuple[type[BaseException], ...]:

@@ -23,7 +23,8 @@ from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
                                      is_read_only_refusal, missing_database_problem, redact_url, scrub,
-                                     single_attempt, unreachable_errors)
+                                     is_tls_handshake_timeout, single_attempt, tls_mismatch_problem,
+                                     unreachable_errors)
 from stalledpolicy.streams import discard
 
 __all__ = ["add_arguments", "run"]
@@ -62,11 +63,13 @@ def open_client(url: str, *, changing: bool = False) -> Any:
 
 def _timeout_s(url: str, exc: BaseException) -> float:
     """The timeout ``exc`` ran out: connecting (redis-py says "Timeout
-    connecting") or waiting for an answer; the URL's own setting wins, as in redis-py."""
+    connecting") or waiting for an answer; the URL's own setting wins, as in redis-py.
+    A TLS handshake is "connecting" to redis-py but waits the answer's timeout
+    (the socket's timeout is set before the handshake)."""
     from redis.connection import parse_url
 
     options = parse_url(url)  # checked by check_redis_url before any connection
-    if "connect" in str(exc).lower():
+    if "connect" in str(exc).lower() and not is_tls_handshake_timeout(exc):
         return float(options.get("socket_connect_timeout", CONNECT_TIMEOUT_S))
     return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
 
@@ -76,7 +79,11 @@ def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: Base
     import redis
 
     reason = scrub(str(exc), url) or type(exc).__name__
-    if isinstance(exc, TimeoutError | redis.TimeoutError):
+    # a scheme that does not match the server's TLS fails as the connection is made
+    mismatch = None if connected else tls_mismatch_problem(exc, url, _timeout_s(url, exc))
+    if mismatch:
+        err.write(f"{prog}: cannot reach Redis at {where}: {mismatch}\n")
+    elif isinstance(exc, TimeoutError | redis.TimeoutError):
         err.write(f"{prog}: no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
     elif not connected:
         err.write(f"{prog}: cannot reach Redis at {where}: {reason}\n")
