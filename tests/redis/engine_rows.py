@@ -30,13 +30,24 @@ def put_active(r, keys: QueueKeys, job_id: str, *, group: str | None = None, sco
     return job_id
 
 
+# put_dead's default dead_attempts: the row's attempts, as our scripts record it
+AS_WRITTEN = object()
+
+
 def put_dead(r, keys: QueueKeys, job_id: str, *, group: str | None = None, stalled: int = 1,
              attempts: int = 2, dead_at: int | None = None, last_error: str = "stalled",
-             **fields) -> str:
+             dead_attempts: object = AS_WRITTEN, **fields) -> str:
+    """A dead job. With ``dead_at``, ``dead_attempts`` is ``attempts`` (as our
+    scripts write a time of death) unless given; ``None``: no ``dead_attempts``
+    (a row written before the scripts recorded it)."""
     row = {"state": "dead", "attempts": str(attempts), "payload": f"payload-{job_id}",
            "stalled": str(stalled), "last_error": last_error}
     if dead_at is not None:
         row["dead_at"] = str(dead_at)
+        if dead_attempts is AS_WRITTEN:
+            row["dead_attempts"] = str(attempts)
+    if dead_attempts is not AS_WRITTEN and dead_attempts is not None:
+        row["dead_attempts"] = str(dead_attempts)
     if group is not None:
         row["group"] = group
     row.update({k: str(v) for k, v in fields.items()})
@@ -74,6 +85,16 @@ return 1
 
 def echomq_complete(r, keys: QueueKeys, job_id: str, token: int):
     return r.eval(_COMPLETE, 2, keys.active, keys.job(job_id), job_id, str(token), keys.prefix)
+
+
+def echomq_reprocess(r, keys: QueueKeys, job_id: str) -> None:
+    """EchoMQ's own reprocess of a dead job (its Jobs.reprocess_job, modelled
+    from its script): out of `dead`, `last_error` deleted, `state=pending`,
+    into the flat `pending`; `dead_at`, `dead_attempts` and `attempts` kept."""
+    assert r.zrem(keys.dead, job_id) == 1
+    r.hdel(keys.job(job_id), "last_error")
+    r.hset(keys.job(job_id), "state", "pending")
+    r.zadd(keys.pending, {job_id: 0})
 
 
 def reclaim(r, keys: QueueKeys, job_id: str, *, source: str) -> int:

@@ -204,7 +204,8 @@ def test_sweep_once_leaves_the_queue_exactly_as_the_contract_says(r, redis_serve
         assert row["attempts"] == str(int(row_before["attempts"]) + 1)  # the fence
         assert row["payload"] == row_before["payload"] and row.get("group") == group
         assert t0 <= int(row["dead_at"]) <= t1
-        assert set(row) - set(row_before) <= {"stalled", "last_error", "dead_at"}
+        assert row["dead_attempts"] == row["attempts"]  # the attempts that dead_at belongs to
+        assert set(row) - set(row_before) <= {"stalled", "last_error", "dead_at", "dead_attempts"}
     for name in ("flat_running", "c_running", "flat_retry", "flat_old_dead", "flat_waiting",
                  "a_backlog", "b_backlog", "p_backlog", "d_waiting"):
         assert r.hgetall(k.job(id_of(name))) == rows_before[id_of(name)], name

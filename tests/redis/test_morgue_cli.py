@@ -2,7 +2,8 @@
 
 The morgue is built directly with QueueKeys, shaped as the sweep leaves it:
 row ``state=dead``, ``stalled``, ``attempts``, ``last_error``, ``dead_at`` (ms,
-server clock), optional ``group``; the id in ``emq:{q}:dead``.
+server clock) with ``dead_attempts`` (the attempts it belongs to), optional
+``group``; the id in ``emq:{q}:dead``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def bury(r, queue: str, job_id: str, *, lane: str | None = None, stalled: int = 
            "payload": json.dumps({"job": job_id})}
     if dead_at:
         row["dead_at"] = server_ms(r) - age_ms
+        row["dead_attempts"] = attempts
     if lane is not None:
         row["group"] = lane
     r.hset(keys.job(job_id), mapping=row)
@@ -762,7 +764,8 @@ def test_a_large_replay_loses_nothing(r, url, queue_name):
     pipe = r.pipeline(transaction=False)
     for i in range(count):
         job_id = f"JOB{i:06d}"
-        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now}
+        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now,
+               "dead_attempts": 3}
         if i % 3 == 0:
             row["group"] = "bulk"
         pipe.hset(keys.job(job_id), mapping=row)
@@ -912,7 +915,8 @@ def big_morgue(r, queue: str, count: int) -> list[str]:
     ids = [f"JOB{i:06d}" for i in range(count)]
     pipe = r.pipeline(transaction=False)
     for i, job_id in enumerate(ids):
-        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now - HOUR_MS}
+        row = {"state": "dead", "stalled": 3, "attempts": 3, "last_error": "stalled", "dead_at": now - HOUR_MS,
+               "dead_attempts": 3}
         if i % 3 == 0:
             row["group"] = "bulk"
         pipe.hset(keys.job(job_id), mapping=row)
@@ -1330,7 +1334,7 @@ def bury_raw(redis_server, queue: str, job_id: bytes, *, lane: bytes | None = No
     raw = redis_server.client()
     prefix = QueueKeys(queue).prefix.encode()
     row = {b"state": b"dead", b"stalled": b"2", b"attempts": b"3", b"last_error": last_error,
-           b"dead_at": str(server_ms(raw) - 60_000).encode(), b"payload": b"{}"}
+           b"dead_at": str(server_ms(raw) - 60_000).encode(), b"dead_attempts": b"3", b"payload": b"{}"}
     if lane is not None:
         row[b"group"] = lane
     raw.hset(prefix + b"job:" + job_id, mapping=row)

@@ -10,7 +10,8 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, DeadJob
 
-from tests.redis.engine_rows import dump, put_active, put_dead, reclaim, restricted_user, server_ms
+from stalledpolicy.devenv.echomq import EchoMQ
+from tests.redis.engine_rows import dump, echomq_reprocess, put_active, put_dead, reclaim, restricted_user, server_ms
 
 pytestmark = pytest.mark.redis
 
@@ -418,6 +419,7 @@ def test_age_purge_takes_a_time_of_death_in_the_future_for_none(r, keys, ahead):
     there; left alone, 999999999999999 would outlive every age purge."""
     dead_at = "999999999999999" if ahead is None else str(server_ms(r) + ahead)
     put_dead(r, keys, "JOBfuture", dead_at=dead_at)
+    assert engine.morgue_list(r, keys.queue)[0].dead_at_ms is None  # list reads it as the purge does
     dry = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
     assert (dry.ids, dry.undated, dry.undatable) == ([], 1, 0)
     assert r.hget(keys.job("JOBfuture"), "dead_at") == dead_at
@@ -507,7 +509,9 @@ def test_age_purge_stamps_any_hash_row_without_a_time_of_death(r, keys, fields):
     first = engine.morgue_purge(r, keys.queue, older_than_s=0)
     assert (first.ids, first.undated) == ([], 1)
     assert before <= int(r.hget(keys.job("JOBbare"), "dead_at")) <= server_ms(r)
-    assert r.hgetall(keys.job("JOBbare")) == {**fields, "dead_at": r.hget(keys.job("JOBbare"), "dead_at")}
+    # dated with the attempts it belongs to ('' for a row without attempts)
+    assert r.hgetall(keys.job("JOBbare")) == {**fields, "dead_at": r.hget(keys.job("JOBbare"), "dead_at"),
+                                               "dead_attempts": fields.get("attempts", "")}
     later = engine.morgue_purge(r, keys.queue, older_than_s=0)
     assert (later.ids, later.undated) == (["JOBbare"], 0)
     assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOBbare")) == 0
@@ -558,6 +562,107 @@ def test_age_purge_dry_run_stamps_nothing(r, keys):
     result = engine.morgue_purge(r, keys.queue, older_than_s=0, dry_run=True)
     assert (result.ids, result.undated, result.undatable) == ([], 2, 1)
     assert dump(r) == before
+
+
+# ----------------------------------------------------------------- the time of death
+
+HOUR_MS = 3_600_000
+
+
+def dead_lettered_an_hour_ago(r, keys, job_id):
+    """Dead-lettered by our sweep; its dead_at then set back an hour by hand
+    (its dead_attempts as the sweep wrote it)."""
+    put_active(r, keys, job_id, attempts=1)
+    assert engine.sweep_batch(r, keys.queue, Budgets(1), 10).dead_lettered == 1
+    died = server_ms(r) - HOUR_MS
+    r.hset(keys.job(job_id), "dead_at", str(died))
+    return died
+
+
+def test_our_own_dead_letter_ages_and_purges_as_before(r, keys):
+    died = dead_lettered_an_hour_ago(r, keys, "JOB1")
+    (job,) = engine.morgue_list(r, keys.queue)
+    assert job.dead_at_ms == died and engine.morgue_stats(r, keys.queue).oldest_dead_at_ms == died
+    assert engine.morgue_purge(r, keys.queue, older_than_s=2 * 3600).undated == 0  # dated: too young
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (result.ids, result.undated) == (["JOB1"], 0)
+    assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOB1")) == 0
+
+
+def test_a_job_that_died_again_after_echomqs_reprocess_is_not_purged_for_its_first_death(r, keys):
+    """EchoMQ's reprocess keeps dead_at; the job is claimed again (attempts + 1)
+    and dies through EchoMQ's retry, which writes no dead_at. The dead_at an
+    hour old is its first death, not this one (seconds ago): a purge of jobs
+    dead for a minute must keep it, and list it without an age, until a purge
+    dates it now."""
+    first_death = dead_lettered_an_hour_ago(r, keys, "JOB1")
+    # before the reprocess, that dead_at is the job's time of death (the test can tell)
+    assert engine.morgue_purge(r, keys.queue, older_than_s=60, dry_run=True).ids == ["JOB1"]
+    echomq_reprocess(r, keys, "JOB1")
+    mq = EchoMQ(r, keys.queue)
+    claim = mq.claim(group_mode="flat")
+    assert (claim.id, claim.token) == ("JOB1", 3)
+    assert mq.fail(claim, error="boom", max_attempts=3) == "dead"
+    row = r.hgetall(keys.job("JOB1"))
+    assert (row["state"], row["last_error"], row["dead_at"], row["attempts"]) == ("dead", "boom", str(first_death), "3")
+
+    dry = engine.morgue_purge(r, keys.queue, older_than_s=60, dry_run=True)
+    assert (dry.ids, dry.undated) == ([], 1)
+    (job,) = engine.morgue_list(r, keys.queue)
+    assert job.dead_at_ms is None  # age unknown, as a purge reads it
+    assert engine.morgue_stats(r, keys.queue).oldest_dead_at_ms is None
+    before = server_ms(r)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (result.ids, result.undated, result.undatable) == ([], 1, 0)
+    assert morgue_ids(r, keys) == ["JOB1"]
+    dated = int(r.hget(keys.job("JOB1"), "dead_at"))
+    assert before <= dated <= server_ms(r)
+    assert r.hget(keys.job("JOB1"), "dead_attempts") == "3"  # dated for this death
+    (job,) = engine.morgue_list(r, keys.queue)
+    assert job.dead_at_ms == dated
+    again = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (again.ids, again.undated) == ([], 0)  # dated now: a minute not yet passed
+    assert engine.morgue_purge(r, keys.queue, older_than_s=0).ids == ["JOB1"]
+
+
+def test_an_entry_dated_before_the_attempts_were_recorded_is_undated_not_purged(r, keys):
+    """A dead_at without dead_attempts (written before the scripts recorded it)
+    may be a stale one: it is dated again now, so the purge comes later, never
+    earlier."""
+    put_dead(r, keys, "JOBold", attempts=4, dead_at=server_ms(r) - HOUR_MS, dead_attempts=None)
+    (job,) = engine.morgue_list(r, keys.queue)
+    assert job.dead_at_ms is None
+    before = server_ms(r)
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (result.ids, result.undated) == ([], 1)
+    assert before <= int(r.hget(keys.job("JOBold"), "dead_at")) <= server_ms(r)
+    assert r.hget(keys.job("JOBold"), "dead_attempts") == "4"
+    assert engine.morgue_purge(r, keys.queue, older_than_s=60).undated == 0
+
+
+@pytest.mark.parametrize("attempts, mark", [("5", "4"), ("5", ""), (None, "0"), ("x", "y")])
+def test_a_time_of_death_of_other_attempts_is_no_time(r, keys, attempts, mark):
+    row = {"state": "dead", "dead_at": str(server_ms(r) - HOUR_MS), "dead_attempts": mark}
+    if attempts is not None:
+        row["attempts"] = attempts
+    r.hset(keys.job("JOB1"), mapping=row)
+    r.zadd(keys.dead, {"JOB1": 0})
+    assert engine.morgue_list(r, keys.queue)[0].dead_at_ms is None
+    result = engine.morgue_purge(r, keys.queue, older_than_s=60)
+    assert (result.ids, result.undated) == ([], 1)
+    assert r.hget(keys.job("JOB1"), "dead_attempts") == (attempts or "")
+
+
+@pytest.mark.parametrize("attempts", [None, "x"])
+def test_a_time_of_death_of_a_row_without_a_valid_attempts_counts_while_the_field_is_unchanged(r, keys, attempts):
+    died = server_ms(r) - HOUR_MS
+    row = {"state": "dead", "dead_at": str(died), "dead_attempts": attempts or ""}
+    if attempts is not None:
+        row["attempts"] = attempts
+    r.hset(keys.job("JOB1"), mapping=row)
+    r.zadd(keys.dead, {"JOB1": 0})
+    assert engine.morgue_list(r, keys.queue)[0].dead_at_ms == died
+    assert engine.morgue_purge(r, keys.queue, older_than_s=60).ids == ["JOB1"]
 
 
 def test_purge_by_lane_and_flat(r, keys, small_batches):
@@ -632,7 +737,7 @@ def test_a_bytes_client_walks_past_ids_that_are_not_utf8(r_bytes, keys, small_ba
 
 def test_morgue_operations_with_a_bytes_client(r_bytes, keys):
     r_bytes.hset(keys.job("JOB1"), mapping={"state": "dead", "attempts": "2", "group": "g",
-                                            "last_error": "stalled", "dead_at": "7"})
+                                            "last_error": "stalled", "dead_at": "7", "dead_attempts": "2"})
     r_bytes.zadd(keys.dead, {"JOB1": 0, "JOB2": 0})
     r_bytes.hset(keys.job("JOB2"), mapping={"state": "dead", "attempts": "1"})
     assert engine.morgue_stats(r_bytes, keys.queue) == engine.MorgueStats(2, {"g": 1, "": 1}, 7)

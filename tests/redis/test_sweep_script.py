@@ -214,6 +214,8 @@ def test_malformed_hash_row_is_quarantined_without_aborting_the_batch(r, keys, f
     assert row["last_error"] == "malformed: " + problem
     assert row[field] == value  # the evidence is kept
     assert int(row["dead_at"]) > 0
+    # the attempts that dead_at belongs to: fenced, or the bad value as it is
+    assert row["dead_attempts"] == row["attempts"]
     assert r.hget(keys.metrics_failed, "count") == "1"
     assert r.hget(keys.sweeper_totals, "quarantined") == "1"
 
@@ -625,6 +627,7 @@ def test_jobs_of_a_lane_whose_key_has_the_wrong_type_go_to_the_morgue(r, keys):
     assert r.zrange(keys.dead, 0, -1) == ["JOB1"]
     row = r.hgetall(keys.job("JOB1"))
     assert row["state"] == "dead" and row["attempts"] == "2" and row["stalled"] == "1"
+    assert int(row["dead_at"]) > 0 and row["dead_attempts"] == "2"  # as the recovery fenced it
     assert row["last_error"] == f"malformed: lane {keys.lane_pending('g')} is a string, not a sorted set"
     assert r.get(keys.lane_pending("g")) == "oops"
     assert r.hget(keys.gactive, "g") is None and r.lrange(keys.ring, 0, -1) == ["h"]
@@ -731,6 +734,7 @@ def test_a_lane_the_user_may_not_write_sends_its_jobs_to_the_morgue(redis_server
     assert r.zrange(keys.pending, 0, -1) == ["JOB2"] and r.zrange(keys.dead, 0, -1) == ["JOB1"]
     reason = r.hget(keys.job("JOB1"), "last_error")
     assert reason.startswith(f"lane {keys.prefix}g:g:pending refused the job: ") and "can't access" in reason
+    assert r.hmget(keys.job("JOB1"), "attempts", "dead_attempts") == ["2", "2"]
 
 
 def test_without_the_events_channel_the_jobs_still_move(redis_server, r, keys):
@@ -751,6 +755,8 @@ def test_dead_at_is_the_server_clock_in_ms(r, keys):
     put_active(r, keys, "JOB1")
     sweep(r, keys, default=1)
     assert before <= int(r.hget(keys.job("JOB1"), "dead_at")) <= server_ms(r)
+    # with the attempts it belongs to (fenced: 1 + 1), the mark of this death
+    assert r.hmget(keys.job("JOB1"), "attempts", "dead_attempts") == ["2", "2"]
 
 
 def test_works_with_a_bytes_client(r_bytes, keys):

@@ -6,20 +6,23 @@
 -- ARGV[2] dry run ('1' = decide and report, write nothing)
 -- ARGV[3] lane filter: '' = every lane, else '=' .. lane ('=' alone = flat jobs)
 -- ARGV[4] mode: 'ids' (ARGV[8..] are the ids) or 'scan' (walk `dead` in id order)
--- ARGV[5] minimum age in ms on the server clock, from the row's dead_at
---         ('' = any age)
+-- ARGV[5] minimum age in ms on the server clock, from the row's time of death
+--         (lib/death: dead_at, while dead_attempts is the row's attempts;
+--         '' = any age)
 -- ARGV[6] scan cursor: '' = from the start, else the last id already examined
 -- ARGV[7] scan window
 --
 -- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor,
 --          {problem, ...}, undatable} (problems: see guard). An age purge keeps
 -- the entries it cannot age: undated counts the existing hash rows without a
--- valid dead_at (or with one later than now), which it stamps with now;
+-- time of death (lib/death), which it stamps with now (dead_at, and
+-- dead_attempts from the row's attempts);
 -- undatable the rows that are missing or not a hash (nothing to stamp: only
 -- a purge without an age removes them).
 
 -- @include chunked
 -- @include counters
+-- @include death
 -- @include guard
 -- @include refusals
 -- @include morgue_window
@@ -49,21 +52,22 @@ local missing = {}
 local undated = 0
 local undatable = 0
 local stamps = {}  -- rows an age purge dates (written after the reads)
+local marks = {}   -- their dead_attempts, by position in stamps
 
 for _, id in ipairs(candidates) do
   if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
     missing[#missing + 1] = id
   else
     local row = prefix .. 'job:' .. id
-    local f = redis.pcall('HMGET', row, 'group', 'dead_at', 'state')
+    local f = redis.pcall('HMGET', row, 'group', 'dead_at', 'state', 'attempts', 'dead_attempts')
     if f.err then read_refused(f) end
     local is_hash = not f.err
-    local g, dead_at, state = false, false, false
-    if is_hash then g, dead_at, state = f[1], f[2], f[3] end
-    -- a hash row holding none of the three may be missing (asked once; a row
+    local g, dead_at, state, attempts, mark = false, false, false, false, false
+    if is_hash then g, dead_at, state, attempts, mark = f[1], f[2], f[3], f[4], f[5] end
+    -- a hash row holding none of the five may be missing (asked once; a row
     -- absent here while the slot migrates stops the call: refusals, here)
     local present = is_hash
-    if is_hash and not (g or dead_at or state) then present = here(row) end
+    if is_hash and not (g or dead_at or state or attempts or mark) then present = here(row) end
     local reason = nil  -- nil = purge, false = not selected (silent), string = kept, reported
     if filter ~= '' then
       -- a row that is missing or not a hash has no lane: no lane filter selects it
@@ -76,23 +80,20 @@ for _, id in ipairs(candidates) do
       reason = "state is '" .. excerpt(state) .. "', not dead"
     end
     if reason == nil and min_age then
-      -- a time of death is a counter (digits only, no sign, no leading zero,
-      -- at most 15 digits): tonumber would also read 'nan', 'inf', '0x1F',
-      -- ' 12' or '1e3'
-      local died = nil
-      if dead_at then died = count_of(dead_at) end
-      -- a time of death later than now is not true (a clock stepped back, a
-      -- failover to a server whose clock is behind, a bad write): the job died
-      -- by now at the latest. Left as it is, a far future value would keep the
-      -- entry from every age purge for good.
-      if died ~= nil and died > now then died = nil end
+      -- lib/death: a dead_at that is no counter, later than now, without its
+      -- dead_attempts or from before a later claim (EchoMQ reprocessed the
+      -- job and it died again) is no time of death
+      local died = time_of_death(dead_at, mark, attempts, now)
       if died == nil then
         if present then
-          -- undated (dead-lettered by EchoMQ itself, a malformed or future
-          -- value): the age starts now, stamped on the row; a later purge can
-          -- remove it
+          -- undated (dead-lettered by EchoMQ itself, a malformed, future or
+          -- stale value): the age starts now, stamped on the row with the
+          -- attempts it belongs to; a later purge can remove it
           undated = undated + 1
-          if not dry then stamps[#stamps + 1] = row end
+          if not dry then
+            stamps[#stamps + 1] = row
+            marks[#stamps] = death_mark(attempts)
+          end
         else
           -- missing, or not a hash: nothing to stamp, never dated
           undatable = undatable + 1
@@ -126,8 +127,8 @@ if not dry then
     redis.call('ZREM', KEYS[1], id)
     redis.call('DEL', prefix .. 'job:' .. id)
   end
-  for _, row in ipairs(stamps) do
-    local stamped = redis.pcall('HSET', row, 'dead_at', now_s)
+  for i, row in ipairs(stamps) do
+    local stamped = redis.pcall('HSET', row, 'dead_at', now_s, 'dead_attempts', marks[i])
     if type(stamped) == 'table' and stamped.err then
       if #purged > 0 or not string.find(stamped.err, '^OOM ') then error(stamped) end
       problems[#problems + 1] = 'entries without a time of death were not dated (' .. stamped.err

@@ -155,7 +155,7 @@ if not dry then
     else
       redis.call('HSET', row, 'state', 'pending')
     end
-    redis.call('HDEL', row, 'stalled', 'last_error', 'dead_at')
+    redis.call('HDEL', row, 'stalled', 'last_error', 'dead_at', 'dead_attempts')
   end
   if #flat > 0 then variadic('ZADD', KEYS[2], flat, true) end
   for _, g in ipairs(lane_order) do

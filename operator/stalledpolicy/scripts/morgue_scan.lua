@@ -8,16 +8,23 @@
 --
 -- Returns {rows, next} where each row is
 --   {id, group, stalled, attempts, last_error, dead_at, state, problem}
--- (raw field values, nil when absent; `problem` names a row that is missing
--- or not a hash) and `next` is the cursor for the following window, '' at
--- the end.
+-- (raw field values, nil when absent, but dead_at: the time of death as the
+-- purge reads it (lib/death), nil when the entry is undated; `problem` names
+-- a row that is missing or not a hash) and `next` is the cursor for the
+-- following window, '' at the end.
 
+-- @include chunked
+-- @include counters
+-- @include death
 -- @include refusals
 -- @include morgue_window
 
 local prefix = ARGV[1]
 local count = tonumber(ARGV[4])
 require_sorted_set(KEYS[1], 'nothing was read or changed')
+-- the ages shown are those an age purge would see: the same clock, the same rule
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local ids
 if ARGV[2] == 'index' then
   local start = tonumber(ARGV[3])
@@ -31,16 +38,19 @@ end
 local rows = {}
 for i, id in ipairs(ids) do
   local key = prefix .. 'job:' .. id
-  local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state')
+  local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state',
+    'dead_attempts')
   if f.err then
     local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
     rows[i] = {id, false, false, false, false, false, false, problem}
   else
     local problem = false
-    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6]) and redis.call('EXISTS', key) == 0 then
+    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and redis.call('EXISTS', key) == 0 then
       problem = 'job row is missing'
     end
-    rows[i] = {id, f[1], f[2], f[3], f[4], f[5], f[6], problem}
+    local died = false
+    if time_of_death(f[5], f[7], f[3], now) then died = f[5] end
+    rows[i] = {id, f[1], f[2], f[3], f[4], died, f[6], problem}
   end
 end
 

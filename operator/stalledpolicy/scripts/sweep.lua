@@ -17,6 +17,7 @@
 
 -- @include chunked
 -- @include counters
+-- @include death
 -- @include guard
 -- @include lanes
 -- @include refusals
@@ -104,13 +105,17 @@ local function touch(g)
   lane_freed[g] = lane_freed[g] + 1
 end
 
-local function quarantine(id, row, g, problem, fence)
+-- attempts: the row's attempts as a number when it is a counter (then
+-- fenced), else its raw value (a quarantine cannot fence it)
+local function quarantine(id, row, g, problem, attempts)
   local reason = 'malformed: ' .. problem
   if row then
-    if fence then
-      redis.call('HINCRBY', row, 'attempts', 1)
+    local mark = attempts
+    if type(attempts) == 'number' then
+      mark = count_string(redis.call('HINCRBY', row, 'attempts', 1))
     end
-    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
+    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s,
+      'dead_attempts', death_mark(mark))
   end
   if g then touch(g) end
   to_dead[#to_dead + 1] = id
@@ -160,7 +165,8 @@ local row_prefix = prefix .. 'job:'
 -- more): what ('stall', 'orphan', 'quarantine', or
 -- 'unwritable' for a quarantine with no row to write), its row key, its group
 -- (false: none), and two values: the new stall count and the attempts for a stall, the
--- problem and whether to fence for a quarantine.
+-- problem and the attempts (a number: a counter, fenced; else its raw value) for a
+-- quarantine.
 local what, rows, group_of, value1, value2 = {}, {}, {}, {}, {}
 local lane_keys, probed = {}, {}  -- the lanes this call will write or ask for work
 -- (numeric loops over the batch: ipairs costs a C call per job in Lua 5.1)
@@ -192,13 +198,13 @@ for i = 1, #expired do
       local stalled = count_of(stalled_raw)
       local attempts = count_of(attempts_raw)
       if g == '' then
-        what[i], value1[i], value2[i] = 'quarantine', 'group is empty', attempts ~= nil
+        what[i], value1[i], value2[i] = 'quarantine', 'group is empty', attempts or attempts_raw
       elseif stalled == nil then
-        what[i], group_of[i], value2[i] = 'quarantine', g, attempts ~= nil
+        what[i], group_of[i], value2[i] = 'quarantine', g, attempts or attempts_raw
         value1[i] = 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw)
       elseif attempts == nil then
         -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
-        what[i], group_of[i], value2[i] = 'quarantine', g, false
+        what[i], group_of[i], value2[i] = 'quarantine', g, attempts_raw
         value1[i] = 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw)
       else
         what[i], group_of[i], value1[i], value2[i] = 'stall', g, stalled + 1, attempts
@@ -226,7 +232,7 @@ for i = 1, #expired do
   if step == 'orphan' then
     orphans = orphans + 1
   elseif step == 'unwritable' then
-    quarantine(id, nil, nil, value1[i], false)
+    quarantine(id, nil, nil, value1[i], nil)
   elseif step == 'quarantine' then
     quarantine(id, rows[i], g, value1[i], value2[i])
   else
@@ -242,8 +248,9 @@ for i = 1, #expired do
     -- refused with EMQSTALE (docs/scripts.md, "Fencing").
     local fence = count_string(attempts + 1)
     if budget > 0 and stalled >= budget then
+      -- dead_attempts: the attempts this dead_at belongs to (lib/death)
       redis.call('HSET', row, 'stalled', count_string(stalled), 'state', 'dead',
-        'last_error', 'stalled', 'dead_at', now_s, 'attempts', fence)
+        'last_error', 'stalled', 'dead_at', now_s, 'attempts', fence, 'dead_attempts', fence)
       to_dead[#to_dead + 1] = id
       dead_lettered = dead_lettered + 1
       if g then lane_dead[g] = lane_dead[g] + 1 end
@@ -287,7 +294,10 @@ local function lane_refused(g, lane, jobs, err)
   end
   for _, id in ipairs(jobs) do
     local row = row_prefix .. id
-    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s)
+    -- attempts as the recovery fenced it in this call (rare: read back, not
+    -- carried for every recovered job)
+    local mark = death_mark(redis.call('HGET', row, 'attempts'))
+    redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s, 'dead_attempts', mark)
     announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
   end
   variadic('ZADD', KEYS[3], jobs, true)
