@@ -254,3 +254,15 @@ def test_a_sweeper_scaled_to_zero_by_the_policy_does_not_read_as_a_running_sweep
     ready = condition_of(status, READY)
     assert (ready["status"], ready["reason"]) == (TRUE, "ScaledToZero")
     assert "available" not in ready["message"]
+
+
+def test_the_status_json_patch_is_guarded_by_the_uid_and_sets_members_whole():
+    from stalledpolicy.controller.status import status_json_patch
+
+    ops = status_json_patch("u-1", {"pending": 1}, {"pending": 2, "a/b~c": {"x": None, "y": 1}})
+    assert ops == [{"op": "test", "path": "/metadata/uid", "value": "u-1"},
+                   {"op": "add", "path": "/status/pending", "value": 2},
+                   {"op": "add", "path": "/status/a~1b~0c", "value": {"y": 1}}]
+    # No status known on the server: its members could not be added, the status is set whole.
+    assert status_json_patch("u-1", {}, {"pending": 2})[1:] == [
+        {"op": "add", "path": "/status", "value": {"pending": 2}}]

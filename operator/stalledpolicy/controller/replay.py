@@ -92,8 +92,7 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
             return served
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
-    # lane null when none: status.lastReplay is merged into, and an earlier
-    # replay's lane would otherwise stay in it
+    # lane null when none (dropped when written): never an earlier replay's lane
     record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now, "lane": request.lane}
     moved: list[int] = []  # jobs moved after each completed script call
 

@@ -25,7 +25,7 @@ from stalledpolicy.controller.replay import (
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome,
-    condition_of, desired_status, status_patch, utc_now)
+    condition_of, desired_status, status_json_patch, status_patch, utc_now)
 from stalledpolicy.redis_url import redact_url, refusal_in_our_words, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -374,7 +374,7 @@ class Controller:
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:
-            if not self._write_status(state, patch):
+            if not self._write_status(state, stored, patch):
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = state.stored_status = desired
             if state.unwritten_replay is not None:
@@ -444,18 +444,21 @@ class Controller:
             pass  # the numbers catch up on the next refresh
         return None, snapshot
 
-    def _write_status(self, state: PolicyState, patch: dict) -> bool:
+    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict) -> bool:
         from kubernetes.client.exceptions import ApiException
 
         namespace, name = state.key
+        uid = (state.body.get("metadata") or {}).get("uid")
         try:
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": patch},
-                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+                GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
+                field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
             return True
         except ApiException as exc:
             if exc.status == 404:
-                self.forget(state.key, (state.body.get("metadata") or {}).get("uid"))
+                self.forget(state.key, uid)
+                return False
+            if exc.status == 422 and self._status_target_gone(state, uid):
                 return False
             self._log_problem(state, Problem("StatusWriteFailed",
                                              f"status patch refused: HTTP {exc.status} {exc.reason}"))
@@ -463,6 +466,31 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - API server down: retry on the next refresh
             self._log_problem(state, Problem("StatusWriteFailed", f"status patch failed: {type(exc).__name__}"))
             return False
+
+    def _status_target_gone(self, state: PolicyState, uid: str | None) -> bool:
+        """After a 422 to a status patch (a failed ``test`` of ``metadata.uid`` says no
+        more than that): True, and ``state`` forgotten, when the policy of that uid
+        is gone (the name is free, or a policy created since holds it: never write
+        its status). Otherwise the status this policy holds now is read back, so
+        the next patch is made against it (one the patch could not add to)."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = state.key
+        try:
+            current = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                return False
+            current = None
+        except Exception:  # noqa: BLE001 - API server down: the caller reports the refusal
+            return False
+        if current is None or (current.get("metadata") or {}).get("uid") != uid:
+            log.info("status not written: the policy was deleted (its name may belong to a new policy)",
+                     extra={"namespace": namespace, "policy": name, "uid": uid})
+            self.forget(state.key, uid)
+            return True
+        state.stored_status = dict(current.get("status") or {})
+        return False
 
     def _announce_replay(self, state: PolicyState, spec, record: dict, warning: str | None) -> None:
         message = replay_message(spec.get("queue"), record)

@@ -245,8 +245,8 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
 
 
 def _stored_form(value: Any) -> Any:
-    """``value`` as the API server keeps it after a merge patch: a null removes
-    its field, so a stored status never holds one."""
+    """``value`` as the API server keeps it: a stored status never holds a null
+    (none of its fields is nullable), so none is written either."""
     if isinstance(value, Mapping):
         return {k: _stored_form(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
@@ -255,7 +255,8 @@ def _stored_form(value: Any) -> Any:
 
 
 def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict | None:
-    """A merge patch turning ``previous`` into ``desired`` (top-level keys), or None if equal.
+    """The top-level members of ``desired`` that differ from ``previous``, or None if equal
+    (written by :func:`status_json_patch`, each member set whole).
 
     ``lastUpdateTime`` alone is never a change (it only follows real changes).
     """
@@ -267,3 +268,28 @@ def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any])
     if "lastUpdateTime" in desired:
         patch["lastUpdateTime"] = desired["lastUpdateTime"]
     return patch
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON Pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def status_json_patch(uid: str | None, stored: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> list[dict]:
+    """``patch`` (from :func:`status_patch`) as a JSON patch for the status subresource,
+    guarded by a ``test`` of ``metadata.uid``: the API server applies it to the
+    policy of that uid only, and refuses it (422) when the name now belongs to a
+    policy created since. A merge patch has no such guard (a ``metadata.uid`` in it
+    is dropped by the status subresource, not compared), so a write still in flight
+    for a deleted policy would land on its successor. ``stored`` is the status the
+    server holds as far as we know: empty, the patch sets the whole ``/status``
+    (its members cannot be added to a status that does not exist)."""
+    ops: list[dict] = []
+    if uid:
+        ops.append({"op": "test", "path": "/metadata/uid", "value": uid})
+    if not stored:
+        ops.append({"op": "add", "path": "/status", "value": _stored_form(dict(patch))})
+    else:
+        ops.extend({"op": "add", "path": f"/status/{_pointer(key)}", "value": _stored_form(value)}
+                   for key, value in patch.items())
+    return ops

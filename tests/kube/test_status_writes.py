@@ -1,0 +1,71 @@
+"""The status loop's writes on the real API server: a write for a policy that was
+deleted never lands on a policy created since under its name."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.status import ReconcileOutcome, condition_of
+from stalledpolicy.controller.wiring import build_controller
+from stalledpolicy.policy.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from tests.kube.operator_harness import apply_crd
+
+pytestmark = pytest.mark.kube
+
+
+def manifest(redis_url: str) -> dict:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "p"},
+            "spec": {"queue": "emails", "redis": {"url": redis_url}}}
+
+
+def test_a_status_write_for_a_deleted_policy_never_lands_on_its_successor(control_plane, kube_api,
+                                                                          kube_namespace, redis_server):
+    apply_crd(control_plane)
+    custom = client.CustomObjectsApi(kube_api)
+    ctl = build_controller(OperatorConfig(), api_client=kube_api)
+    try:
+        first = custom.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                       manifest(redis_server.url))
+        ctl.observe_policy(first, "ADDED")
+        ctl.record_outcome(first, ReconcileOutcome(1, True, "Applied", "applied"))
+        # Deleted and created again before the operator hears of it: its status
+        # worker is still at work on the first policy.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
+        second = custom.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                        manifest(redis_server.url))
+        ctl.refresh((kube_namespace, "p"))
+
+        stored = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
+        assert stored["metadata"]["uid"] == second["metadata"]["uid"]
+        assert not stored.get("status"), "the deleted policy's status landed on its successor"
+        assert (kube_namespace, "p") not in ctl.policies  # the deleted policy is forgotten
+
+        # The successor's own writes go through: its status created whole, then patched.
+        key = (kube_namespace, "p")
+        ctl.observe_policy(second, "ADDED")
+        ctl.record_outcome(second, ReconcileOutcome(1, True, "Applied", "applied"))
+        ctl.refresh(key)
+        seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
+        assert condition_of(seen["status"], "RedisReachable")["status"] == "True"
+        ctl.observe_policy(seen, "MODIFIED")
+        ctl.record_outcome(seen, ReconcileOutcome(1, False, "ApplyFailed", "refused"))
+        ctl.refresh(key)
+        seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
+        assert condition_of(seen["status"], "Ready")["reason"] == "ApplyFailed"
+        assert condition_of(seen["status"], "RedisReachable")["status"] == "True"
+
+        # Its status removed behind the operator's back (no watch event here): the
+        # patch of its members is refused, the status read back, then written whole.
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "p",
+                                                     {"status": None})
+        ctl.record_outcome(seen, ReconcileOutcome(1, True, "Applied", "applied"))
+        ctl.refresh(key)
+        assert not custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p").get("status")
+        ctl.refresh(key)
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")["status"]
+        assert condition_of(status, "Ready")["reason"] == "DeploymentMissing"
+        assert status["observedGeneration"] == 1 and status["sweeperDeployment"] == "p-sweeper"
+    finally:
+        ctl.stop()
