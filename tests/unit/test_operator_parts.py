@@ -261,6 +261,40 @@ def test_scheduler_forgets_a_removed_key():
         scheduler.stop()
 
 
+def test_scheduler_stop_waits_one_overall_deadline_for_stuck_workers():
+    """Eight workers stuck (a Redis that never answers): stop() gives them its
+    timeout in all, not each (8 x 5 s outlasted kopf's exit timeout and the pod's
+    grace period). Time here is a fake clock that each join moves on by all it
+    waited: a join of a stuck worker waits its whole timeout."""
+    now = [0.0]
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def work(key):
+        entered.release()
+        release.wait()
+        return None
+
+    scheduler = Scheduler(work, workers=8, clock=lambda: now[0])
+    joins = []
+    try:
+        for key in range(8):
+            scheduler.kick(key)
+        for _ in range(8):
+            assert entered.acquire(timeout=30), "a worker never started"  # a backstop only
+        for thread in scheduler._threads:
+            def join(timeout=None):
+                assert timeout is not None, "an unbounded join"
+                joins.append(timeout)
+                now[0] += timeout
+
+            thread.join = join
+        scheduler.stop(timeout=5.0)
+    finally:
+        release.set()
+    assert joins and sum(joins) <= 5.0, joins
+
+
 # -- log hygiene ---------------------------------------------------------------------------
 
 def kopf_record(message):

@@ -68,11 +68,19 @@ class Scheduler:
                 self._cancelled.add(key)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the workers, waiting ``timeout`` seconds in all for runs under way
+        (not each: with every worker stuck on a Redis that never answers, one wait
+        per worker outlasted kopf's exit timeout and the pod's grace period). A
+        run still going then is left to end with the process (daemon threads)."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        deadline = self._clock() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            thread.join(remaining)
 
     def _next(self) -> tuple[Hashable, float] | None:
         """The next key due, and how many seconds after its due time it starts."""
