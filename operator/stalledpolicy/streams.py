@@ -18,3 +18,38 @@ def discard(stream: IO[str]) -> None:
         pass
     finally:
         os.close(devnull)
+
+
+class ReaderMayLeave:
+    """A text stream whose reader may go away (``morgue purge ... | head -1``):
+    a write or flush that meets a closed pipe discards the stream (the rest of
+    the output is lost, quietly) instead of raising, so the command still ends
+    with the exit code of what it did to the data, and its other stream still
+    says what it must. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self.lost = False  # the reader went away; nothing more is written
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        # what is still buffered goes to /dev/null with the interpreter's final flush
+        discard(self._stream)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

@@ -25,7 +25,7 @@ from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials
                                      is_read_only_refusal, missing_database_problem, redact_url, scrub,
                                      is_tls_handshake_timeout, single_attempt, tls_mismatch_problem,
                                      unreachable_errors)
-from stalledpolicy.streams import discard
+from stalledpolicy.streams import ReaderMayLeave, discard
 
 __all__ = ["add_arguments", "run"]
 
@@ -102,6 +102,19 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
             # the last guard for text from Redis that is not UTF-8 (kept as lone
             # surrogates, see open_client): shown escaped, never a UnicodeEncodeError
             stream.reconfigure(errors="backslashreplace")
+    # a reader that goes away (`morgue purge ... | head -1`) loses the rest of the output,
+    # never the exit code: that says what happened to the data
+    out, err = ReaderMayLeave(out), ReaderMayLeave(err)
+    try:
+        return _run(args, stdin, out, err)
+    finally:
+        # the buffered output meets a closed pipe here, not in the interpreter's
+        # final flush (which would print a traceback and exit 120)
+        out.flush()
+        err.flush()
+
+
+def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -> int:
     prog = f"stalledpolicy morgue {args.morgue_action}"
     changing = args.morgue_action not in READ_ONLY_ACTIONS
     try:
@@ -148,11 +161,11 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
     except BrokenPipeError:
-        # the reader went away (`morgue list | head`): not an error worth a traceback;
-        # point stdout at /dev/null so the interpreter's final flush stays quiet.
-        # (Before the OSError of an outage: BrokenPipeError is one too.)
+        # a stream run() did not wrap (ReaderMayLeave takes the reader going away
+        # from stdout and stderr): not an error worth a traceback, nor an outage
+        # (before the OSError of an outage: BrokenPipeError is one too).
         discard(out)
-        return EXIT_OK
+        return EXIT_OK if not changing else EXIT_FAILED
     except (*unreachable_errors(), redis.ResponseError) as exc:
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
