@@ -28,8 +28,9 @@ OPERATOR_RULES = [
     # The policies: watched, annotated by kopf (progress, last handled spec), status written.
     {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies"],
      "verbs": ["get", "list", "watch", "patch"]},
+    # The status: patched only (read with the policy, never through the subresource).
     {"apiGroups": ["queues.emq.dev"], "resources": ["stalledpolicies/status"],
-     "verbs": ["get", "patch"]},
+     "verbs": ["patch"]},
     # The sweeper's owner reference blocks the policy's deletion until it is gone
     # (blockOwnerDeletion): clusters enforcing OwnerReferencesPermissionEnforcement
     # require this.

@@ -129,6 +129,9 @@ def test_cluster_wide_rbac_is_exactly_the_operator_rules(helm):
     docs = helm.template()
     [role] = by_kind(docs, "ClusterRole")
     assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES)
+    # Least privilege: the status is only patched (a JSON patch guarded by the
+    # policy's uid), never read through the subresource.
+    assert [r["verbs"] for r in role["rules"] if "stalledpolicies/status" in r["resources"]] == [["patch"]]
     assert by_kind(docs, "Role") == []
     [binding] = by_kind(docs, "ClusterRoleBinding")
     [account] = by_kind(docs, "ServiceAccount")

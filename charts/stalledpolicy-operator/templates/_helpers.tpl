@@ -66,10 +66,10 @@ tests run with.
 - apiGroups: [queues.emq.dev]
   resources: [stalledpolicies]
   verbs: [get, list, watch, patch]
-# Status is written by the operator only.
+# Status is written by the operator only (patched, never read through the subresource).
 - apiGroups: [queues.emq.dev]
   resources: [stalledpolicies/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # A sweeper's owner reference blocks its policy's deletion until it is gone
 # (blockOwnerDeletion); clusters with OwnerReferencesPermissionEnforcement ask for this.
 - apiGroups: [queues.emq.dev]
