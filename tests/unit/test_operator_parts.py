@@ -1129,3 +1129,36 @@ def test_the_operator_without_kubernetes_credentials_exits_2_at_once(tmp_path):
         "stalledpolicy operator: no Kubernetes credentials: not running in a cluster (no service account) "
         "and the kubeconfig ~/.kube/config cannot be used (ConfigException); give --kubeconfig FILE or set "
         "KUBECONFIG"]
+
+
+def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retries():
+    """The policy's GET after its sweeper was deleted meets no API server (a real
+    socket nothing listens on): an ApplyFailed condition saying so, and the status
+    loop's re-apply with backoff, not an exception into kopf's event handler."""
+    import socket
+
+    from kubernetes import client
+
+    from stalledpolicy.controller.reconcile import reapply_after_deletion
+
+    apps, ctl, _ = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
+    deleted = copy.deepcopy(apps.stored)
+    apps.stored = None
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nothing listens there: connections are refused
+    api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}"))
+    ctl.custom = client.CustomObjectsApi(api)
+    ctl.observe_deployment(deleted, "DELETED")
+
+    reapply_after_deletion(ctl, deleted)
+
+    state = ctl.policies[("ns", "p")]
+    assert state.reapply_failures == 1 and apps.stored is None
+    assert state.outcome.reason == "ApplyFailed" and not state.outcome.ok
+    assert "cannot check that StalledPolicy ns/p still exists" in state.outcome.message
+    assert "p-sweeper" in state.outcome.message
+    delay = ctl.refresh(("ns", "p"))  # the status loop's retry (its status write fails: no API server)
+    assert apps.stored is not None, "the sweeper was not applied again"
+    assert state.outcome.ok and state.reapply_failures == 0 and delay is not None

@@ -483,6 +483,24 @@ def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
     return key
 
 
+def _recheck_later(ctl: Controller, key: PolicyKey, state, deployment: Mapping[str, Any],
+                   exc: BaseException) -> None:
+    """The policy whose sweeper was deleted could not be read (the API server down or
+    refusing): an ApplyFailed like any API error of a reconcile (its condition, a
+    Warning event and log line once per message), and the status loop's re-apply,
+    retried with a growing delay (``reapply_failures``). A policy deleted meanwhile
+    is forgotten before that (its status write is refused), so it gets no sweeper."""
+    with state.apply_lock:
+        if not _current(ctl, key, state):
+            return
+        generation = int((state.body.get("metadata") or {}).get("generation") or 0)
+        message = (f"Deployment {key[0]}/{(deployment.get('metadata') or {}).get('name')} was deleted and "
+                   f"cannot be re-created yet: cannot check that StalledPolicy {key[0]}/{key[1]} still exists: "
+                   f"{describe_api_error(exc)}; retrying")
+        state.reapply_failures += 1  # before the outcome's kick: that refresh re-applies
+        ctl.record_outcome(state.body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
+
+
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
     """Someone deleted a sweeper whose policy still exists: put it back. Or the
     garbage collector deleted the sweeper of a deleted policy whose name a new
@@ -498,7 +516,7 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     owned = _owned_policy_state(ctl, deployment)
     if owned is None:
         return
-    key, _, owner = owned
+    key, state, owner = owned
     # The policy may be on its way out (the garbage collector deletes the sweeper
     # right after it): ask the API server, not our memory.
     from kubernetes.client.exceptions import ApiException
@@ -507,7 +525,10 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
 
     try:
         current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
-    except ApiException:
+    except _api_errors() as exc:
+        if isinstance(exc, ApiException) and exc.status == 404:
+            return  # gone: its sweeper went with it
+        _recheck_later(ctl, key, state, deployment, exc)
         return
     if (current.get("metadata") or {}).get("uid") != owner.get("uid") or (
             current.get("metadata") or {}).get("deletionTimestamp"):
