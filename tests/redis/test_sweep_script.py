@@ -581,6 +581,25 @@ def test_a_destination_of_the_wrong_type_refuses_the_call_before_any_write(r, ke
     assert r.hget(keys.job("JOB1"), "state") == "active" and r.hget(keys.job("JOB1"), "stalled") is None
 
 
+@pytest.mark.parametrize("kind, make", [
+    ("string", lambda r, key: r.set(key, "oops")),
+    ("list", lambda r, key: r.rpush(key, "JOB1")),
+    ("hash", lambda r, key: r.hset(key, "JOB1", "1")),
+])
+def test_an_active_of_the_wrong_type_is_named(r, keys, kind, make):
+    """Redis' own WRONGTYPE names no key ('... on @user_script:NNN'): the
+    refusal says which key is of which type, as for pending and dead."""
+    put_active(r, keys, "JOB1", score=EXPIRED)
+    r.delete(keys.active)
+    make(r, keys.active)
+    before = {key: r.dump(key) for key in r.keys("*")}
+    with pytest.raises(redis.ResponseError) as refused:
+        sweep(r, keys, default=1)
+    assert str(refused.value).startswith(
+        f"EMQWRONGTYPE {keys.active} is a {kind}, not a sorted set: nothing was moved; repair or delete that key")
+    assert {key: r.dump(key) for key in r.keys("*")} == before
+
+
 @pytest.mark.parametrize("row", ["grouped, in the flat pending", "empty group", "not a hash"])
 def test_a_stray_lease_of_a_job_waiting_in_pending_is_an_orphan(r, keys, row):
     """The id waits in the flat `pending` and a stale `active` entry names it too:

@@ -38,7 +38,14 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local now_s = string.format('%d', now)
 
 -- limit + 1 tells us exactly whether this call left expired work behind.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit + 1)
+-- An `active` of the wrong type is named (Redis' own WRONGTYPE names no key);
+-- any other error is raised as it is. Once per call: no cost per job.
+local expired = redis.pcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit + 1)
+if expired.err then
+  read_refused(expired)
+  require_sorted_set(KEYS[1], 'nothing was moved')
+  error(expired)
+end
 local more = 0
 if #expired > limit then
   more = 1
