@@ -470,3 +470,20 @@ def test_the_status_server_still_listens_on_ipv4(clock):
         assert get(f"http://127.0.0.1:{server.port}/readyz") == 503  # no pass yet
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ the --once summary's lanes
+
+
+def test_the_once_summary_lists_flat_jobs_under_the_empty_lane():
+    """As the metrics' lane label and the morgue's JSON do: the lanes add up to the totals."""
+    result = engine.SweepResult(recovered=3, dead_lettered=2, quarantined=1,
+                                lanes={"acme": engine.LaneCounts(1, 0), "imports": engine.LaneCounts(0, 1)})
+    lanes = json.loads(loop.result_summary("orders", result))["lanes"]
+    assert lanes == {"": {"recovered": 2, "dead_lettered": 1}, "acme": {"recovered": 1, "dead_lettered": 0},
+                     "imports": {"recovered": 0, "dead_lettered": 1}}
+    assert sum(c["recovered"] for c in lanes.values()) == 3 and sum(c["dead_lettered"] for c in lanes.values()) == 2
+
+
+def test_the_once_summary_of_a_pass_that_moved_nothing_has_no_lanes():
+    assert json.loads(loop.result_summary("orders", engine.SweepResult()))["lanes"] == {}

@@ -37,7 +37,7 @@ from redis.retry import Retry
 from stalledpolicy import engine, redis_url
 from stalledpolicy.redis_url import unreachable_errors
 from stalledpolicy.sweeper.config import SweeperConfig
-from stalledpolicy.sweeper.metrics import Health, SweeperMetrics
+from stalledpolicy.sweeper.metrics import Health, SweeperMetrics, per_lane
 
 log = logging.getLogger("stalledpolicy.sweeper")
 
@@ -308,7 +308,10 @@ class Sweeper:
 
 
 def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
-    """One JSON line for ``--once``: what the pass did."""
+    """One JSON line for ``--once``: what the pass did. ``lanes`` lists every
+    lane that moved a job, the flat jobs under "" (as the metrics' ``lane``
+    label and the morgue's JSON do), so its counts add up to ``recovered`` and
+    ``dead_lettered``."""
     return json.dumps({
         "queue": queue,
         "recovered": result.recovered,
@@ -316,7 +319,7 @@ def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
         "orphans": result.orphans,
         "quarantined": result.quarantined,
         "calls": result.calls,
-        "lanes": {name: {"recovered": c.recovered, "dead_lettered": c.dead_lettered}
-                  for name, c in sorted(result.lanes.items())},
+        "lanes": {name: {"recovered": recovered, "dead_lettered": dead_lettered}
+                  for name, (recovered, dead_lettered) in sorted(per_lane(result).items())},
         "stopped_early": stopped_early,
     })

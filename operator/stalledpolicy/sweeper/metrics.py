@@ -83,7 +83,7 @@ class SweeperMetrics:
         """Add one script call's result (an ``engine.SweepResult``)."""
         self.call_duration.observe(seconds)
         q = self.queue
-        for lane, counts in _per_lane(result).items():
+        for lane, counts in per_lane(result).items():
             if counts[0]:
                 self.recovered.labels(q, lane).inc(counts[0])
             if counts[1]:
@@ -107,7 +107,7 @@ class SweeperMetrics:
         return generate_latest(self.registry)
 
 
-def _per_lane(result: Any) -> dict[str, tuple[int, int]]:
+def per_lane(result: Any) -> dict[str, tuple[int, int]]:
     """(recovered, dead-lettered) per lane label; flat jobs are whatever the
     lanes do not account for, whether or not the engine lists them under ""."""
     lanes: dict[str, tuple[int, int]] = {}
