@@ -38,9 +38,10 @@ exit codes:
        read-only replica (point --redis-url at the primary); or the
        connection was lost, or no answer came in time, during the operation:
        a change is never sent twice, so check what it did with stats and list
-  4    aborted at the confirmation prompt (nothing changed)
-  130  interrupted (Ctrl-C, SIGINT)
-  143  terminated (SIGTERM)
+  4    aborted: the confirmation prompt got an answer other than y or
+       yes, or end of input (Ctrl-D); nothing changed
+  130  interrupted (Ctrl-C, SIGINT), at the confirmation prompt too
+  143  terminated (SIGTERM), at the confirmation prompt too
        On either signal a replay or purge finishes the script call in
        progress (milliseconds), sends no other, and prints what it changed
        so far ("stopped_early": true in -o json; confirmed ids it did not
