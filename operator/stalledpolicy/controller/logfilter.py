@@ -11,6 +11,7 @@ backoff for as long as the clash lasts, but says so once.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
@@ -18,6 +19,13 @@ _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
 _QUIET = ("Handler 'on_policy_event' succeeded.", "Handler 'on_sweeper_event' succeeded.")
 _REPEATABLE = ("failed temporarily", "failed with an exception. Will retry")
 _MEMORY = 10_000
+# kopf logs every TemporaryError at ERROR (and posts that as an Event). These are
+# expected waits, each logged by the operator already at its own level, once per
+# message (OldSweeperDeleting: info and a Normal event; NameConflict: a warning and
+# a Warning event): kopf's line about the retry is INFO. The reason leads the
+# message (controller.main).
+EXPECTED_WAITS = ("NameConflict", "OldSweeperDeleting")
+_EXPECTED_WAIT = re.compile(r" failed temporarily: (?:%s): " % "|".join(EXPECTED_WAITS))
 
 
 class KopfRecordFilter(logging.Filter):
@@ -53,9 +61,23 @@ class KopfRecordFilter(logging.Filter):
         return True
 
 
+class ExpectedWaitFilter(logging.Filter):
+    """On kopf's object logger, so before kopf posts a record as an Event and
+    before any handler: a handler retry that is an expected wait is INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and _EXPECTED_WAIT.search(record.getMessage()):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
 def install() -> KopfRecordFilter:
-    """Attach one filter to every root handler (call after ``logs.configure``)."""
+    """Attach one filter to every root handler (call after ``logs.configure``),
+    and the expected waits' to kopf's object logger."""
     log_filter = KopfRecordFilter()
     for handler in logging.getLogger().handlers:
         handler.addFilter(log_filter)
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, ExpectedWaitFilter) for f in objects.filters):
+        objects.addFilter(ExpectedWaitFilter())
     return log_filter

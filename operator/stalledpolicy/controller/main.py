@@ -90,7 +90,10 @@ def _run_reconcile(body, retry: int, old_spec=None) -> None:
     except InvalidPolicy as exc:
         raise kopf.PermanentError(str(exc)) from None
     except RetryLater as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+        # The reason leads kopf's retry line: logfilter logs an expected wait's
+        # (NameConflict, OldSweeperDeleting) at INFO, not ERROR.
+        message = f"{exc.reason}: {exc}" if exc.reason else str(exc)
+        raise kopf.TemporaryError(message, delay=exc.delay) from None
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")

@@ -38,9 +38,10 @@ class InvalidPolicy(Exception):
 
 
 class RetryLater(Exception):
-    def __init__(self, message: str, delay: float) -> None:
+    def __init__(self, message: str, delay: float, reason: str | None = None) -> None:
         super().__init__(message)
         self.delay = delay
+        self.reason = reason  # the condition reason recorded (NameConflict, ApplyFailed, ...)
 
 
 SWEEPER_REPOSITORY = "ghcr.io/stalledpolicy/stalledpolicy-operator"
@@ -175,7 +176,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                    "policy's sweeper is created; if it stays, check that Deployment's finalizers "
                    "(kubectl get deployment -o yaml) or delete it")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
-        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff))
+        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
+                         events.OLD_SWEEPER_DELETING)
     clash = conflict_reason(existing, uid)
     if clash:
         message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
@@ -183,7 +185,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                    "or give this policy another name")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.NAME_CONFLICT, message))
         delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
-        raise RetryLater(message, delay)
+        raise RetryLater(message, delay, events.NAME_CONFLICT)
 
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
@@ -252,7 +254,8 @@ def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, imag
         message += (f"; Deployment {meta.get('namespace')}/{deployment_name} may still run a refused image, "
                     f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
-        raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff)) from None
+        raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff),
+                         events.INVALID_SPEC) from None
     ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
     raise InvalidPolicy(message)
 
@@ -288,7 +291,8 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, mess
     """The API refused (a 422 for requests above limits, a 403, ...): a condition and
     a Warning event (once per distinct message), and a retry with a growing delay."""
     ctl.record_outcome(body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
-    raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff))
+    raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff),
+                     events.APPLY_FAILED)
 
 
 # -- re-applies outside kopf's handlers --------------------------------------------------
