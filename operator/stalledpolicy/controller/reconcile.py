@@ -351,23 +351,33 @@ def _deleting(obj: Mapping[str, Any] | None) -> bool:
     return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
-    """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
-    we know that policy (same uid), it is not being deleted, its last reconcile
-    succeeded and the Deployment has its sweeper's name; else None. Memory only."""
+def _named_owner(deployment: Mapping[str, Any]):
+    """``(key, owner)`` of the StalledPolicy named as this Deployment's controller, when
+    the Deployment carries that policy's sweeper name; else None."""
     meta = deployment.get("metadata") or {}
     owner = controller_owner(deployment)
     if owner is None or owner.get("kind") != KIND:
         return None
     key = (meta.get("namespace") or "", owner.get("name") or "")
+    if sweeper_name(key[1]) != meta.get("name"):
+        return None
+    return key, owner
+
+
+def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
+    """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
+    we know that policy (same uid), it is not being deleted, its last reconcile
+    succeeded and the Deployment has its sweeper's name; else None. Memory only."""
+    named = _named_owner(deployment)
+    if named is None:
+        return None
+    key, owner = named
     state = ctl.policies.get(key)
     if state is None or state.outcome is None or not state.outcome.ok:
         return None
     if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
         return None
     if _deleting(state.body):
-        return None
-    if sweeper_name(key[1]) != meta.get("name"):
         return None
     return key, state, owner
 
@@ -472,15 +482,12 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
 def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
     """The policy (created again under its old name) waiting for this Deployment,
     the sweeper of its deleted predecessor, to be gone; else None. Memory only."""
-    meta = deployment.get("metadata") or {}
-    owner = controller_owner(deployment)
-    if owner is None or owner.get("kind") != KIND:
+    named = _named_owner(deployment)
+    if named is None:
         return None
-    key = (meta.get("namespace") or "", owner.get("name") or "")
+    key = named[0]
     state = ctl.policies.get(key)
     if state is None or state.outcome is None or state.outcome.reason != events.OLD_SWEEPER_DELETING:
-        return None
-    if sweeper_name(key[1]) != meta.get("name"):
         return None
     if earlier_policy_uid(deployment, key[1], (state.body.get("metadata") or {}).get("uid")) is None:
         return None
