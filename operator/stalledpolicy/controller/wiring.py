@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+from kubernetes import client
+
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.events import EventRecorder
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretData, SecretReader
 from stalledpolicy.controller.runtime import Controller
 
 
-def kubernetes_api_client(connections: int, timeout: float | None = None):
-    from kubernetes import client, config
+class DeadlineApiClient(client.ApiClient):
+    """An ApiClient whose calls that name no ``_request_timeout`` get ``timeout``
+    seconds. The client's default is no deadline: a connection the API server, or
+    a load balancer before it, stops answering on held the calling thread until
+    the kernel gave up on it. It has no setting for a default deadline: its REST
+    layer hands urllib3 the per-call value, None included, which overrides any
+    timeout of the pool; and its TCP keepalive drops a peer that is gone, not one
+    that accepts and never answers."""
+
+    def __init__(self, configuration, timeout: float | None) -> None:
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        return super().call_api(method, url, header_params, body, post_params,
+                                self.timeout if _request_timeout is None else _request_timeout)
+
+
+def kubernetes_api_client(connections: int, timeout: float | None = None) -> DeadlineApiClient:
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
@@ -17,36 +37,17 @@ def kubernetes_api_client(connections: int, timeout: float | None = None):
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = connections
-    return with_deadline(client.ApiClient(configuration), timeout)
-
-
-def with_deadline(api, timeout: float | None):
-    """``api`` with ``timeout`` seconds as the deadline of every call that names
-    none (the Kubernetes client's default is none: a connection the API server,
-    or a load balancer before it, stops answering on held the calling thread
-    until the kernel gave up on it, hours later)."""
-    if timeout is None or getattr(api, "_stalledpolicy_deadline", None) == timeout:
-        return api
-    call = api.call_api
-
-    def call_api(method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
-        return call(method, url, header_params, body, post_params,
-                    timeout if _request_timeout is None else _request_timeout)
-
-    api.call_api = call_api
-    api._stalledpolicy_deadline = timeout
-    return api
+    return DeadlineApiClient(configuration, timeout)
 
 
 def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     import urllib3
-    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     if api_client is None:
         api = kubernetes_api_client(config.api_connections, config.api_timeout)
     else:  # its configuration, on a client of our own: the caller's keeps its own deadlines
-        api = with_deadline(client.ApiClient(api_client.configuration), config.api_timeout)
+        api = DeadlineApiClient(api_client.configuration, config.api_timeout)
     core = client.CoreV1Api(api)
 
     # Secrets are read by name only (RBAC: get), never watched; a digest of the
@@ -63,7 +64,7 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
                 f"cannot read Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}; "
                 "check the operator's RBAC (get secrets)") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            # Unreachable, or no answer within --api-timeout: said, and tried again
+            # Unreachable, or no answer within api_timeout (STALLEDPOLICY_OPERATOR_API_TIMEOUT): said, and tried again
             # on the next refresh (it raised out of the refresh, a traceback each time).
             raise RedisConfigError(
                 "SecretUnreadable",
