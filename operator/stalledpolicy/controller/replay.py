@@ -78,18 +78,13 @@ def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict
 
 
 def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
-               replay_fn: Callable[..., Any] | None = None,
-               check_served: bool = True) -> tuple[dict, str | None]:
-    """Replay (unless this token was served already, see :func:`served_replay`;
-    ``check_served=False`` when the caller has looked): the ``status.lastReplay``
-    record, and what did not go as asked (:func:`replay_warning`) or None."""
+               replay_fn: Callable[..., Any] | None = None) -> tuple[dict, str | None]:
+    """Replay (the caller has asked :func:`served_replay` first: a token is
+    replayed once): the ``status.lastReplay`` record, and what did not go as
+    asked (:func:`replay_warning`) or None."""
     from stalledpolicy.keyspace import QueueKeys
 
     record_key = QueueKeys(queue).sweeper_last_replay
-    if check_served:
-        served = served_replay(client, queue, request)
-        if served is not None:
-            return served
     if replay_fn is None:
         from stalledpolicy.engine import morgue_replay as replay_fn
     # lane null when none (dropped when written): never an earlier replay's lane

@@ -415,8 +415,7 @@ class Controller:
             replay_client = self._replay_client(url)
             served = served_replay(replay_client, spec.get("queue"), request)
             if served is None:
-                record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn,
-                                             check_served=False)
+                record, warning = run_replay(replay_client, spec.get("queue"), request, now, self.replay_fn)
             else:
                 record, warning = served
         except (redis.RedisError, OSError) as exc:
