@@ -249,9 +249,7 @@ class EventRecorder:
         place among the similar messages."""
         digest = _digest(event["message"])
         with self._cache_lock:
-            similar = self._similar.get(group)
-            if similar is None or now - similar.seen > self._window:
-                similar = _Similar(set(), now)
+            similar = self._similar_within_window(group, now)
             if digest in similar.messages or len(similar.messages) < self._similar_max:
                 return group + (digest,), digest
         event["message"] = _message(COMBINED_PREFIX + event["message"])
@@ -260,13 +258,19 @@ class EventRecorder:
     def _remember(self, group: tuple, digest: bytes | None, now: float) -> None:
         """A post of ``group`` succeeded: its message counts among the similar ones."""
         with self._cache_lock:
-            similar = self._similar.get(group)
-            if similar is None or now - similar.seen > self._window:
-                similar = _Similar(set(), now)
+            similar = self._similar_within_window(group, now)
             similar.seen = now
             if digest is not None:
                 similar.messages.add(digest)
             self._similar.put(group, similar)
+
+    def _similar_within_window(self, group: tuple, now: float) -> _Similar:
+        """The group's distinct messages of the current window (a new, empty one
+        once the window has passed). Call with ``_cache_lock`` held."""
+        similar = self._similar.get(group)
+        if similar is None or now - similar.seen > self._window:
+            return _Similar(set(), now)
+        return similar
 
     def _post(self, event: dict, group: tuple) -> None:
         from kubernetes.client.exceptions import ApiException
