@@ -5,7 +5,8 @@ an object logger; our structured formatters would print the settings in every
 line. This filter keeps the reference as ``namespace``/``policy`` fields and
 drops the rest. It also lets a handler's retry error through only when its
 text changes for that object: a policy stuck on a name clash retries with
-backoff for as long as the clash lasts, but says so once.
+backoff for as long as the clash lasts, but says so once. A second filter, on
+kopf's object logger, lowers kopf's retry line of an expected wait to INFO.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
+
+from stalledpolicy.controller import events
 
 _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
 # Watch-event handlers succeed on every event of every object: not news.
@@ -24,7 +27,7 @@ _MEMORY = 10_000
 # message (OldSweeperDeleting: info and a Normal event; NameConflict: a warning and
 # a Warning event): kopf's line about the retry is INFO. The reason leads the
 # message (controller.main).
-EXPECTED_WAITS = ("NameConflict", "OldSweeperDeleting")
+EXPECTED_WAITS = (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING)
 _EXPECTED_WAIT = re.compile(r" failed temporarily: (?:%s): " % "|".join(EXPECTED_WAITS))
 
 

@@ -14,6 +14,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from stalledpolicy.controller import events
 from stalledpolicy.policy.conditions import (FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE,
                                              TRUE, UNKNOWN, set_condition)
 
@@ -108,7 +109,7 @@ class Condition:
 def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | None,
                       deployment_name: str) -> Condition:
     if not outcome.ok:
-        if outcome.reason in ("NameConflict", "OldSweeperDeleting"):  # that Deployment is not ours
+        if outcome.reason in (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING):  # that Deployment is not ours
             return Condition(FALSE, outcome.reason, outcome.message)
         if deployment is None:
             return Condition(FALSE, outcome.reason, outcome.message)
