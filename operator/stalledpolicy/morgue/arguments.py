@@ -11,11 +11,12 @@ from typing import Any
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.redis_url import check_redis_url
-from stalledpolicy.sweeper.config import NumberOutOfRange, whole_number
+from stalledpolicy.sweeper.config import SETTINGS, NumberOutOfRange, whole_number
 from stalledpolicy.tables import shown
 
-ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
-ENV_QUEUE = "STALLEDPOLICY_QUEUE"
+# the sweeper's variables: the morgue reads the same ones, the same way (resolve_settings)
+ENV_REDIS_URL = SETTINGS["redis_url"].env
+ENV_QUEUE = SETTINGS["queue"].env
 
 LIST_DEFAULT_LIMIT = 50
 # --limit and --offset count members of one sorted set, which holds at most 2**32 - 1
@@ -177,9 +178,8 @@ def resolve_settings(args: argparse.Namespace) -> None:
     As the sweeper reads the same variables: whitespace around a value is
     dropped (a URL from a Secret often ends in a newline) and an empty
     variable counts as unset."""
-    args.redis_url = (args.redis_url or "").strip() or (os.environ.get(ENV_REDIS_URL) or "").strip() or None
-    queue = args.queue if args.queue is not None else (os.environ.get(ENV_QUEUE) or "").strip() or None
-    queue = queue.strip() if queue is not None else None
+    args.redis_url = (args.redis_url or "").strip() or _from_env(ENV_REDIS_URL)
+    queue = args.queue.strip() if args.queue is not None else _from_env(ENV_QUEUE)
     if not args.redis_url:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
     problem = check_redis_url(args.redis_url)
@@ -193,6 +193,11 @@ def resolve_settings(args: argparse.Namespace) -> None:
         args.queue = validate_queue_name(queue)
     except InvalidQueueName as exc:
         raise UsageError(f"--queue (or {ENV_QUEUE}): {str(exc).removeprefix('queue: ')}") from None
+
+
+def _from_env(name: str) -> str | None:
+    """The variable's value without the whitespace around it; None when unset or blank."""
+    return (os.environ.get(name) or "").strip() or None
 
 
 def change_selection(args: argparse.Namespace) -> dict[str, Any]:
