@@ -181,7 +181,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         elif is_credentials_refusal(exc):
             err.write(f"{prog}: Redis at {where} requires a password (or refused this user/password): "
                       f"{CREDENTIALS_ADVICE}\n")
-        elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError (ReadOnlyError is one too)
+        elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError: the server answered
             err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
             return EXIT_FAILED
         else:
