@@ -169,12 +169,12 @@ end
 -- an answer (read_refused).
 local row_prefix = prefix .. 'job:'
 -- The plan, by position in `expired` (parallel arrays: a table per job costs
--- more): what ('stall', 'orphan', 'quarantine', or
--- 'unwritable' for a quarantine with no row to write), its row key, its group
--- (false: none), and two values: the new stall count and the attempts for a stall, the
--- problem and the attempts (a number: a counter, fenced; else its raw value) for a
--- quarantine.
-local what, rows, group_of, value1, value2 = {}, {}, {}, {}, {}
+-- more): what ('stall', 'orphan', 'quarantine', or 'unwritable' for a
+-- quarantine with no row to write), its row key, its group (false: none),
+-- stalled_or_problem (a stall's new stall count, a quarantine's problem) and
+-- attempts_of (a stall's attempts; a quarantine's: a number when a counter,
+-- fenced, else its raw value).
+local what, rows, group_of, stalled_or_problem, attempts_of = {}, {}, {}, {}, {}
 local lane_keys, probed = {}, {}  -- the lanes this call will write or ask for work
 -- (numeric loops over the batch: ipairs costs a C call per job in Lua 5.1)
 for i = 1, #expired do
@@ -191,7 +191,8 @@ for i = 1, #expired do
     else
       -- Not a hash: nothing on it can be written. The id goes to the morgue
       -- as-is; morgue_list names the key type as the problem.
-      what[i], value1[i] = 'unwritable', 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
+      what[i] = 'unwritable'
+      stalled_or_problem[i] = 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
     end
   else
     local g, stalled_raw, attempts_raw, state = f[1], f[2], f[3], f[4]
@@ -205,16 +206,17 @@ for i = 1, #expired do
       local stalled = count_of(stalled_raw)
       local attempts = count_of(attempts_raw)
       if g == '' then
-        what[i], value1[i], value2[i] = 'quarantine', 'group is empty', attempts or attempts_raw
+        what[i], attempts_of[i] = 'quarantine', attempts or attempts_raw
+        stalled_or_problem[i] = 'group is empty'
       elseif stalled == nil then
-        what[i], group_of[i], value2[i] = 'quarantine', g, attempts or attempts_raw
-        value1[i] = 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw)
+        what[i], group_of[i], attempts_of[i] = 'quarantine', g, attempts or attempts_raw
+        stalled_or_problem[i] = 'stalled is not a non-negative integer: ' .. excerpt(stalled_raw)
       elseif attempts == nil then
         -- a claim would fail on HINCRBY attempts; also unfenceable, hence no fence
-        what[i], group_of[i], value2[i] = 'quarantine', g, attempts_raw
-        value1[i] = 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw)
+        what[i], group_of[i], attempts_of[i] = 'quarantine', g, attempts_raw
+        stalled_or_problem[i] = 'attempts is not a non-negative integer: ' .. excerpt(attempts_raw)
       else
-        what[i], group_of[i], value1[i], value2[i] = 'stall', g, stalled + 1, attempts
+        what[i], group_of[i], stalled_or_problem[i], attempts_of[i] = 'stall', g, stalled + 1, attempts
       end
       if g and g ~= '' and not probed[g] then
         probed[g] = true
@@ -225,12 +227,9 @@ for i = 1, #expired do
 end
 
 -- A lane key that is absent here while its slot migrates refuses the call
--- now, as above (`active` makes the probe a multi-key one, see here()).
-if #lane_keys > 0 then
-  for i = 1, #lane_keys, 3999 do
-    redis.call('EXISTS', KEYS[1], unpack(lane_keys, i, math.min(i + 3998, #lane_keys)))
-  end
-end
+-- now, as above (`active` makes the probe a multi-key one, see here()); only
+-- that refusal matters, not the count.
+variadic('EXISTS', KEYS[1], lane_keys, false)
 
 variadic('ZREM', KEYS[1], expired, false)
 
@@ -239,11 +238,11 @@ for i = 1, #expired do
   if step == 'orphan' then
     orphans = orphans + 1
   elseif step == 'unwritable' then
-    quarantine(id, nil, nil, value1[i], nil)
+    quarantine(id, nil, nil, stalled_or_problem[i], nil)
   elseif step == 'quarantine' then
-    quarantine(id, rows[i], g, value1[i], value2[i])
+    quarantine(id, rows[i], g, stalled_or_problem[i], attempts_of[i])
   else
-    local row, stalled, attempts = rows[i], value1[i], value2[i]
+    local row, stalled, attempts = rows[i], stalled_or_problem[i], attempts_of[i]
     local budget = default_budget
     if g then
       touch(g)
