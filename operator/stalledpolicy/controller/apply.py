@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from stalledpolicy.controller import FIELD_MANAGER
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 
@@ -42,8 +42,6 @@ def earlier_policy_uid(existing: Mapping[str, Any] | None, policy_name: str, pol
     """The uid of the earlier StalledPolicy of this name (deleted, since the name
     is now another object's) that still controls ``existing``, or None. Such a
     Deployment is the garbage collector's to delete: not a name conflict."""
-    from stalledpolicy.controller import GROUP, KIND
-
     owner = controller_owner(existing or {})
     if owner is None or owner.get("kind") != KIND or owner.get("name") != policy_name:
         return None
