@@ -174,7 +174,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         message = (f"Deployment {namespace}/{deployment_name} belongs to the deleted StalledPolicy {name} "
                    f"(uid {earlier}){deleting}: waiting for the garbage collector to delete it, then this "
                    "policy's sweeper is created; if it stays, check that Deployment's finalizers "
-                   "(kubectl get deployment -o yaml) or delete it")
+                   f"(kubectl get deployment -n {namespace} {deployment_name} -o yaml) or delete it")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
         raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
                          events.OLD_SWEEPER_DELETING)
