@@ -164,6 +164,40 @@ def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(wo
     assert len(sink.patches) == 2
 
 
+class AnsweringStatusSink(StatusSink):
+    """A StatusSink that answers as the API server does: the policy after the write,
+    its resourceVersion past every one before it."""
+
+    def __init__(self, queue: str, rv: int):
+        super().__init__()
+        self.queue, self.rv = queue, rv
+
+    def patch_namespaced_custom_object_status(self, *args, **kwargs):
+        super().patch_namespaced_custom_object_status(*args, **kwargs)
+        self.rv += 1
+        return policy(self.queue, rv=str(self.rv)) | {"status": json.loads(json.dumps(self.patches[-1]))}
+
+
+@pytest.mark.parametrize("late_rv", ["1", "2"])
+def test_a_watch_event_from_before_our_status_write_does_not_write_it_again(world, queue_name, late_rv):
+    """At a cold start the watch delivers events from before our first status write
+    after it: kopf's own annotation patch (sent just before the write) or the policy's
+    ADDED still queued. They hold no status, yet are no newer than anything we had
+    seen: the whole status was written again, the same (2.26 status writes per policy
+    at 1,000 policies instead of 2)."""
+    ctl, _, _, _, _ = world
+    sink = ctl.custom = AnsweringStatusSink(queue_name, rv=10)
+    ctl.refresh(("ns", "p"))
+    assert len(sink.patches) == 1
+    ctl.observe_policy(policy(queue_name, rv=late_rv), "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert len(sink.patches) == 1
+    # a newer event without our status (wiped by hand) is still written back
+    ctl.observe_policy(policy(queue_name, rv="12"), "MODIFIED")
+    ctl.refresh(("ns", "p"))
+    assert len(sink.patches) == 2
+
+
 def test_dead_letters_growth_is_patched_and_announced(world, r, queue_name):
     ctl, sink, recorder, _, _ = world
     ctl.refresh(("ns", "p"))

@@ -449,9 +449,15 @@ class Controller:
         namespace, name = state.key
         uid = (state.body.get("metadata") or {}).get("uid")
         try:
-            self.custom.patch_namespaced_custom_object_status(
+            written = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
                 field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
+            if isinstance(written, Mapping) and _rv(written) > _rv(state.body):
+                # The policy as our write left it: a watch event from before the write
+                # (kopf's own annotation patch, sent just before it, arrives after it)
+                # is older, so it no longer passes for the status the server holds
+                # (it did, and the whole status was written again, the same).
+                state.body = snapshot(written)
             return True
         except ApiException as exc:
             if exc.status == 404:
