@@ -14,7 +14,6 @@ from stalledpolicy.morgue.change import run_change
 from stalledpolicy.morgue.exit_codes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_OK,
     EXIT_TERMINATED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
@@ -25,7 +24,7 @@ from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials
                                      is_read_only_refusal, missing_database_problem, redact_url, scrub,
                                      is_tls_handshake_timeout, single_attempt, tls_mismatch_problem,
                                      unreachable_errors)
-from stalledpolicy.streams import ReaderMayLeave, discard
+from stalledpolicy.streams import ReaderMayLeave
 
 __all__ = ["add_arguments", "run"]
 
@@ -160,12 +159,6 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         subject = f"--redis-url {where}: " if client is None else ""
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
-    except BrokenPipeError:
-        # a stream run() did not wrap (ReaderMayLeave takes the reader going away
-        # from stdout and stderr): not an error worth a traceback, nor an outage
-        # (before the OSError of an outage: BrokenPipeError is one too).
-        discard(out)
-        return EXIT_OK if not changing else EXIT_FAILED
     except (*unreachable_errors(), redis.ResponseError) as exc:
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
