@@ -23,14 +23,13 @@ from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, c
 from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller, plain, sweeper_name
-from stalledpolicy.controller.status import ReconcileOutcome
+from stalledpolicy.controller.status import ReconcileOutcome, api_text
 
 log = logging.getLogger("stalledpolicy.operator")
 
 NAME_CONFLICT_FIRST_RETRY = 5.0
 OLD_SWEEPER_FIRST_RETRY = 1.0
 APPLY_FAILED_FIRST_RETRY = 5.0
-API_MESSAGE_MAX = 1000
 
 
 class InvalidPolicy(Exception):
@@ -94,9 +93,7 @@ def describe_api_error(exc: BaseException) -> str:
             text += f": {detail}"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    from stalledpolicy.redis_url import redact_urls
-
-    return redact_urls(text)[:API_MESSAGE_MAX]
+    return api_text(text)
 
 
 def namespace_terminating(exc: BaseException) -> bool:

@@ -77,20 +77,26 @@ class DeploymentState:
             available=int(status.get("availableReplicas") or 0),
             ready=int(status.get("readyReplicas") or 0),
             total=int(status.get("replicas") or 0),
-            pods_refused=(_api_text(refused.get("message") or refused.get("reason") or "refused")
+            pods_refused=(api_text(refused.get("message") or refused.get("reason") or "refused")
                           if refused.get("status") == "True" else None),
-            stuck=(_api_text(progressing.get("message") or "")
+            stuck=(api_text(progressing.get("message") or "")
                    if progressing.get("status") == "False"
                    and progressing.get("reason") == "ProgressDeadlineExceeded" else None),
         )
 
 
-def _api_text(text: str) -> str:
-    """A condition message of the Deployment, as the cluster wrote it (it names our
-    pod spec, which holds no secret; any URL credentials are masked all the same)."""
+# At most this many characters of the API server's own text go into a condition or an event.
+API_MESSAGE_MAX = 1000
+
+
+def api_text(text: str) -> str:
+    """Text the API server wrote about our objects (a refusal, a Deployment's
+    condition), as it wrote it: it names our sweeper Deployment, which holds no
+    secret; any URL credentials are masked all the same, and it is cut at
+    ``API_MESSAGE_MAX`` characters."""
     from stalledpolicy.redis_url import redact_urls
 
-    return redact_urls(str(text))[:1000]
+    return redact_urls(str(text))[:API_MESSAGE_MAX]
 
 
 @dataclass(frozen=True)
