@@ -142,7 +142,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
     from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
     meta = body.get("metadata") or {}
-    namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+    namespace, name = meta.get("namespace"), meta.get("name")
     generation = int(meta.get("generation") or 0)
 
     try:
@@ -162,27 +162,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                       f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}")
     if existing is not None:
         ctl.observe_deployment(existing)
-    earlier = earlier_policy_uid(existing, name, uid)
-    if earlier is not None:
-        # Deleted and created again under the same name (kubectl delete + apply,
-        # replace --force): the old sweeper goes with its owner. Its deletion
-        # (reapply_after_deletion) or this retry applies ours.
-        deleting = " (its deletion has begun)" if (existing.get("metadata") or {}).get("deletionTimestamp") else ""
-        message = (f"Deployment {namespace}/{deployment_name} belongs to the deleted StalledPolicy {name} "
-                   f"(uid {earlier}){deleting}: waiting for the garbage collector to delete it, then this "
-                   "policy's sweeper is created; if it stays, check that Deployment's finalizers "
-                   f"(kubectl get deployment -n {namespace} {deployment_name} -o yaml) or delete it")
-        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
-        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
-                         events.OLD_SWEEPER_DELETING)
-    clash = conflict_reason(existing, uid)
-    if clash:
-        message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
-                   "the operator will not take it over: delete or rename that Deployment, "
-                   "or give this policy another name")
-        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.NAME_CONFLICT, message))
-        delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
-        raise RetryLater(message, delay, events.NAME_CONFLICT)
+    _wait_unless_ours(ctl, body, generation, retry, existing, deployment_name)
 
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
@@ -215,6 +195,36 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
     ctl.record_outcome(body, outcome)
     return outcome
+
+
+def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
+                      existing: Mapping[str, Any] | None, deployment_name: str) -> None:
+    """Raises RetryLater (its condition recorded) when the Deployment of the sweeper's
+    name is not this policy's: a deleted predecessor's, which the garbage collector
+    deletes (OldSweeperDeleting), or anyone else's (NameConflict)."""
+    meta = body.get("metadata") or {}
+    namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+    earlier = earlier_policy_uid(existing, name, uid)
+    if earlier is not None:
+        # Deleted and created again under the same name (kubectl delete + apply,
+        # replace --force): the old sweeper goes with its owner. Its deletion
+        # (reapply_after_deletion) or this retry applies ours.
+        deleting = " (its deletion has begun)" if (existing.get("metadata") or {}).get("deletionTimestamp") else ""
+        message = (f"Deployment {namespace}/{deployment_name} belongs to the deleted StalledPolicy {name} "
+                   f"(uid {earlier}){deleting}: waiting for the garbage collector to delete it, then this "
+                   "policy's sweeper is created; if it stays, check that Deployment's finalizers "
+                   f"(kubectl get deployment -n {namespace} {deployment_name} -o yaml) or delete it")
+        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
+        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
+                         events.OLD_SWEEPER_DELETING)
+    clash = conflict_reason(existing, uid)
+    if clash:
+        message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
+                   "the operator will not take it over: delete or rename that Deployment, "
+                   "or give this policy another name")
+        ctl.record_outcome(body, ReconcileOutcome(generation, False, events.NAME_CONFLICT, message))
+        delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
+        raise RetryLater(message, delay, events.NAME_CONFLICT)
 
 
 def own_sweeper_image(ctl: Controller) -> str:
