@@ -182,8 +182,8 @@ CONFIGURATION_REASONS = frozenset({
 
 def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
     """Ready's reason is the most telling failure: the reconcile's own (NameConflict,
-    ApplyFailed, InvalidSpec), then Redis (a configuration problem, or Redis being
-    unreachable: a sweeper reports ready only while it reaches Redis, so an
+    OldSweeperDeleting, ApplyFailed, InvalidSpec), then Redis (a configuration
+    problem, a queue Redis refuses to read, or Redis being unreachable: a sweeper reports ready only while it reaches Redis, so an
     outage would otherwise read as a rollout that does not finish), then the
     sweeper's rollout."""
     if not outcome.ok:
