@@ -183,9 +183,9 @@ CONFIGURATION_REASONS = frozenset({
 def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
     """Ready's reason is the most telling failure: the reconcile's own (NameConflict,
     OldSweeperDeleting, ApplyFailed, InvalidSpec), then Redis (a configuration
-    problem, a queue Redis refuses to read, or Redis being unreachable: a sweeper reports ready only while it reaches Redis, so an
-    outage would otherwise read as a rollout that does not finish), then the
-    sweeper's rollout."""
+    problem, a queue Redis refuses to read, or Redis being unreachable: a sweeper
+    reports ready only while it reaches Redis, so an outage would otherwise read
+    as a rollout that does not finish), then the sweeper's rollout."""
     if not outcome.ok:
         return Condition(FALSE, outcome.reason, outcome.message)
     if redis.status != TRUE:
