@@ -307,6 +307,13 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     return client
 
 
+def _says(exc: BaseException, refusals: tuple[str, ...]) -> bool:
+    """Whether the error's text holds one of the server's ``refusals`` as words of
+    its own: at its start, or after a space (a script or a pipeline wraps them)."""
+    text = str(exc)
+    return any(text.startswith(words) or f" {words}" in text for words in refusals)
+
+
 # what a server says when it wants credentials or refuses ours (redis-py maps
 # most to AuthenticationError; these come as another error)
 _AUTH_REFUSALS = ("NOAUTH", "WRONGPASS", "Authentication required", "HELLO must be called with the client "
@@ -319,9 +326,7 @@ def is_credentials_refusal(exc: BaseException) -> bool:
     """The server wants credentials, or refuses the URL's."""
     import redis
 
-    text = str(exc)
-    return isinstance(exc, redis.AuthenticationError) or any(
-        text.startswith(words) or f" {words}" in text for words in _AUTH_REFUSALS)
+    return isinstance(exc, redis.AuthenticationError) or _says(exc, _AUTH_REFUSALS)
 
 
 # a replica's refusal of a write (redis-py raises ReadOnlyError for it; inside a
@@ -335,9 +340,7 @@ def is_read_only_refusal(exc: BaseException) -> bool:
     failover has just demoted the server)."""
     from redis.exceptions import ReadOnlyError
 
-    text = str(exc)
-    return isinstance(exc, ReadOnlyError) or any(
-        text.startswith(words) or f" {words}" in text for words in _READ_ONLY_REFUSALS)
+    return isinstance(exc, ReadOnlyError) or _says(exc, _READ_ONLY_REFUSALS)
 
 
 def is_missing_database(exc: BaseException) -> bool:
