@@ -7,12 +7,13 @@ annotation), ``events`` and ``redis_clients``. Only ``cli.run`` and ``main``
 import kopf.
 """
 
-GROUP = "queues.emq.dev"
-VERSION = "v1alpha1"
-PLURAL = "stalledpolicies"
-KIND = "StalledPolicy"
-FIELD_MANAGER = "stalledpolicy-operator"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY_VALUE = "stalledpolicy-operator"
+# The API's names and the sweeper's labels are the policy package's (one place each).
+from stalledpolicy.policy.builder import FIELD_MANAGER, MANAGED_BY_LABEL
+from stalledpolicy.policy.builder import MANAGED_BY as MANAGED_BY_VALUE
+from stalledpolicy.policy.crd import GROUP, KIND, PLURAL, VERSION
+
+__all__ = ["FIELD_MANAGER", "GROUP", "KIND", "MANAGED_BY_LABEL", "MANAGED_BY_VALUE", "PLURAL",
+           "REPLAY_ANNOTATION", "REPLAY_LANE_ANNOTATION", "VERSION"]
+
 REPLAY_ANNOTATION = f"{GROUP}/replay"
 REPLAY_LANE_ANNOTATION = f"{GROUP}/replay-lane"

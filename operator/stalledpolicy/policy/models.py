@@ -42,20 +42,20 @@ from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import QUEUE_NAME_MAX, InvalidQueueName, validate_queue_name
 from stalledpolicy.sweeper.config import BATCH_DEFAULT
 from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
-from stalledpolicy.sweeper.config import BUDGET_MAX
+from stalledpolicy.sweeper.config import BUDGET_MAX, SETTINGS
 from stalledpolicy.sweeper.config import BATCH_MIN as BATCH_SIZE_MIN
 from stalledpolicy.sweeper.config import INTERVAL_MAX_S as SWEEP_INTERVAL_MAX_S
 from stalledpolicy.sweeper.config import INTERVAL_MIN_S as SWEEP_INTERVAL_MIN_S
 
 # --- the contract with `stalledpolicy sweep` (env var names) ---------------
-ENV_QUEUE = "STALLEDPOLICY_QUEUE"
-ENV_MAX_STALLED = "STALLEDPOLICY_MAX_STALLED"
-ENV_LANES = "STALLEDPOLICY_LANES"  # "imports=1,billing=0"; absent when no lane is listed
-ENV_INTERVAL = "STALLEDPOLICY_INTERVAL"  # as the user wrote it, e.g. "30s"
-ENV_BATCH_SIZE = "STALLEDPOLICY_BATCH_SIZE"
-ENV_METRICS_PORT = "STALLEDPOLICY_METRICS_PORT"
-ENV_LOG_FORMAT = "STALLEDPOLICY_LOG_FORMAT"
-ENV_REDIS_URL = "STALLEDPOLICY_REDIS_URL"
+ENV_QUEUE = SETTINGS["queue"].env
+ENV_MAX_STALLED = SETTINGS["max_stalled"].env
+ENV_LANES = SETTINGS["lanes"].env  # "imports=1,billing=0"; absent when no lane is listed
+ENV_INTERVAL = SETTINGS["interval"].env  # as the user wrote it, e.g. "30s"
+ENV_BATCH_SIZE = SETTINGS["batch_size"].env
+ENV_METRICS_PORT = SETTINGS["metrics_port"].env
+ENV_LOG_FORMAT = SETTINGS["log_format"].env
+ENV_REDIS_URL = SETTINGS["redis_url"].env
 
 DEFAULT_METRICS_PORT = 9090
 
