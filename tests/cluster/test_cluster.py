@@ -281,6 +281,20 @@ def _queue_dump(client, keys: QueueKeys, ids) -> dict:
     }
 
 
+def _three_stalled_jobs(redis_cluster, queue: str):
+    """A flushed cluster with three stalled jobs of ``queue``, every shared key
+    present and one job already in the morgue: (client, keys, stalled ids)."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    keys = QueueKeys(queue)
+    ids = ["JOB1", "JOB2", "JOB3"]
+    for job_id in ids:
+        put_active(client, keys, job_id)
+    _every_shared_key(client, keys)
+    client.zadd(keys.dead, {"JOB-old": 0})
+    return client, keys, ids
+
+
 def test_a_sweep_while_the_queue_slot_migrates_moves_all_or_nothing(redis_cluster):
     """A row already moved to the importing node is refused inside the script
     ('Script attempted to access a non local key'). That refusal used to come
@@ -288,15 +302,8 @@ def test_a_sweep_while_the_queue_slot_migrates_moves_all_or_nothing(redis_cluste
     rewritten, in no set) and every job of the batch was lost. The sweep now
     reads every row before its first write, so the call moves nothing and the
     next pass, once the slot has moved, recovers them all."""
-    client = redis_cluster.client(decode_responses=True)
-    client.flushall()
-    queue = "migrating-sweep"
-    keys = QueueKeys(queue)
-    ids = ["JOB1", "JOB2", "JOB3"]
-    for job_id in ids:
-        put_active(client, keys, job_id)
-    _every_shared_key(client, keys)
-    client.zadd(keys.dead, {"JOB-old": 0})
+    client, keys, ids = _three_stalled_jobs(redis_cluster, "migrating-sweep")
+    queue = keys.queue
     client.hset(keys.job("JOB-old"), mapping={"state": "dead", "attempts": "1"})
     with slot_migrating(client, queue, [keys.job("JOB2")]) as node:
         before = _queue_dump(node, keys, ["JOB1", "JOB3"])
@@ -382,15 +389,8 @@ def test_a_sweep_on_the_importing_node_never_takes_a_row_left_behind_for_gone(re
     those jobs for completed ones (orphans), dropped their `active` entries and
     lost them once their rows arrived. A row's absence is now asked together
     with `active` (refused there while the slot migrates): nothing moves."""
-    client = redis_cluster.client(decode_responses=True)
-    client.flushall()
-    queue = "importing-sweep"
-    keys = QueueKeys(queue)
-    ids = ["JOB1", "JOB2", "JOB3"]
-    for job_id in ids:
-        put_active(client, keys, job_id)
-    _every_shared_key(client, keys)
-    client.zadd(keys.dead, {"JOB-old": 0})
+    client, keys, ids = _three_stalled_jobs(redis_cluster, "importing-sweep")
+    queue = keys.queue
     declared = [keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit, keys.paused,
                 keys.wake, keys.metrics_failed, keys.sweeper_totals]
     target_port = next(node.port for node in client.get_primaries()

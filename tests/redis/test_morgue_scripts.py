@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -517,6 +518,16 @@ def test_age_purge_stamps_any_hash_row_without_a_time_of_death(r, keys, fields):
     assert morgue_ids(r, keys) == [] and r.exists(keys.job("JOBbare")) == 0
 
 
+@contextlib.contextmanager
+def over_maxmemory(r):
+    """The server over its maxmemory (noeviction) for the duration."""
+    r.config_set("maxmemory", "1")
+    try:
+        yield
+    finally:
+        r.config_set("maxmemory", "0")
+
+
 def test_an_age_purge_over_maxmemory_still_frees_what_it_may(r, keys):
     """Over maxmemory (noeviction), Redis refuses a command that may grow
     memory only as a script's first write: the purge deletes before it dates,
@@ -525,11 +536,8 @@ def test_an_age_purge_over_maxmemory_still_frees_what_it_may(r, keys):
     the whole purge was refused with OOM)."""
     put_dead(r, keys, "JOB1")  # undated: the purge dates it
     put_dead(r, keys, "JOB2", dead_at=server_ms(r) - 3_600_000)
-    r.config_set("maxmemory", "1")
-    try:
+    with over_maxmemory(r):
         result = engine.morgue_purge(r, keys.queue, older_than_s=60)
-    finally:
-        r.config_set("maxmemory", "0")
     assert result.ids == ["JOB2"] and result.undated == 1
     assert morgue_ids(r, keys) == ["JOB1"] and r.hget(keys.job("JOB1"), "dead_at") is not None
 
@@ -541,11 +549,8 @@ def test_an_age_purge_over_maxmemory_goes_past_a_window_it_cannot_date(r, keys, 
     put_dead(r, keys, "JOB1")
     put_dead(r, keys, "JOB2")
     put_dead(r, keys, "JOB3", dead_at=server_ms(r) - 3_600_000)
-    r.config_set("maxmemory", "1")
-    try:
+    with over_maxmemory(r):
         result = engine.morgue_purge(r, keys.queue, older_than_s=60)
-    finally:
-        r.config_set("maxmemory", "0")
     assert result.ids == ["JOB3"] and result.undated == 2
     [problem] = result.problems
     assert problem.startswith("entries without a time of death were not dated (OOM ")
