@@ -14,7 +14,7 @@ import time
 import pytest
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
-from stalledpolicy.controller.apply import conflict_reason
+from stalledpolicy.controller.apply import conflict_reason, policy_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.events import (budget_change_message, build_event,
                                              dead_letter_growth_message)
@@ -191,6 +191,17 @@ def test_conflict_reason():
     assert "no controller owner" in conflict_reason({"metadata": {}}, "u1")
     not_controller = {"metadata": {"ownerReferences": [{"uid": "u1", "controller": False}]}}
     assert conflict_reason(not_controller, "u1") is not None
+
+
+def test_only_a_stalled_policy_of_our_group_owns_a_deployment():
+    def controlled_by(api_version: str, kind: str) -> dict:
+        return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "p",
+                                                  "uid": "u1", "controller": True}]}}
+
+    assert policy_owner(controlled_by("queues.emq.dev/v1alpha1", "StalledPolicy"))["uid"] == "u1"
+    assert policy_owner(controlled_by("other.example/v1", "StalledPolicy")) is None
+    assert policy_owner(controlled_by("queues.emq.dev/v1alpha1", "Deployment")) is None
+    assert policy_owner({"metadata": {}}) is None
 
 
 # -- config --------------------------------------------------------------------------

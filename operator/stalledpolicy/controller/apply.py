@@ -25,6 +25,16 @@ def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def policy_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The controller owner of ``obj`` when it is a StalledPolicy (of our API group), else None."""
+    owner = controller_owner(obj)
+    if owner is None or owner.get("kind") != KIND:
+        return None
+    if str(owner.get("apiVersion") or "").split("/")[0] != GROUP:
+        return None
+    return owner
+
+
 def conflict_reason(existing: Mapping[str, Any] | None, policy_uid: str) -> str | None:
     """Why ``existing`` (a Deployment with our name) must not be taken over, or None."""
     if existing is None:
@@ -42,10 +52,8 @@ def earlier_policy_uid(existing: Mapping[str, Any] | None, policy_name: str, pol
     """The uid of the earlier StalledPolicy of this name (deleted, since the name
     is now another object's) that still controls ``existing``, or None. Such a
     Deployment is the garbage collector's to delete: not a name conflict."""
-    owner = controller_owner(existing or {})
-    if owner is None or owner.get("kind") != KIND or owner.get("name") != policy_name:
-        return None
-    if str(owner.get("apiVersion") or "").split("/")[0] != GROUP:
+    owner = policy_owner(existing or {})
+    if owner is None or owner.get("name") != policy_name:
         return None
     uid = owner.get("uid")
     return uid if uid and uid != policy_uid else None

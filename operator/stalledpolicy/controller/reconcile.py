@@ -17,9 +17,9 @@ import logging
 import time
 from typing import Any, Mapping, NoReturn
 
-from stalledpolicy.controller import FIELD_MANAGER, KIND, events
-from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, controller_owner,
-                                            earlier_policy_uid, read_deployment)
+from stalledpolicy.controller import FIELD_MANAGER, events
+from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid,
+                                            policy_owner, read_deployment)
 from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller, plain, sweeper_name
@@ -362,8 +362,8 @@ def _named_owner(deployment: Mapping[str, Any]):
     """``(key, owner)`` of the StalledPolicy named as this Deployment's controller, when
     the Deployment carries that policy's sweeper name; else None."""
     meta = deployment.get("metadata") or {}
-    owner = controller_owner(deployment)
-    if owner is None or owner.get("kind") != KIND:
+    owner = policy_owner(deployment)
+    if owner is None:
         return None
     key = (meta.get("namespace") or "", owner.get("name") or "")
     if sweeper_name(key[1]) != meta.get("name"):

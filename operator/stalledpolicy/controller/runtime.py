@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, events
-from stalledpolicy.controller.apply import controller_owner
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.redis_clients import (
@@ -204,8 +204,8 @@ class Controller:
                 known = self.deployments.get(dkey)
                 if known is None or _rv(body) >= _rv(known):
                     self.deployments[dkey] = snapshot(body)
-        owner = controller_owner(body)
-        if owner is None or owner.get("kind") != KIND:
+        owner = policy_owner(body)
+        if owner is None:
             return None
         key = (dkey[0], owner.get("name"))
         if key in self.policies:
