@@ -134,19 +134,19 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
     if not rolled:
         return Condition(FALSE, "RollingOut",
                          f"Deployment {deployment_name} has not observed its latest change yet")
-    if deployment.pods_refused and want_pods(outcome, deployment):
+    want = deployment.replicas if outcome.replicas is None else outcome.replicas
+    if deployment.pods_refused and want > 0:
         return Condition(FALSE, "PodsNotCreated",
                          f"the cluster refuses to create the pods of Deployment {deployment_name}: "
                          f"{deployment.pods_refused}; fix that (a ResourceQuota, the namespace's "
                          "PodSecurity level, a LimitRange) or the policy's spec.sweeper.resources")
-    if deployment.stuck and want_pods(outcome, deployment):
+    if deployment.stuck and want > 0:
         return Condition(FALSE, "ProgressDeadlineExceeded",
                          f"Deployment {deployment_name} made no progress: {deployment.stuck}; "
                          f"`kubectl describe deployment {deployment_name}` and its pods say why they do "
                          "not become ready (an image that cannot be pulled: spec.sweeper.image, "
                          "spec.sweeper.imagePullSecrets; pods that cannot be scheduled: "
                          "spec.sweeper.resources, nodeSelector, tolerations)")
-    want = deployment.replicas if outcome.replicas is None else outcome.replicas
     if deployment.replicas != want:
         # Scaled by hand (kubectl scale): not the policy's sweeper, even when "0 of 0" are up.
         return Condition(FALSE, "Progressing",
@@ -162,10 +162,6 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
                          f"{deployment.available} of {want} sweeper replicas available, "
                          f"{deployment.updated} updated to the current spec")
     return Condition(TRUE, "Available", f"{deployment.available} of {want} sweeper replicas available")
-
-
-def want_pods(outcome: ReconcileOutcome, deployment: DeploymentState) -> bool:
-    return (deployment.replicas if outcome.replicas is None else outcome.replicas) > 0
 
 
 def redis_condition(problem: Problem | None) -> Condition:
