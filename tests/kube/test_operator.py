@@ -244,20 +244,21 @@ def test_missing_secret_is_ready_false_then_recovers(operator, apis, kube_namesp
     assert "password" not in json.dumps(get_policy(custom, kube_namespace, "nosecret")["status"]).lower()
 
 
+def policy_gone(custom, namespace: str, name: str) -> bool:
+    try:
+        get_policy(custom, namespace, name)
+        return False
+    except ApiException as exc:
+        return exc.status == 404
+
+
 def test_deleting_the_policy_garbage_collects_its_sweeper(operator, apis, kube_namespace, secret, queue_name):
     _, apps, custom = apis
     create_policy(custom, kube_namespace, policy_manifest("gone", queue_name))
     wait_for(lambda: read_deployment(apps, kube_namespace, "gone-sweeper"), "the sweeper")
     custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "gone")
-
-    def policy_gone():
-        try:
-            get_policy(custom, kube_namespace, "gone")
-            return False
-        except ApiException as exc:
-            return exc.status == 404
-
-    wait_for(policy_gone, "the policy to disappear (no finalizer holds it)", timeout=15)
+    wait_for(lambda: policy_gone(custom, kube_namespace, "gone"),
+             "the policy to disappear (no finalizer holds it)", timeout=15)
     wait_for(lambda: read_deployment(apps, kube_namespace, "gone-sweeper") is None,
              "the garbage collector to delete the sweeper")
 
@@ -366,15 +367,7 @@ def test_a_policy_deleted_and_created_again_waits_for_its_old_sweeper_without_a_
     hold = {"metadata": {"finalizers": ["test.emq.dev/hold"]}}
     apps.patch_namespaced_deployment("reborn-sweeper", kube_namespace, hold)
     custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "reborn")
-
-    def policy_gone():
-        try:
-            get_policy(custom, kube_namespace, "reborn")
-            return False
-        except ApiException as exc:
-            return exc.status == 404
-
-    wait_for(policy_gone, "the policy to disappear")
+    wait_for(lambda: policy_gone(custom, kube_namespace, "reborn"), "the policy to disappear")
     second = create_policy(custom, kube_namespace, policy_manifest("reborn", queue_name))
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     try:
