@@ -42,8 +42,14 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "stalledpolicy-operator"
 CRD_SOURCE = REPO / "crds" / "stalledpolicies.yaml"
 TEST_SWEEPER_IMAGE = "stalledpolicy:chart-test"
+# What `helm template` must be told of a cluster that serves PodMonitors (helm install asks the
+# cluster itself): without it, podMonitor.enabled=true fails the render on purpose.
+WITH_PODMONITOR_CRD = ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]
 EVERY_OPTION = ["--set", "podMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
-                "--set", "podDisruptionBudget.enabled=true"]
+                "--set", "podDisruptionBudget.enabled=true", *WITH_PODMONITOR_CRD]
+# helm lint has no --api-versions, so it cannot render the PodMonitors (the render tests
+# below and the server-side dry run cover them).
+EVERY_LINTABLE_OPTION = ["--set", "networkPolicy.enabled=true", "--set", "podDisruptionBudget.enabled=true"]
 
 
 class Helm:
@@ -90,7 +96,7 @@ def unique(prefix: str) -> str:
 @pytest.mark.parametrize("shape", [[], ["--set", "watchNamespaces={team-a,team-b}"]],
                          ids=["cluster-wide", "namespaced"])
 def test_lint_passes_strict_with_every_option(helm, shape):
-    done = helm("lint", "--strict", str(CHART), *EVERY_OPTION, *shape)
+    done = helm("lint", "--strict", str(CHART), *EVERY_LINTABLE_OPTION, *shape)
     assert "0 chart(s) failed" in done.stdout
 
 
@@ -253,7 +259,7 @@ def pod_monitor(objects, suffix):
 
 
 def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
-    monitor = pod_monitor(helm.template("--set", "podMonitor.enabled=true"), "-sweepers")
+    monitor = pod_monitor(helm.template("--set", "podMonitor.enabled=true", *WITH_PODMONITOR_CRD), "-sweepers")
     spec = StalledPolicySpec.from_k8s({"queue": "q", "redis": {"url": "redis://r:6379/0"}})
     sweeper = build_sweeper_deployment("p", "ns", "uid", spec, image="i", scripts_digest="d")
     pod = sweeper["spec"]["template"]
@@ -266,7 +272,7 @@ def test_pod_monitor_selects_the_sweeper_pods_the_operator_builds(helm):
 
 
 def test_pod_monitor_of_the_operator_selects_its_pod_and_metrics_port(helm):
-    objects = helm.template("--set", "podMonitor.enabled=true")
+    objects = helm.template("--set", "podMonitor.enabled=true", *WITH_PODMONITOR_CRD)
     monitor = pod_monitor(objects, "-operator")
     [deployment] = by_kind(objects, "Deployment")
     pod = deployment["spec"]["template"]
@@ -276,9 +282,32 @@ def test_pod_monitor_of_the_operator_selects_its_pod_and_metrics_port(helm):
     assert endpoint["port"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [deployment["metadata"]["namespace"]]}
     # no metrics port: only the sweepers' PodMonitor
-    off = helm.template("--set", "podMonitor.enabled=true", "--set", "operator.metricsPort=0")
+    off = helm.template("--set", "podMonitor.enabled=true", "--set", "operator.metricsPort=0",
+                        *WITH_PODMONITOR_CRD)
     assert [m["metadata"]["name"] for m in by_kind(off, "PodMonitor")] == [
         pod_monitor(off, "-sweepers")["metadata"]["name"]]
+
+
+PODMONITOR_REFUSAL = ("podMonitor.enabled=true needs the Prometheus Operator's PodMonitor CRD "
+                      "(monitoring.coreos.com/v1), which this cluster does not serve: install the "
+                      "Prometheus Operator CRDs first, or set podMonitor.enabled=false")
+
+
+def test_pod_monitors_without_their_crd_fail_the_render_naming_the_value_and_the_fix(helm):
+    """Not Helm's own "no matches for kind PodMonitor" at install time, after the CRD and
+    the RBAC went in: a refusal before anything is applied, saying what to do."""
+    refused = helm("template", "rel", str(CHART), "--set", "podMonitor.enabled=true", check=False)
+    assert refused.returncode != 0
+    assert PODMONITOR_REFUSAL in refused.stderr and "--api-versions" in refused.stderr, refused.stderr
+    assert "no matches for kind" not in refused.stderr
+    # the group's other versions are not enough: the chart writes monitoring.coreos.com/v1 PodMonitors
+    other = helm("template", "rel", str(CHART), "--set", "podMonitor.enabled=true",
+                 "--api-versions", "monitoring.coreos.com/v1alpha1/PodMonitor", check=False)
+    assert other.returncode != 0 and PODMONITOR_REFUSAL in other.stderr
+    served = helm.template("--set", "podMonitor.enabled=true", *WITH_PODMONITOR_CRD)
+    assert len(by_kind(served, "PodMonitor")) == 2
+    # off (the default), the CRD is not needed
+    assert by_kind(helm.template(), "PodMonitor") == []
 
 
 # --------------------------------------------------------------------------- against the API server
@@ -327,6 +356,32 @@ def test_template_passes_a_server_side_dry_run(helm, control_plane):
             assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]), done.stdout
     finally:
         delete_namespaces(control_plane, release_ns, team_a, team_b)
+
+
+def test_install_asks_the_cluster_whether_it_serves_pod_monitors(helm, control_plane):
+    """helm install fills .Capabilities from the API server's discovery: the refusal
+    comes while the CRD is missing, and a served CRD lets the same install through."""
+    release_ns = unique("chart-pm")
+    restricted_namespace(control_plane, release_ns)
+
+    def dry_install():
+        return helm("install", unique("pm"), str(CHART), "--namespace", release_ns, "--dry-run=server",
+                    "--set", "crds.install=false", "--set", "podMonitor.enabled=true", check=False)
+
+    try:
+        control_plane.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--ignore-not-found",
+                              "--wait=true", "--timeout=60s")
+        refused = wait_for(lambda: (lambda done: done.returncode != 0 and done)(dry_install()),
+                           "the install refused without the PodMonitor CRD")
+        assert PODMONITOR_REFUSAL in refused.stderr, refused.stderr
+        control_plane.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(STUB_MONITORING_CRD))
+        control_plane.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com",
+                              "--timeout=60s")
+        served = wait_for(lambda: (lambda done: done.returncode == 0 and done)(dry_install()),
+                          "the install accepted once the PodMonitor CRD is served")
+        assert served.stdout.count("kind: PodMonitor") == 2
+    finally:
+        delete_namespaces(control_plane, release_ns)
 
 
 # --------------------------------------------------------------------------- installed for real
