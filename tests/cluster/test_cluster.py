@@ -423,3 +423,40 @@ def test_a_purge_on_the_importing_node_leaves_no_row_behind(redis_cluster):
     assert engine.morgue_purge(client, queue, ids=["JOB1"]).purged == 1
     assert client.exists(keys.job("JOB1")) == 0 and client.zcard(keys.dead) == 0
     client.close()
+
+
+def test_the_morgue_scan_never_takes_a_row_that_moved_for_a_missing_one(redis_cluster):
+    """`dead` has moved, so `list` and `stats` are redirected (ASK) to the
+    importing node, where the rows not moved yet answered EXISTS alone as
+    absent: `morgue list` showed "job row is missing" for rows that had only
+    not moved yet. The scan now asks a row's absence with `dead` (lib/refusals,
+    here), as the replay and the purge do: the call is refused, and the CLI
+    says the slot is migrating."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "importing-scan"
+    keys = QueueKeys(queue)
+    ids = ["JOB1", "JOB2", "JOB3"]
+    for job_id in ids:
+        put_dead(client, keys, job_id, group="g")
+    with slot_migrating(client, queue, [keys.dead, keys.job("JOB1")]):
+        for read in (engine.morgue_list, engine.morgue_stats):
+            with pytest.raises(redis.ResponseError, match="non local key"):
+                read(client, queue)
+        for action in ("list", "stats", "replay", "purge"):
+            selection = ("--all", "--yes") if action in ("replay", "purge") else ()
+            result = _cli("morgue", action, "--redis-url", redis_cluster.url, "--queue", queue, *selection)
+            assert result.returncode == 1, (action, result.stdout, result.stderr)
+            assert "missing" not in result.stdout + result.stderr
+            assert f"the slot of queue {queue} is being migrated" in result.stderr, result.stderr
+            assert ("nothing was changed" in result.stderr) == (action in ("replay", "purge"))
+    # on the node the slot is leaving, a row already moved is refused too (never "malformed")
+    with slot_migrating(client, queue, [keys.job("JOB2")]):
+        with pytest.raises(redis.ResponseError, match="non local key"):
+            engine.morgue_list(client, queue)
+        result = _cli("morgue", "list", "--redis-url", redis_cluster.url, "--queue", queue)
+        assert result.returncode == 1 and "is being migrated" in result.stderr, result.stderr
+    assert [(job.id, job.lane, job.problem) for job in engine.morgue_list(client, queue)] == [
+        (job_id, "g", None) for job_id in ids]
+    assert engine.morgue_stats(client, queue).lanes == {"g": 3}
+    client.close()

@@ -30,7 +30,9 @@ exit codes:
        jobs left in the morgue because their row is unreadable or not dead
        (the reasons are printed), jobs changed by someone else meanwhile, or
        a key of the queue of the wrong type kept the lanes or the totals
-       from being updated (the jobs moved; the key is named)
+       from being updated (the jobs moved; the key is named), or the
+       queue's slot is being migrated on a Redis Cluster (that call read or
+       changed nothing; run the command again once the slot has moved)
   2    bad usage: unknown option, bad --queue, --redis-url (scheme, host,
        port, database or query option, or a database the server does not
        have) or duration, --limit/--offset out of range, or a change refused

@@ -73,6 +73,31 @@ def _timeout_s(url: str, exc: BaseException) -> float:
     return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
 
 
+def is_slot_migrating(exc: BaseException) -> bool:
+    """Whether ``exc`` says the queue's slot is being moved between cluster
+    nodes (resharding): a script met a key already on the other node ('non
+    local key'), the importing node refused a key not there yet (TRYAGAIN), or
+    redis-py gave up following the redirections ('TTL exhausted'). Every
+    morgue script reads before it writes, so such a call changed nothing."""
+    from redis.exceptions import ClusterError, TryAgainError
+
+    text = str(exc)
+    return (isinstance(exc, TryAgainError) or text.startswith("TRYAGAIN")
+            or "attempted to access a non local key" in text
+            or (isinstance(exc, ClusterError) and "TTL exhausted" in text))
+
+
+def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: str, exc: BaseException,
+                      changing: bool) -> None:
+    err.write(f"{prog}: the slot of queue {args.queue} is being migrated between Redis Cluster nodes "
+              f"(resharding), so the morgue cannot be {'changed' if changing else 'read'} safely now; run "
+              f"the command again once the slot has moved (Redis: {scrub(str(exc), url)})\n")
+    if changing and not args.dry_run:
+        err.write("nothing was changed\n" if not args.change_answered else
+                  "the script calls before this one were applied, this one changed nothing; check with "
+                  "'stalledpolicy morgue stats' and 'list'\n")
+
+
 def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: BaseException, *,
                         connected: bool) -> None:
     import redis
@@ -160,6 +185,9 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
     except (*unreachable_errors(), redis.ResponseError) as exc:
+        if is_slot_migrating(exc):
+            _report_migration(err, prog, args, url, exc, changing)
+            return EXIT_FAILED
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
             err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
@@ -184,6 +212,9 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
                       "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
+        if is_slot_migrating(exc):
+            _report_migration(err, prog, args, url, exc, changing)
+            return EXIT_FAILED
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return EXIT_FAILED
     finally:

@@ -11,7 +11,9 @@
 -- (raw field values, nil when absent, but dead_at: the time of death as the
 -- purge reads it (lib/death), nil when the entry is undated; `problem` names
 -- a row that is missing or not a hash) and `next` is the cursor for the
--- following window, '' at the end.
+-- following window, '' at the end. On a cluster whose slot is being migrated
+-- a row that moved is never reported missing: the call is refused instead
+-- (lib/refusals: read_refused, here), as the replay and the purge are.
 
 -- @include chunked
 -- @include counters
@@ -41,11 +43,16 @@ for i, id in ipairs(ids) do
   local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state',
     'dead_attempts')
   if f.err then
+    -- a wrong type is an answer; any other refusal (a row not local while
+    -- the slot migrates, the ACL) stops the call
+    read_refused(f)
     local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
     rows[i] = {id, false, false, false, false, false, false, problem}
   else
     local problem = false
-    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and redis.call('EXISTS', key) == 0 then
+    -- absent, or moved to the importing node while the slot migrates: asked
+    -- with `dead` (lib/refusals, here), which refuses the call if it moved
+    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and not here(key) then
       problem = 'job row is missing'
     end
     local died = false
