@@ -20,7 +20,7 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
-from stalledpolicy.sweeper import metrics as metrics_module
+from tests.unit.test_listen import ipv4_only
 from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
 
 
@@ -460,10 +460,7 @@ def _has_ipv6_loopback() -> bool:
 
 @pytest.mark.parametrize("refusal", [errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL])
 def test_every_address_falls_back_to_ipv4_on_a_host_without_ipv6(clock, monkeypatch, refusal):
-    def no_ipv6(*_args, **_kwargs):
-        raise OSError(refusal, "no IPv6 here")
-
-    monkeypatch.setattr(metrics_module, "_Server6", no_ipv6)
+    ipv4_only(monkeypatch, refusal)
     server = StatusServer("::", 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
     try:
         assert get(f"http://127.0.0.1:{server.port}/healthz") == 200

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.listen import EVERY_ADDRESS
 from stalledpolicy.redis_url import check_redis_url, redact_url
 from stalledpolicy.tables import shown
 
@@ -158,8 +159,8 @@ class SweeperConfig(BaseModel):
     batch_size: int = BATCH_DEFAULT
     metrics_port: int = 9090
     # every address: the kubelet probes the pod's IP, which is IPv6 in an IPv6-only
-    # cluster (StatusServer falls back to IPv4 on a host without IPv6)
-    metrics_address: str = "::"
+    # cluster (stalledpolicy.listen: IPv4 too, or only on a host without IPv6)
+    metrics_address: str = EVERY_ADDRESS
     once: bool = False
     log_format: str = "text"
     log_level: str = "info"

@@ -10,8 +10,6 @@ in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import socket
 import threading
@@ -21,6 +19,8 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from stalledpolicy.listen import listening_socket
 
 FLAT_LANE = ""  # the lane label of jobs without a group
 
@@ -182,43 +182,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer on a socket already listening (:func:`listening_socket`:
+    where and how it listens is decided there, for the operator's servers too)."""
+
     daemon_threads = True
 
-
-class _Server6(_Server):
-    """ThreadingHTTPServer on IPv6 (it is IPv4 only by default). On ``::`` it
-    serves IPv4 too where the host allows (IPV6_V6ONLY off), as
-    ``python -m http.server --bind ::`` does."""
-
-    address_family = socket.AF_INET6
-
-    def server_bind(self) -> None:
-        with contextlib.suppress(AttributeError, OSError):
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-
-def listen_address(address: str) -> tuple[str, bool]:
-    """(host to bind, is it IPv6): an address holding ':' is IPv6, with or
-    without [brackets]; anything else (IPv4, a host name) binds as IPv4."""
-    if address.startswith("[") and address.endswith("]"):
-        address = address[1:-1]
-    return address, ":" in address
-
-
-EVERY_ADDRESS = "::"
+    def __init__(self, sock: socket.socket, handler: type) -> None:
+        self.address_family = sock.family
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()  # the one made by the constructor, never bound
+        self.socket = sock
+        self.server_address = sock.getsockname()
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 def _bound_server(address: str, port: int, handler: type) -> _Server:
-    host, ipv6 = listen_address(address)
-    try:
-        return (_Server6 if ipv6 else _Server)((host, port), handler)
-    except OSError as exc:
-        if host != EVERY_ADDRESS or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-            raise
-    # "every address" on a host without IPv6 (a container with it disabled):
-    # every IPv4 address, rather than no metrics and no probes at all.
-    return _Server(("0.0.0.0", port), handler)
+    return _Server(listening_socket(address, port), handler)
 
 
 class StatusServer:
