@@ -166,34 +166,42 @@ def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(wo
 
 class AnsweringStatusSink(StatusSink):
     """A StatusSink that answers as the API server does: the policy after the write,
-    its resourceVersion past every one before it."""
+    with a resourceVersion of its own (``versions``: opaque strings, in no order)."""
 
-    def __init__(self, queue: str, rv: int):
+    def __init__(self, queue: str, versions):
         super().__init__()
-        self.queue, self.rv = queue, rv
+        self.queue, self.versions = queue, iter(versions)
+        self.written: dict | None = None
 
     def patch_namespaced_custom_object_status(self, *args, **kwargs):
         super().patch_namespaced_custom_object_status(*args, **kwargs)
-        self.rv += 1
-        return policy(self.queue, rv=str(self.rv)) | {"status": json.loads(json.dumps(self.patches[-1]))}
+        self.written = policy(self.queue, rv=next(self.versions)) | {
+            "status": json.loads(json.dumps(self.patches[-1]))}
+        return json.loads(json.dumps(self.written))
 
 
-@pytest.mark.parametrize("late_rv", ["1", "2"])
-def test_a_watch_event_from_before_our_status_write_does_not_write_it_again(world, queue_name, late_rv):
+@pytest.mark.parametrize("late_rv, written_rv, wiped_rv", [
+    ("1", "11", "12"), ("2", "11", "12"),
+    ("99", "11", "3"),  # versions that order the wrong way as numbers
+    ("b7f3", "a0c1", "0d2e")])  # or are no numbers at all
+def test_a_watch_event_from_before_our_status_write_does_not_write_it_again(world, queue_name, late_rv,
+                                                                             written_rv, wiped_rv):
     """At a cold start the watch delivers events from before our first status write
     after it: kopf's own annotation patch (sent just before the write) or the policy's
     ADDED still queued. They hold no status, yet are no newer than anything we had
     seen: the whole status was written again, the same (2.26 status writes per policy
-    at 1,000 policies instead of 2)."""
+    at 1,000 policies instead of 2). resourceVersions are opaque: the watch's order
+    and the version our write returned tell what is older, never the numbers."""
     ctl, _, _, _, _ = world
-    sink = ctl.custom = AnsweringStatusSink(queue_name, rv=10)
+    sink = ctl.custom = AnsweringStatusSink(queue_name, [written_rv])
     ctl.refresh(("ns", "p"))
     assert len(sink.patches) == 1
     ctl.observe_policy(policy(queue_name, rv=late_rv), "MODIFIED")
     ctl.refresh(("ns", "p"))
     assert len(sink.patches) == 1
-    # a newer event without our status (wiped by hand) is still written back
-    ctl.observe_policy(policy(queue_name, rv="12"), "MODIFIED")
+    # the watch then brings our own write, and after it a status wiped by hand: written back
+    ctl.observe_policy(sink.written, "MODIFIED")
+    ctl.observe_policy(policy(queue_name, rv=wiped_rv), "MODIFIED")
     ctl.refresh(("ns", "p"))
     assert len(sink.patches) == 2
 

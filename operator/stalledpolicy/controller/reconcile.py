@@ -161,7 +161,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         _apply_failed(ctl, body, generation, retry,
                       f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}")
     if existing is not None:
-        ctl.observe_deployment(existing)
+        ctl.observe_deployment(existing, read=True)
     _wait_unless_ours(ctl, body, generation, retry, existing, deployment_name)
 
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
@@ -177,7 +177,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
             return None
         _apply_failed(ctl, body, generation, retry,
                       f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}")
-    ctl.observe_deployment(applied)
+    ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
     if changed:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -53,11 +55,81 @@ def policy_key(body: Mapping[str, Any]) -> PolicyKey:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
-def _rv(obj: Mapping[str, Any]) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
+# Kubernetes resourceVersions are opaque: only two versions of the same object may
+# be compared, and only for equality. What this module needs to order, it orders
+# by other means: one object's watch events arrive in order; a version seen once and
+# since replaced is older than the current one; ``metadata.generation`` grows with
+# each spec change of one object; of two objects that held one name, the one created
+# earlier was deleted before the other was created.
+
+# Versions of one policy kept to recognise an older one delivered again (kopf's
+# handler body, a watch event re-sent): a few reconciles' worth of events.
+SEEN_VERSIONS = 32
+# Seconds a status write of ours waits for the watch to deliver its version; the
+# watch does so in milliseconds, so it was missed (a relist): trust the watch again.
+WRITE_ECHO_TIMEOUT = 30.0
+# Uids of deleted (or replaced) objects remembered: their late events are ignored.
+RETIRED_UIDS = 4096
+
+
+def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return _meta(obj).get("resourceVersion")
+
+
+def _generation(obj: Mapping[str, Any] | None) -> int:
+    return int(_meta(obj).get("generation") or 0)
+
+
+def _created_before(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool | None:
+    """Whether ``one`` was created before ``other`` (two objects that held the same
+    name, one after the other); None when their creation times cannot tell
+    (missing, or within the same second: the API keeps seconds)."""
+    a, b = _meta(one).get("creationTimestamp"), _meta(other).get("creationTimestamp")
+    if not a or not b or a == b:
+        return None
+    return str(a) < str(b)  # RFC 3339 UTC, one format: text order is time order
+
+
+class _Retired:
+    """Uids of deleted objects, the most recent RETIRED_UIDS (uids are never reused)."""
+
+    def __init__(self, size: int = RETIRED_UIDS) -> None:
+        self._uids: dict[str, None] = {}
+        self._size = size
+
+    def add(self, uid: str | None) -> None:
+        if uid:
+            self._uids.pop(uid, None)
+            self._uids[uid] = None
+            while len(self._uids) > self._size:
+                self._uids.pop(next(iter(self._uids)))
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+
+def _newer_deployment(body: Mapping[str, Any], known: Mapping[str, Any] | None, read: bool,
+                      retired: _Retired) -> bool:
+    """Whether ``body`` tells more about a sweeper Deployment than ``known`` (the
+    one remembered under its name). One object: its watch events arrive in order,
+    a read or apply of ours is newer only with a newer ``metadata.generation`` (its
+    equal is no newer than the watch, which goes on from there; a status seen
+    since would be lost). Another object of that name: not a deleted one, nor
+    one created before ``known``."""
+    uid = _meta(body).get("uid")
+    if known is None:
+        return read or uid not in retired
+    if _meta(known).get("uid") == uid:
+        if read:
+            return _generation(body) > _generation(known)
+        return _generation(body) >= _generation(known)
+    if read:
+        return True  # what the API server holds now
+    return uid not in retired and _created_before(body, known) is not True
 
 
 def sweeper_name(policy_name: str) -> str:
@@ -84,6 +156,13 @@ class PolicyState:
     # newer watch event shows (someone else's edit); the status patch is made
     # against it, so a status edited or wiped by hand is written back
     stored_status: dict | None = None
+    # resourceVersions of this policy seen and since replaced (newest last): a body
+    # carrying one of them is older than ``body``.
+    seen_versions: deque = field(default_factory=lambda: deque(maxlen=SEEN_VERSIONS))
+    # The version our last status write made, until the watch delivers it: the
+    # watch events before it are older than the body that write returned.
+    awaited_version: str | None = None
+    awaited_since: float = 0.0
     failures: int = 0
     logged_problem: Problem | None = None
     served_token: str | None = None
@@ -118,6 +197,8 @@ class Controller:
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
+        self._retired_policies = _Retired()
+        self._retired_deployments = _Retired()
         self._lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         # The key the status loop is refreshing on this thread: a re-apply it runs
@@ -146,23 +227,54 @@ class Controller:
     # -- what kopf tells us --------------------------------------------------
     def state(self, body: Mapping[str, Any]) -> PolicyState:
         key = policy_key(body)
-        with self._lock:
-            state = self.policies.get(key)
-            uid = (body.get("metadata") or {}).get("uid")
-            if state is not None and state.body.get("metadata", {}).get("uid") != uid:
-                if _rv(body) < _rv(state.body):
-                    # An earlier policy of this name (kopf handles each uid in a stream
-                    # of its own, so its late events come after its successor's): a
-                    # state of its own, never the successor's.
+        uid = _meta(body).get("uid")
+        verdict = None  # (the state asked about, whether ``body`` came after its policy)
+        while True:
+            with self._lock:
+                state = self.policies.get(key)
+                if uid in self._retired_policies:
+                    # A deleted policy of this name (kopf handles each uid in a stream of
+                    # its own, so its late events may come after its successor's): a
+                    # state of its own, never the successor's, and never kept.
                     return PolicyState(key=key, body=snapshot(body))
-                state = None  # deleted and created again under the same name
-            if state is None:
-                first = snapshot(body)
-                state = PolicyState(key=key, body=first)
-                state.status = dict(first.get("status") or {})
-                state.served_token = (state.status.get("lastReplay") or {}).get("token")
-                self.policies[key] = state
-            return state
+                if state is not None and _meta(state.body).get("uid") != uid:
+                    if verdict is None or verdict[0] is not state:
+                        pass  # ask below, outside the lock (it may ask the API server)
+                    elif verdict[1]:
+                        self._retired_policies.add(_meta(state.body).get("uid"))
+                        state = None  # deleted and created again under the same name
+                    else:
+                        self._retired_policies.add(uid)
+                        return PolicyState(key=key, body=snapshot(body))
+                if state is None:
+                    first = snapshot(body)
+                    state = PolicyState(key=key, body=first)
+                    state.status = dict(first.get("status") or {})
+                    state.served_token = (state.status.get("lastReplay") or {}).get("token")
+                    self.policies[key] = state
+                    return state
+                if _meta(state.body).get("uid") == uid:
+                    return state
+            verdict = (state, self._came_after(key, body, state.body))
+
+    def _came_after(self, key: PolicyKey, body: Mapping[str, Any], known: Mapping[str, Any]) -> bool:
+        """Whether the policy ``body`` came after ``known``, another policy that held
+        the same name: the one the API server holds under that name now is the
+        latest (neither: ``body`` is gone too, its state does not matter); without an
+        answer, the one created later. Two objects' resourceVersions tell nothing."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            current = self.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
+            return _meta(current).get("uid") == _meta(body).get("uid")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+        except Exception:  # noqa: BLE001 - API server down: judge by the creation times
+            pass
+        # Created in the same second (or times missing): a uid never seen is most
+        # likely the new one (the old one's state was made from its earlier events).
+        return _created_before(body, known) is not True
 
     def observe_policy(self, body: Mapping[str, Any], event_type: str | None) -> None:
         key = policy_key(body)
@@ -171,20 +283,45 @@ class Controller:
             return
         state = self.state(body)
         with state.lock:
-            fresh = snapshot(body)
-            if _rv(fresh) >= _rv(state.body):
-                state.body = fresh
-                state.stored_status = dict(fresh.get("status") or {})
+            self._take_body(state, snapshot(body))
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
             token = annotations.get(f"{GROUP}/replay")
             wants_replay = token is not None and token != state.served_token
         if wants_replay and state.outcome is not None:
             self._kick(key)
 
+    def _take_body(self, state: PolicyState, fresh: dict) -> bool:
+        """Make ``fresh`` (this policy, same uid) the body we know, unless it is older
+        (under ``state.lock``). A version seen before and since replaced is older (kopf's
+        handler body, a watch event sent again). While a status write of ours waits for
+        the watch to deliver its version, the watch events before it are older than the
+        body the write returned: their status would pass for the one the server holds
+        and the whole status would be written again, the same. Equality of versions only."""
+        version = _version(fresh)
+        current = _version(state.body)
+        if state.awaited_version is not None:
+            caught_up = (version == state.awaited_version
+                         or _generation(fresh) > _generation(state.body)  # a spec change after our write
+                         or status_patch(fresh.get("status") or {}, state.stored_status or {}) is None
+                         or time.monotonic() - state.awaited_since > WRITE_ECHO_TIMEOUT)
+            if not caught_up:
+                return False
+            state.awaited_version = None
+        if version != current and version in state.seen_versions:
+            return False
+        if version != current:
+            state.seen_versions.append(current)
+        state.body = fresh
+        state.stored_status = dict(fresh.get("status") or {})
+        return True
+
     def forget(self, key: PolicyKey, uid: str | None = None) -> None:
         """Drop a deleted policy; with ``uid``, only if the name still belongs to
-        that policy (not to one created since under the same name)."""
+        that policy (not to one created since under the same name), and that uid's
+        later events are ignored."""
         with self._lock:
+            if uid is not None:
+                self._retired_policies.add(uid)
             state = self.policies.get(key)
             if uid is not None and state is not None and (state.body.get("metadata") or {}).get("uid") != uid:
                 return
@@ -193,17 +330,22 @@ class Controller:
             self.scheduler.remove(key)
         self.clients.drop(key)
 
-    def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None) -> PolicyKey | None:
-        """Remember a sweeper Deployment's state; returns its policy's key when we know it."""
+    def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
+                           read: bool = False) -> PolicyKey | None:
+        """Remember a sweeper Deployment's state, from the watch or (``read``) from our
+        own read or apply; returns its policy's key when we know it."""
         meta = body.get("metadata") or {}
         dkey = (meta.get("namespace") or "", meta.get("name") or "")
         with self._lock:
+            known = self.deployments.get(dkey)
             if event_type == "DELETED":
-                self.deployments.pop(dkey, None)
-            else:
-                known = self.deployments.get(dkey)
-                if known is None or _rv(body) >= _rv(known):
-                    self.deployments[dkey] = snapshot(body)
+                self._retired_deployments.add(meta.get("uid"))
+                if known is None or _meta(known).get("uid") == meta.get("uid"):
+                    self.deployments.pop(dkey, None)
+            elif _newer_deployment(body, known, read, self._retired_deployments):
+                if read and known is not None and _meta(known).get("uid") != meta.get("uid"):
+                    self._retired_deployments.add(_meta(known).get("uid"))
+                self.deployments[dkey] = snapshot(body)
         owner = policy_owner(body)
         if owner is None:
             return None
@@ -219,10 +361,7 @@ class Controller:
         with state.lock:
             before = state.outcome
             state.outcome = outcome
-            fresh = snapshot(body)
-            if _rv(fresh) >= _rv(state.body):
-                state.body = fresh
-                state.stored_status = dict(fresh.get("status") or {})
+            self._take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)
         if changed:
@@ -452,12 +591,14 @@ class Controller:
             written = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
                 field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
-            if isinstance(written, Mapping) and _rv(written) > _rv(state.body):
-                # The policy as our write left it: a watch event from before the write
-                # (kopf's own annotation patch, sent just before it, arrives after it)
-                # is older, so it no longer passes for the status the server holds
-                # (it did, and the whole status was written again, the same).
+            if isinstance(written, Mapping) and _meta(written).get("uid") == uid and _version(written):
+                # The policy as our write left it, newer than anything the watch has
+                # shown: the watch events until its own (kopf's annotation patch, sent
+                # just before the write, arrives after it) are older (_take_body).
+                if _version(written) != _version(state.body):
+                    state.seen_versions.append(_version(state.body))
                 state.body = snapshot(written)
+                state.awaited_version, state.awaited_since = _version(written), time.monotonic()
             return True
         except ApiException as exc:
             if exc.status == 404:
