@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -184,7 +185,7 @@ def test_operator_deployment_shape(helm):
     [container] = pod["containers"]
     assert container["image"] == "ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9"
     assert "--sweeper-image=ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9" in container["args"]
-    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--liveness=http://[::]:8080/healthz" in container["args"]
     assert "--metrics-port=8081" in container["args"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"healthz": 8080, "metrics": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -209,7 +210,8 @@ def test_operator_metrics_port_can_be_turned_off_and_never_shares_the_liveness_p
 
 
 def test_listen_address_reaches_the_liveness_url_and_the_metrics_server(helm):
-    """An IPv6-only cluster probes the pod's IPv6 address: both servers must listen on ::."""
+    """The kubelet probes the pod's IP, IPv4 or IPv6: by default both servers listen on ::
+    (every address, as the sweepers'); an explicit address is passed as given."""
     from urllib.parse import urlsplit
 
     from stalledpolicy.cli import build_parser
@@ -220,11 +222,12 @@ def test_listen_address_reaches_the_liveness_url_and_the_metrics_server(helm):
         return build_parser().parse_args(container["args"])
 
     default = operator_args()
-    assert (urlsplit(default.liveness).hostname, default.metrics_address) == ("0.0.0.0", "0.0.0.0")
-    ipv6 = operator_args("--set", "operator.listenAddress=::")
-    # kopf binds the liveness URL's host name; :: needs brackets in a URL.
-    assert ipv6.liveness == "http://[::]:8080/healthz" and urlsplit(ipv6.liveness).hostname == "::"
-    assert ipv6.metrics_address == "::"
+    # the liveness URL's host is where it listens; :: needs brackets in a URL.
+    assert default.liveness == "http://[::]:8080/healthz" and urlsplit(default.liveness).hostname == "::"
+    assert default.metrics_address == "::"
+    assert operator_args("--set", "operator.listenAddress=::") == default
+    ipv4 = operator_args("--set", "operator.listenAddress=0.0.0.0")
+    assert (ipv4.liveness, ipv4.metrics_address) == ("http://0.0.0.0:8080/healthz", "0.0.0.0")
     failed = helm("template", "r", str(CHART), "--set", "operator.listenAddress=everywhere", check=False)
     assert failed.returncode != 0 and "listenAddress" in failed.stderr
 
@@ -402,8 +405,8 @@ def install(helm, control_plane, release: str, namespace: str, *values: str) -> 
 class ChartOperator:
     """The operator as the chart's Deployment runs it (its args, its ServiceAccount), here.
 
-    Only the liveness and metrics ports move to free ones (metrics on 127.0.0.1); the
-    identity is a TokenRequest token of the chart's ServiceAccount, so the API server
+    Only the liveness and metrics ports move to free ones (their address stays the chart's);
+    the identity is a TokenRequest token of the chart's ServiceAccount, so the API server
     applies the chart's RBAC.
     """
 
@@ -413,10 +416,10 @@ class ChartOperator:
             "get", "deployment", f"{release}-stalledpolicy-operator", "-n", release_ns,
             "-o", "json").stdout)
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        self.metrics_port = free_port()
-        self.args = [f"--liveness=http://127.0.0.1:{free_port()}/healthz" if a.startswith("--liveness=")
+        self.metrics_port, self.liveness_port = free_port(), free_port()
+        self.args = [self._liveness_on_a_free_port(a) if a.startswith("--liveness=")
                      else f"--metrics-port={self.metrics_port}" if a.startswith("--metrics-port=")
-                     else a for a in args] + ["--metrics-address=127.0.0.1"]
+                     else a for a in args]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("STALLEDPOLICY_") and k != "KUBECONFIG"}
         # and the container's environment (sweeperAllowedImages)
@@ -427,6 +430,26 @@ class ChartOperator:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "stalledpolicy", *self.args, "--kubeconfig", str(kubeconfig)],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def _liveness_on_a_free_port(self, arg: str) -> str:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(arg.removeprefix("--liveness="))
+        host = url.netloc.rsplit(":", 1)[0]  # [::] keeps its brackets
+        return f"--liveness={url.scheme}://{host}:{self.liveness_port}{url.path}"
+
+    def probe_over_ipv4_and_ipv6(self) -> None:
+        """The chart's default listen address (::) answers a probe of either family, as a
+        kubelet's of the pod's IPv4 or IPv6 address (IPv6 where this host has a loopback)."""
+        import urllib.request
+
+        from tests.unit.test_listen import has_ipv6_loopback
+
+        hosts = ["127.0.0.1"] + (["[::1]"] if has_ipv6_loopback() and socket.has_dualstack_ipv6() else [])
+        for host in hosts:
+            for port, path in ((self.liveness_port, "/healthz"), (self.metrics_port, "/metrics")):
+                with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as answer:
+                    assert answer.status == 200, (host, path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -478,6 +501,7 @@ def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, 
             return current.get("status", {}).get("deadLetters") == 1 and current
 
         current = wait_for(dead_letters, "the poison job in the policy's status", timeout=60)
+        operator.probe_over_ipv4_and_ipv6()
         assert condition(current, "RedisReachable")["status"] == "True"
         assert client.zscore(QueueKeys(queue).dead, poison) is not None
         log = operator.log()

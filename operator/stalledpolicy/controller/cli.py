@@ -55,13 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Repeatable. Default: only the sweeper image (--sweeper-image). "
                              "(env STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES, comma-separated)")
     parser.add_argument("--liveness", metavar="URL",
-                        help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+                        help="serve a liveness endpoint, e.g. http://[::]:8080/healthz ('::': every "
+                             "address, IPv4 included; every IPv4 address on a host without IPv6)")
     parser.add_argument("--metrics-port", type=_metrics_port, default=None, metavar="PORT",
                         help="serve the operator's Prometheus metrics on PORT at /metrics; 0: off "
                              "(default 0; env STALLEDPOLICY_OPERATOR_METRICS_PORT; the chart uses 8081)")
     parser.add_argument("--metrics-address", default=None, metavar="ADDRESS",
                         help="address the metrics server listens on, IPv4 or IPv6 ('::': every "
-                             "address) (default 0.0.0.0; env STALLEDPOLICY_OPERATOR_METRICS_ADDRESS)")
+                             "address, IPv4 included; every IPv4 address on a host without IPv6) "
+                             "(default ::; env STALLEDPOLICY_OPERATOR_METRICS_ADDRESS)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--status-interval", type=_seconds, default=None, metavar="DURATION",
                         help="time between two status reads of a policy's queue "
@@ -93,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         api_timeout=base.api_timeout,
         metrics_port=base.metrics_port if args.metrics_port is None else args.metrics_port,
         metrics_address=args.metrics_address or base.metrics_address,
+        liveness=args.liveness or base.liveness,
     )
 
 
@@ -100,18 +103,29 @@ def metrics_listen_problem(address: str, port: int) -> str | None:
     """Why the metrics server could not listen on ``address:port``, or None. Checked
     before kopf starts, so a port in use is one line and exit 2 (the server itself
     binds at kopf's startup, where a failure stops the operator with a traceback)."""
-    import socket
+    from stalledpolicy.listen import listening_socket
 
-    from stalledpolicy.sweeper.metrics import listen_address
-
-    host, ipv6 = listen_address(address)
     try:
-        with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server binds
-            probe.bind((host, port))
+        listening_socket(address, port).close()  # where the server will listen, fallback included
     except OSError as exc:
         return (f"--metrics-port {port} / --metrics-address {address}: cannot listen there "
                 f"({exc.strerror or exc}); choose another port, or 0 for no metrics")
+    return None
+
+
+def liveness_problem(url: str) -> str | None:
+    """Why the liveness endpoint could not be served at ``url``, or None; checked
+    before kopf starts, as the metrics port is."""
+    from stalledpolicy.controller.liveness import parse_endpoint
+    from stalledpolicy.listen import listening_socket
+
+    try:
+        address, port, _ = parse_endpoint(url)
+        listening_socket(address, port).close()
+    except ValueError as exc:
+        return f"--liveness {exc}"
+    except OSError as exc:
+        return f"--liveness {url}: cannot listen there ({exc.strerror or exc}); choose another address or port"
     return None
 
 
@@ -155,6 +169,11 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"stalledpolicy operator: {problem}", file=sys.stderr)
             return EXIT_USAGE
+    if config.liveness:
+        problem = liveness_problem(config.liveness)
+        if problem is not None:
+            print(f"stalledpolicy operator: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     problem = credentials_problem()
     if problem is not None:
         print(f"stalledpolicy operator: {problem}", file=sys.stderr)
@@ -179,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         clusterwide=bool(args.all_namespaces),
         namespaces=tuple(args.namespace),
-        liveness_endpoint=args.liveness,
+        # No liveness_endpoint: main.serve_liveness serves config.liveness (kopf's own
+        # server would make "::" IPv6 only).
     )
     return 0

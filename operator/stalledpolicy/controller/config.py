@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from stalledpolicy.listen import EVERY_ADDRESS
+
 ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
 # The shortest status interval and retry cap: below a second the status loop
 # would read every queue (and retry every failure) in a busy loop.
@@ -18,6 +20,7 @@ MIN_LOOP_SECONDS = 1.0
 ALLOWED_SWEEPER_IMAGES_ENV = ENV_PREFIX + "ALLOWED_SWEEPER_IMAGES"
 METRICS_PORT_ENV = ENV_PREFIX + "METRICS_PORT"
 METRICS_ADDRESS_ENV = ENV_PREFIX + "METRICS_ADDRESS"
+LIVENESS_ENV = ENV_PREFIX + "LIVENESS"
 
 
 def check_metrics_port(text: str) -> int:
@@ -92,7 +95,10 @@ class OperatorConfig:
     # default on the command line (several operators run by hand or in tests would
     # clash on one port); the chart turns it on (operator.metricsPort, 8081).
     metrics_port: int = 0
-    metrics_address: str = "0.0.0.0"
+    # Every address (IPv4 and IPv6), as the sweeper's: stalledpolicy.listen.
+    metrics_address: str = EVERY_ADDRESS
+    # kopf's liveness endpoint, served by controller/liveness.py (--liveness). None: not served.
+    liveness: str | None = None
 
     @property
     def handler_workers(self) -> int:
@@ -153,6 +159,7 @@ class OperatorConfig:
             api_timeout=number("API_TIMEOUT", defaults.api_timeout),
             metrics_port=metrics_port(),
             metrics_address=(env.get(METRICS_ADDRESS_ENV) or "").strip() or defaults.metrics_address,
+            liveness=(env.get(LIVENESS_ENV) or "").strip() or None,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -168,6 +175,8 @@ class OperatorConfig:
         }
         if self.sweeper_image:
             env[ENV_PREFIX + "SWEEPER_IMAGE"] = self.sweeper_image
+        if self.liveness:
+            env[LIVENESS_ENV] = self.liveness
         if self.allowed_sweeper_images:
             env[ALLOWED_SWEEPER_IMAGES_ENV] = ",".join(self.allowed_sweeper_images)
         return env

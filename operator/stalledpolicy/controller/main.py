@@ -24,12 +24,38 @@ STORAGE_PREFIX = f"operator.{GROUP}"
 SWEEPER_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 _controller = None
 _metrics_server = None
+_liveness_server = None
 
 
 def controller():
     if _controller is None:
         raise kopf.TemporaryError("the operator is still starting", delay=1)
     return _controller
+
+
+@kopf.on.startup()
+async def serve_liveness(**_) -> None:
+    """``--liveness``, served in kopf's loop by our own server (not kopf's: it
+    makes ``::`` IPv6 only, see controller/liveness.py)."""
+    global _liveness_server
+    url = OperatorConfig.from_env().liveness
+    if url is None:
+        return
+    from stalledpolicy.controller.liveness import LivenessServer
+
+    try:
+        _liveness_server = await LivenessServer(url).start()
+    except (OSError, ValueError) as exc:
+        raise kopf.PermanentError(f"cannot serve the liveness endpoint {url} (--liveness): "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+@kopf.on.cleanup()
+async def stop_liveness(**_) -> None:
+    global _liveness_server
+    if _liveness_server is not None:
+        await _liveness_server.stop()
+        _liveness_server = None
 
 
 @kopf.on.startup()

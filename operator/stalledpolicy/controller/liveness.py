@@ -1,0 +1,66 @@
+"""The operator's liveness endpoint (``--liveness http://ADDRESS:PORT/PATH``).
+
+Served from kopf's event loop, as kopf's own endpoint is, but on a socket from
+:mod:`stalledpolicy.listen`, so it listens where the sweeper's server and the
+operator's metrics would: kopf hands the URL's host to asyncio, which makes ``::``
+IPv6 only (``IPV6_V6ONLY`` on), and a kubelet probing the pod's IPv4 address
+found nothing there. ``::`` here is every address, IPv4 included (every IPv4
+address on a host without IPv6); any other address is taken as given.
+
+It answers 200 with ``{}`` while kopf's loop runs: what kopf's own endpoint
+answers for an operator without ``@kopf.on.probe`` handlers (this one has none).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from stalledpolicy.listen import listening_socket
+
+# kopf's own defaults for a URL without them.
+_DEFAULT_HOST = "localhost"
+_DEFAULT_PORT = 80
+
+
+def parse_endpoint(url: str) -> tuple[str, int, str]:
+    """(address, port, path) of a liveness URL; ValueError saying what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise ValueError(f"{url!r}: give an http:// URL, e.g. http://[::]:8080/healthz")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{url!r}: the port must be a number from 0 to 65535") from None
+    host = parts.hostname or _DEFAULT_HOST  # without [brackets]: '::' for http://[::]:8080/
+    return host, _DEFAULT_PORT if port is None else port, parts.path or "/"
+
+
+class LivenessServer:
+    """``await LivenessServer(url).start()`` in kopf's loop; ``await stop()`` at cleanup."""
+
+    def __init__(self, url: str) -> None:
+        self.address, requested_port, self.path = parse_endpoint(url)
+        self._socket = listening_socket(self.address, requested_port)  # OSError: cannot listen
+        self.port = self._socket.getsockname()[1]
+        self._runner = None
+
+    async def start(self) -> "LivenessServer":
+        import aiohttp.web
+
+        async def healthy(_request):
+            return aiohttp.web.json_response({})
+
+        app = aiohttp.web.Application()
+        app.add_routes([aiohttp.web.get(self.path, healthy)])
+        runner = aiohttp.web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        await aiohttp.web.SockSite(runner, self._socket).start()
+        self._runner = runner
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # closes the socket too
+            self._runner = None
+        else:
+            self._socket.close()
