@@ -157,6 +157,17 @@ def redact_urls(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda url: redact_url(url.group(0)), text)
 
 
+def stored_url(text: str) -> str:
+    """The Redis URL a setting or a Secret value holds: ``text`` without the
+    whitespace around it. ``kubectl create secret --from-file`` keeps a file's
+    trailing newline (``echo URL > file`` writes one), and no URL ends in one.
+    The one rule for the sweeper, which reads its URL through this, and for the
+    operator, whose digest of the Secret value (which rolls the sweeper's pods)
+    is taken over what this returns: a value that differs only in such
+    whitespace is the same URL, and rolls nothing."""
+    return text.strip()
+
+
 def redact_value(value: str) -> str:
     """A setting's or a field's value, to quote in a message: redacted whole when
     it is a URL (so a password holding a space is masked too), else any URL in it."""

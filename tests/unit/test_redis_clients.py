@@ -52,3 +52,35 @@ def test_a_good_url_from_a_secret_is_returned_as_written(url):
     assert resolve_url("ns", {"secretRef": {"name": "creds"}},
                        SecretReader(lambda namespace, name: {"url": base64.b64encode(url.encode()).decode()},
                                     ttl=60)) == url
+
+
+URL = "redis://:pw@db.example:6379/0"
+
+
+@pytest.mark.parametrize("stored", [URL, URL + "\n", URL + "\r\n", f"  {URL}\t\n", f"{URL}\u00a0"],
+                         ids=["as-is", "newline", "crlf", "spaces-tab", "nbsp"])
+def test_the_operator_digests_the_url_the_sweeper_reads(stored):
+    """`kubectl create secret --from-file` keeps a file's trailing newline. The sweeper
+    gets the Secret's bytes as STALLEDPOLICY_REDIS_URL (secretKeyRef) and reads the URL
+    through redis_url.stored_url; the operator's digest of the value, which rolls the
+    sweeper's pods, is taken over the same URL: whitespace around it rolls nothing."""
+    from stalledpolicy.controller.redis_clients import secret_value_digest
+    from stalledpolicy.policy.models import StalledPolicySpec
+    from stalledpolicy.policy.builder import build_sweeper_deployment
+    from stalledpolicy.redis_url import stored_url
+    from stalledpolicy.sweeper.config import load_config
+
+    spec = StalledPolicySpec.from_k8s({"queue": "q", "redis": {"secretRef": {"name": "creds"}}})
+    [container] = build_sweeper_deployment("p", "ns", "uid", spec, image="i", scripts_digest="d")[
+        "spec"]["template"]["spec"]["containers"]
+    [url_env] = [e for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    # what the kubelet hands the sweeper: the Secret's bytes, as they are
+    read = load_config({}, {url_env["name"]: stored, "STALLEDPOLICY_QUEUE": "q"}).redis_url.get_secret_value()
+    data = {"url": base64.b64encode(stored.encode()).decode()}
+    resolved = resolve_url("ns", {"secretRef": {"name": "creds"}}, SecretReader(lambda ns, name: data, ttl=60))
+    assert resolved == read == stored_url(stored) == URL
+
+    def digest(url):
+        return secret_value_digest("ns", "creds", "url", url, "secret-uid")
+
+    assert digest(resolved) == digest(URL) != digest(URL.replace("db.example", "db2.example"))

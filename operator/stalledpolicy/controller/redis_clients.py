@@ -45,10 +45,11 @@ def check_url(url: str, where: str) -> str:
 
 
 def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
-    """The decoded value of ``key`` in a Secret's base64 ``data`` (None when absent)."""
+    """The URL the value of ``key`` in a Secret's base64 ``data`` holds, as the sweeper
+    reads it (redis_url.stored_url); None when the key is absent."""
     if not secret_data or key not in secret_data or secret_data[key] is None:
         return None
-    return base64.b64decode(secret_data[key]).decode("utf-8").strip()
+    return redis_url.stored_url(base64.b64decode(secret_data[key]).decode("utf-8"))
 
 
 class SecretData(dict):
@@ -60,8 +61,9 @@ class SecretData(dict):
 
 
 def secret_value_digest(namespace: str, name: str, key: str, url: str, secret_uid: str | None) -> str:
-    """A digest of the URL one Secret value holds (decoded and stripped, as the
-    sweeper uses it: a trailing newline added by an edit rolls nothing) for the
+    """A digest of the URL one Secret value holds (decoded, and through
+    redis_url.stored_url as the sweeper reads it: a trailing newline added by an
+    edit or by ``kubectl create secret --from-file`` rolls nothing) for the
     sweeper's pod template: it changes when that URL does, and shows nothing of it.
 
     Anyone who may read pods sees it, far more people than may read the Secret:

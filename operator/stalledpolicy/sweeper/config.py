@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.listen import EVERY_ADDRESS
-from stalledpolicy.redis_url import check_redis_url, redact_url
+from stalledpolicy.redis_url import check_redis_url, redact_url, stored_url
 from stalledpolicy.tables import shown
 
 ENV_PREFIX = "STALLEDPOLICY_"
@@ -169,12 +169,13 @@ class SweeperConfig(BaseModel):
     @classmethod
     def _redis_url(cls, value: Any) -> Any:
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if not isinstance(raw, str) or not raw.strip():
+        url = stored_url(raw) if isinstance(raw, str) else ""
+        if not url:
             raise _fail("must be a Redis URL; write redis://[:password@]host[:port][/db]")
-        problem = check_redis_url(raw.strip())
+        problem = check_redis_url(url)
         if problem is not None:
             raise _fail(problem)
-        return SecretStr(raw.strip())
+        return SecretStr(url)
 
     @field_validator("queue", mode="before")
     @classmethod
