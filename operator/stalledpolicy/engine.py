@@ -249,12 +249,21 @@ class DeadJob:
     problem: str | None = None
 
 
+def lane_of(job: DeadJob) -> str | None:
+    """The lane a ``lane`` filter (``--lane``) matches ``job`` by, the one rule
+    of the scripts (replay, purge) and of :func:`morgue_stats` and
+    :func:`morgue_list`: the job's lane, ``""`` for a flat job, None for an
+    entry whose row is missing or not a hash: it is in no lane, flat included,
+    so only ids or the whole morgue select it."""
+    return None if job.problem else (job.lane or "")
+
+
 @dataclass
 class MorgueStats:
     size: int
     lanes: dict[str, int]  # lane -> dead jobs; "" = flat jobs
     oldest_dead_at_ms: int | None
-    #: entries whose job row is missing or not a hash: no lane is known, so a
+    #: entries whose job row is missing or not a hash: in no lane (:func:`lane_of`), so a
     #: ``--lane`` (flat included) never selects them; ``--id`` or ``--all`` does
     unreadable: int = 0
 
@@ -289,6 +298,9 @@ class PurgeResult:
     #: no time of death and cannot get one; only a purge without an age and without a lane
     #: (by id, or of the whole morgue) removes them
     undatable: int = 0
+    #: lane -> jobs (to be) purged; "" = flat, None = in no lane (row missing or not a hash),
+    #: as :func:`lane_of` reads them
+    lanes: dict[str | None, int] = field(default_factory=dict)
 
 
 def _lane_filter(lane: str | None) -> str:
@@ -336,10 +348,10 @@ def morgue_stats(client: Any, queue: str) -> MorgueStats:
     unreadable = 0
     oldest: int | None = None
     for job in _scan_all(client, keys):
-        if job.problem:
+        name = lane_of(job)
+        if name is None:
             unreadable += 1
             continue
-        name = job.lane or ""
         lanes[name] = lanes.get(name, 0) + 1
         if job.dead_at_ms is not None and (oldest is None or job.dead_at_ms < oldest):
             oldest = job.dead_at_ms
@@ -349,9 +361,9 @@ def morgue_stats(client: Any, queue: str) -> MorgueStats:
 
 def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int = 100,
                 offset: int = 0) -> list[DeadJob]:
-    """A page of the morgue in id (= mint) order; ``lane=""`` selects flat jobs
-    (as replay and purge do: an entry whose row is missing or not a hash has
-    no lane, flat or other)."""
+    """A page of the morgue in id (= mint) order; ``lane`` as replay and purge
+    read it (:func:`lane_of`: ``""`` selects flat jobs, and an entry whose row
+    is missing or not a hash is in no lane)."""
     _check_positive("limit", limit)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
@@ -368,7 +380,7 @@ def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int 
         return page
     skipped = 0
     for job in _scan_all(client, keys):
-        if job.problem or (job.lane or "") != lane:
+        if lane_of(job) != lane:
             continue
         if skipped < offset:
             skipped += 1
@@ -458,9 +470,14 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
 
     def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
-        purged, kept, missing, undated, next_cursor, problems, undatable = script("morgue_purge")(
+        purged, kept, missing, undated, next_cursor, problems, undatable, lanes = script("morgue_purge")(
             client, [keys.dead, keys.sweeper_totals], args)
         result.ids += [_text(p) for p in purged]
+        for raw in lanes:
+            # '=' .. group, '=' flat, '' in no lane: the script's reading of the lane filter
+            label = _text(raw)
+            name = label[1:] if label else None
+            result.lanes[name] = result.lanes.get(name, 0) + 1
         result.purged = len(result.ids)
         result.kept.update(_pairs(kept))
         result.missing += [_text(m) for m in missing]

@@ -543,6 +543,26 @@ def test_stats_and_a_flat_list_count_rows_without_a_lane_apart(r, url, queue_nam
     assert json.loads(preview.stdout)["ids"] == ["JOB004"]
 
 
+def test_a_purge_preview_counts_rows_without_a_lane_apart_from_the_flat_lane(r, url, queue_name):
+    """The purge preview's LANE table counted a row that is missing or not a
+    hash under `-` (flat), where stats, list --lane '' and every --lane '' leave
+    it out: it has a row of its own now, as the purge script decides it."""
+    laneless_morgue(r, queue_name)
+    bury(r, queue_name, "JOB004")  # flat
+    before = dump(r)
+    code, out, err = morgue_in_pty(url, "purge", "--queue", queue_name, "--all", answer="n\n")
+    assert code == 4, err
+    preview = err.split("Purge 4 jobs of queue", 1)[0]
+    lanes = {line.rsplit(None, 1)[0].strip(): line.rsplit(None, 1)[1] for line in table_rows(preview, "LANE")[1:]
+             if not line.startswith("ids:")}
+    assert lanes == {"imports": "1", "-": "1", "[in no lane: row missing or not a hash]": "2"}
+    assert dump(r) == before
+    # what `--lane ''` selects is the flat lane the preview counts
+    result = morgue(url, "purge", "--queue", queue_name, "--lane", "", "--yes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ids"] == ["JOB004"]
+
+
 def test_rows_that_cannot_be_replayed_stay_and_are_explained(r, url, queue_name):
     keys = QueueKeys(queue_name)
     bury(r, queue_name, "JOB001")

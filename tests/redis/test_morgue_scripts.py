@@ -49,6 +49,27 @@ def test_stats_counts_lanes_and_finds_the_oldest_death(r, keys, small_batches):
     assert [j.id for j in engine.morgue_list(r, keys.queue, lane="")] == ["JOB1"]
 
 
+def test_one_lane_rule_for_stats_list_replay_and_purge(r, keys, small_batches):
+    """A row that is missing or not a hash is in no lane (engine.lane_of): stats
+    count it apart, no lane filter (flat included) lists, replays or purges it,
+    and a purge that takes it (by id or all) reports it in no lane, never flat."""
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", group="g")
+    r.zadd(keys.dead, {"JOB3": 0})  # row gone
+    r.set(keys.job("JOB4"), "x")  # not a hash
+    r.zadd(keys.dead, {"JOB4": 0})
+    lanes = {job.id: engine.lane_of(job) for job in engine.morgue_list(r, keys.queue)}
+    assert lanes == {"JOB1": "", "JOB2": "g", "JOB3": None, "JOB4": None}
+    assert engine.morgue_stats(r, keys.queue).lanes == {"": 1, "g": 1}
+    for lane, ids in (("", ["JOB1"]), ("g", ["JOB2"])):
+        assert [job.id for job in engine.morgue_list(r, keys.queue, lane=lane)] == ids
+        assert engine.morgue_replay(r, keys.queue, lane=lane, dry_run=True).ids == ids
+        assert engine.morgue_purge(r, keys.queue, lane=lane, dry_run=True).ids == ids
+    purged = engine.morgue_purge(r, keys.queue, dry_run=True)
+    assert (purged.ids, purged.lanes) == (["JOB1", "JOB2", "JOB3", "JOB4"], {"": 1, "g": 1, None: 2})
+    assert engine.morgue_purge(r, keys.queue, ids=["JOB3", "JOB2"]).lanes == {None: 1, "g": 1}
+
+
 def test_list_pages_in_id_order_with_every_field(r, keys, small_batches):
     for i in range(5):
         put_dead(r, keys, f"JOB{i}", group="g" if i % 2 else None, stalled=i + 1, attempts=i + 2,

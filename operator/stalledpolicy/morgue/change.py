@@ -25,26 +25,22 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 from stalledpolicy.durations import format_duration
-from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.morgue.exit_codes import EXIT_ABORTED, EXIT_USAGE
 from stalledpolicy.morgue.prompt import confirm, is_interactive
 from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import report_outcome, show_preview
 from stalledpolicy.morgue.stopping import Stopper
 
-# rows read per pipeline for the lanes of a purge preview
-MORGUE_BATCH_READ = 500
-
-
 @dataclass
 class Outcome:
     """One engine call's answer, the same shape for replay and purge."""
 
     ids: list[str]  # changed (or, in a dry run, to be changed)
-    lanes: dict[str, int] = field(default_factory=dict)  # replay only; "" = flat
+    # "" = flat; None (purge only) = in no lane: row missing or not a hash (engine.lane_of)
+    lanes: dict[str | None, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)  # asked for by id, not in the morgue
     refused: dict[str, str] = field(default_factory=dict)  # left in the morgue, id -> why
     undated: int = 0  # age purge: entries without a valid time of death, dated by a real run (kept)
@@ -57,8 +53,9 @@ def _outcome(result: Any) -> Outcome:
     if hasattr(result, "unreplayable"):
         return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
                        refused=dict(result.unreplayable), problems=list(result.problems))
-    return Outcome(ids=list(result.ids), missing=list(result.missing), refused=dict(result.kept),
-                   undated=result.undated, undatable=result.undatable, problems=list(result.problems))
+    return Outcome(ids=list(result.ids), lanes=dict(result.lanes), missing=list(result.missing),
+                   refused=dict(result.kept), undated=result.undated, undatable=result.undatable,
+                   problems=list(result.problems))
 
 
 def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
@@ -84,22 +81,6 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
     if stopper is not None and stopper.stopped_early:
         outcome.stopped_by = stopper.signal_name
     return outcome
-
-
-def _purge_lanes(client: Any, queue: str, ids: Sequence[str]) -> dict[str, int]:
-    """Jobs per lane among ``ids`` (the purge script reports ids only): for the
-    preview shown before the question. A row that is gone or not a hash counts
-    as no lane."""
-    keys = QueueKeys(queue)
-    lanes: dict[str, int] = {}
-    for start in range(0, len(ids), MORGUE_BATCH_READ):
-        pipe = client.pipeline(transaction=False)
-        for job_id in ids[start:start + MORGUE_BATCH_READ]:
-            pipe.hget(keys.job(job_id), "group")
-        for group in pipe.execute(raise_on_error=False):
-            name = group if isinstance(group, str) else ""
-            lanes[name] = lanes.get(name, 0) + 1
-    return lanes
 
 
 def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
@@ -130,8 +111,7 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
                 "(or --dry-run to preview)\n"
             )
             return EXIT_USAGE
-        lanes = preview.lanes if replaying else _purge_lanes(client, queue, preview.ids)
-        show_preview(err, args, preview, lanes, older_than=older_than)
+        show_preview(err, args, preview, older_than=older_than)
         if dating_only:
             question = (f"Nothing to purge. Record now as the time of death of the {jobs_phrase(preview.undated)} "
                         "that have no valid one, so a later --older-than purge can remove them? (The purge runs "

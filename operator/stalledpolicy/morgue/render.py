@@ -13,6 +13,9 @@ from stalledpolicy import tables
 PREVIEW_IDS = 20
 # table columns that name a job or a lane: shown exactly (tables.printable(exact=True))
 EXACT_COLUMNS = ("ID", "LANE")
+# the LANE cell of entries whose row is missing or not a hash: in no lane, flat
+# included (engine.lane_of), so never counted under the flat lane's `-`
+NO_LANE_CELL = "[in no lane: row missing or not a hash]"
 
 
 def emit_json(document: dict, out: IO[str]) -> None:
@@ -45,12 +48,17 @@ def lane_cell(lane: str | None) -> str | None:
     return lane or None
 
 
-def lane_rows(lanes: dict[str, int]) -> list[tuple[str | None, int]]:
-    """Lane table rows, the largest lane first."""
-    return [
+def lane_rows(lanes: dict[str | None, int]) -> list[tuple[str | None, int]]:
+    """Lane table rows, the largest lane first; the None key (entries in no
+    lane, ``engine.lane_of``) last, under :data:`NO_LANE_CELL`."""
+    rows: list[tuple[str | None, int]] = [
         (lane_cell(name), count)
-        for name, count in sorted(lanes.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+        for name, count in sorted(((n, c) for n, c in lanes.items() if n is not None),
+                                  key=lambda kv: (-kv[1], kv[0]))
     ]
+    if lanes.get(None):
+        rows.append((NO_LANE_CELL, lanes[None]))
+    return rows
 
 
 def ids_preview(ids: Sequence[str]) -> str:

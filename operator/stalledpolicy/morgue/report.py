@@ -21,7 +21,7 @@ _UNDATABLE = ("such an entry has no time of death and cannot be given one, so no
               "removes it; purge it by --id (or with --all), without --older-than")
 
 
-def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes: dict[str, int], *,
+def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, *,
                  older_than: float | None) -> None:
     """What the question is about, on stderr before it: count, lanes, first ids,
     and what would be left alone."""
@@ -29,8 +29,8 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, lanes
     age = f" (dead for more than {format_duration(older_than)})" if older_than is not None else ""
     err.write(f"{verb} preview for queue {args.queue}{age}: {jobs_phrase(len(preview.ids))}\n")
     if preview.ids:
-        if lanes:
-            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(lanes), right=("JOBS",),
+        if preview.lanes:
+            err.write(tables.render_table(("LANE", "JOBS"), lane_rows(preview.lanes), right=("JOBS",),
                                           exact=EXACT_COLUMNS) + "\n")
         err.write(f"ids: {ids_preview(preview.ids)}\n")
     if preview.refused:

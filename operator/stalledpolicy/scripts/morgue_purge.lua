@@ -13,7 +13,10 @@
 -- ARGV[7] scan window
 --
 -- Returns {{purged ids}, {id, reason, ...} kept, {missing ids}, undated, next cursor,
---          {problem, ...}, undatable} (problems: see guard). An age purge keeps
+--          {problem, ...}, undatable, {lane, ...}} (problems: see guard; the
+-- lanes, one per purged id in the same order: '=' .. group for a job of a
+-- lane, '=' for a flat job, '' for a row that is missing or not a hash, which
+-- is in no lane). An age purge keeps
 -- the entries it cannot age: undated counts the existing hash rows without a
 -- time of death (lib/death), which it stamps with now (dead_at, and
 -- dead_attempts from the row's attempts);
@@ -47,6 +50,7 @@ if not dry and #candidates > 0 then
 end
 
 local purged = {}
+local purged_lanes = {}  -- as the lane filter reads them: '=' .. group, '' = in no lane
 local kept = {}
 local missing = {}
 local undated = 0
@@ -105,6 +109,7 @@ for _, id in ipairs(candidates) do
     end
     if reason == nil then
       purged[#purged + 1] = id
+      purged_lanes[#purged] = present and ('=' .. (g or '')) or ''
     elseif reason then
       kept[#kept + 1] = id
       kept[#kept + 1] = readable(reason) -- it may quote the row's state
@@ -142,4 +147,4 @@ if not dry and #purged > 0 then
   guarded(problems, {KEYS[2], 'hash'}, "this call's purges were not counted", add_counts, KEYS[2], {'purged', #purged})
 end
 
-return {purged, kept, missing, undated, next_cursor, problems, undatable}
+return {purged, kept, missing, undated, next_cursor, problems, undatable, purged_lanes}
