@@ -850,6 +850,28 @@ def test_only_the_confirmed_jobs_change(r, url, queue_name):
     assert r.zscore(keys.lane_pending("tenant-a"), "JOB004") is None  # not moved twice
 
 
+def test_how_far_a_change_got_is_kept_apart_from_the_parsed_arguments(r, url, queue_name, monkeypatch):
+    """The run state (the real calls began, one of them answered) lives in a
+    ChangeRun of its own; it used to be set on the argparse namespace."""
+    from stalledpolicy.morgue.change import ChangeRun
+
+    standard_morgue(r, queue_name)
+    runs = []
+    real = morgue_cli.run_change
+
+    def spy(*args, **kwargs):
+        runs.append(args[-1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(morgue_cli, "run_change", spy)
+    args = _args("replay", "--redis-url", url, "--queue", queue_name, "--all", "--yes")
+    names = set(vars(args))
+    code = morgue_cli.run(args, stdin=io.StringIO(), stdout=io.StringIO(), stderr=io.StringIO())
+    assert code == 0
+    assert set(vars(args)) == names
+    assert runs == [ChangeRun(started=True, answered=True)]
+
+
 def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_name):
     """redis-py resends a command after a timeout; a replay whose first call was
     only slow would then run twice and report its own moves as jobs that

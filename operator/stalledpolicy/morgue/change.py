@@ -35,6 +35,16 @@ from stalledpolicy.morgue.report import report_outcome, show_preview
 from stalledpolicy.morgue.stopping import Stopper
 
 @dataclass
+class ChangeRun:
+    """How far the real (not dry-run) calls of one replay or purge got: what
+    the CLI says when the command ends early (a signal, an error). Set here,
+    read by ``cli``; the parsed arguments carry none of it."""
+
+    started: bool = False  # the real calls have begun
+    answered: bool = False  # one of them came back: the change has begun to apply
+
+
+@dataclass
 class Outcome:
     """One engine call's answer, the same shape for replay and purge."""
 
@@ -58,7 +68,7 @@ def _outcome(result: Any) -> Outcome:
                    problems=list(result.problems))
 
 
-def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], *,
+def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: dict[str, Any], run: ChangeRun, *,
                  ids: list[str] | None, dry_run: bool, stopper: Stopper | None = None) -> Outcome:
     """``ids`` replaces the lane filter: pinned ids were selected by it already.
     With a ``stopper``, a SIGTERM/SIGINT stops the engine between its calls and
@@ -69,7 +79,7 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
 
     def answered(_so_far: Any) -> None:
         if not dry_run:
-            args.change_answered = True  # a real call came back: the change has begun to apply
+            run.answered = True  # a real call came back: the change has begun to apply
 
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
@@ -84,13 +94,15 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
 
 
 def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any], engine: Any,
-               out: IO[str], err: IO[str], stdin: IO[str]) -> int:
+               out: IO[str], err: IO[str], stdin: IO[str], run: ChangeRun) -> int:
+    """``run`` records how far the real calls got (for the caller's report
+    of a command that ends early)."""
     replaying = args.morgue_action == "replay"
     verb, past = ("replay", "replayed") if replaying else ("purge", "purged")
     queue = args.queue
     older_than = selection.get("older_than_s")
 
-    preview = _call_engine(engine, client, args, selection, ids=selection["ids"], dry_run=True)
+    preview = _call_engine(engine, client, args, selection, run, ids=selection["ids"], dry_run=True)
     # An age purge writes even when no job is old enough: it records a time of
     # death on the undated entries (so a later age purge can remove them). That
     # write needs the real call, and the same consent as any change.
@@ -133,19 +145,20 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
     # finish, sends no other, and the report says what moved so far.
     stopper = Stopper()
     with stopper.installed():
-        args.change_started = True
+        run.started = True
         if older_than is not None:
             # An age purge applies its rule as it runs: a job can only join the
             # selection by growing older, which is what was asked; and the engine
             # records a time of death on undated entries so a later purge can age them.
-            done = _call_engine(engine, client, args, selection, ids=None, dry_run=False, stopper=stopper)
+            done = _call_engine(engine, client, args, selection, run, ids=None, dry_run=False, stopper=stopper)
             done.missing = preview.missing
             code = report_outcome(args, out, err, done, dry_run=False, verb=verb, past=past,
                                   previewed=None if done.stopped_by else count)
         else:
             # Otherwise what was confirmed is exactly what runs: jobs dead-lettered into
             # the lane (or the morgue) while the prompt was open are not swept along.
-            done = _call_engine(engine, client, args, selection, ids=preview.ids, dry_run=False, stopper=stopper)
+            done = _call_engine(engine, client, args, selection, run, ids=preview.ids, dry_run=False,
+                                stopper=stopper)
             vanished, done.missing = done.missing, preview.missing
             reached = set(done.ids) | set(vanished) | set(done.refused)
             done.refused = {**preview.refused, **done.refused}

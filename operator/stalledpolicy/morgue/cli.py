@@ -10,7 +10,7 @@ import sys
 from typing import IO, Any
 
 from stalledpolicy.morgue.arguments import UsageError, add_arguments, change_selection, resolve_settings
-from stalledpolicy.morgue.change import run_change
+from stalledpolicy.morgue.change import ChangeRun, run_change
 from stalledpolicy.morgue.exit_codes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -88,12 +88,12 @@ def is_slot_migrating(exc: BaseException) -> bool:
 
 
 def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: str, exc: BaseException,
-                      changing: bool) -> None:
+                      changing: bool, run: ChangeRun) -> None:
     err.write(f"{prog}: the slot of queue {args.queue} is being migrated between Redis Cluster nodes "
               f"(resharding), so the morgue cannot be {'changed' if changing else 'read'} safely now; run "
               f"the command again once the slot has moved (Redis: {scrub(str(exc), url)})\n")
     if changing and not args.dry_run:
-        err.write("nothing was changed\n" if not args.change_answered else
+        err.write("nothing was changed\n" if not run.answered else
                   "the script calls before this one were applied, this one changed nothing; check with "
                   "'stalledpolicy morgue stats' and 'list'\n")
 
@@ -151,23 +151,23 @@ def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -
 
     url = args.redis_url
     where = redact_url(url)
-    args.change_started = False  # set by run_change when the real calls begin
-    args.change_answered = False  # set when one of those calls came back
+    run = ChangeRun()  # how far a change's real calls got (run_change sets it)
     try:
         with terminate_like_interrupt():
-            return _run_action(args, prog, url, where, changing, selection, out, err, stdin)
+            return _run_action(args, prog, url, where, changing, selection, run, out, err, stdin)
     except (KeyboardInterrupt, Terminated) as exc:
         # outside a change's calls (run_change stops those between calls itself)
         terminated = isinstance(exc, Terminated)
         err.write(f"\n{prog}: {'terminated (SIGTERM)' if terminated else 'interrupted'}\n")
         if changing and not args.dry_run:
-            err.write("nothing was changed\n" if not args.change_started else
+            err.write("nothing was changed\n" if not run.started else
                       "the change may have been partly applied; check with 'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, changing: bool,
-                selection: dict[str, Any] | None, out: IO[str], err: IO[str], stdin: IO[str]) -> int:
+                selection: dict[str, Any] | None, run: ChangeRun, out: IO[str], err: IO[str],
+                stdin: IO[str]) -> int:
     import redis
 
     from stalledpolicy import engine
@@ -177,7 +177,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         client = open_client(url, changing=changing)
         if not changing:
             return READ_ONLY_ACTIONS[args.morgue_action](client, args, engine, out)
-        return run_change(client, args, selection, engine, out, err, stdin)
+        return run_change(client, args, selection, engine, out, err, stdin, run)
     except ValueError as exc:
         # before a client exists: redis-py's URL parser (bad port, db, option);
         # after: the engine refusing an argument (it names the field)
@@ -186,7 +186,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         return EXIT_USAGE
     except (*unreachable_errors(), redis.ResponseError) as exc:
         if is_slot_migrating(exc):
-            _report_migration(err, prog, args, url, exc, changing)
+            _report_migration(err, prog, args, url, exc, changing, run)
             return EXIT_FAILED
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
@@ -196,7 +196,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             # a reader endpoint, or a primary demoted by a failover: reachable, but refuses writes
             err.write(f"{prog}: Redis at {where} is a read-only replica and refused the change; "
                       "point --redis-url at the primary (the server that takes writes)\n")
-            if not args.change_answered:
+            if not run.answered:
                 err.write("nothing was changed\n")
                 return EXIT_UNREACHABLE
         elif is_credentials_refusal(exc):
@@ -207,13 +207,13 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             return EXIT_FAILED
         else:
             _report_unreachable(err, prog, where, url, exc, connected=client is not None)
-        if args.change_started:
+        if run.started:
             err.write("the change may have been partly applied (it is not sent twice); check with "
                       "'stalledpolicy morgue stats' and 'list'\n")
         return EXIT_UNREACHABLE
     except redis.RedisError as exc:
         if is_slot_migrating(exc):
-            _report_migration(err, prog, args, url, exc, changing)
+            _report_migration(err, prog, args, url, exc, changing, run)
             return EXIT_FAILED
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return EXIT_FAILED
