@@ -869,7 +869,8 @@ def test_how_far_a_change_got_is_kept_apart_from_the_parsed_arguments(r, url, qu
     code = morgue_cli.run(args, stdin=io.StringIO(), stdout=io.StringIO(), stderr=io.StringIO())
     assert code == 0
     assert set(vars(args)) == names
-    assert runs == [ChangeRun(started=True, answered=True)]
+    (run,) = runs
+    assert isinstance(run, ChangeRun) and (run.started, run.answered) == (True, True)
 
 
 def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_name):
@@ -904,14 +905,90 @@ def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_n
     )
     worker.join()
     other.close()
-    assert code == 3, err.getvalue() + out.getvalue()
-    assert f"no answer from Redis at {url}?socket_timeout={timeout_s} within 1 s" in err.getvalue()
-    assert "may have been partly applied" in err.getvalue()
+    assert code == 5, err.getvalue() + out.getvalue()  # outcome unknown, not 3 (unreachable)
+    assert err.getvalue().endswith(
+        f"stalledpolicy morgue replay: a replay call got no answer from Redis at {url}?socket_timeout={timeout_s} "
+        "within 1 s\n"
+        "the call may have run on the server: its outcome is unknown (it is not sent again, and no further "
+        "call was sent)\n"
+        f"check what it did before running the command again: stalledpolicy morgue stats --queue {queue_name} "
+        "(and 'list'), with the same Redis URL\n")
     assert r.ping()  # the call that was sent has run by now
     assert evalsha_calls() - sent["before"] == 1
     for job_id in ("JOB003", "JOB004", "JOB005"):
         assert_replayed(r, queue_name, job_id, "tenant-a")
     assert r.zcard(keys.dead) == 3
+
+
+def test_a_purge_call_that_timed_out_after_others_answered_says_what_they_did(r, redis_server, url, queue_name,
+                                                                             monkeypatch):
+    """Three calls of two jobs; the second is sent while the server runs
+    another client's long script, so it times out, and runs afterwards. The
+    engineer learns that its outcome is unknown (exit 5), what the first call
+    purged, and the command to check with; the third call is never sent."""
+    from stalledpolicy import engine
+
+    monkeypatch.setattr(engine, "MORGUE_BATCH", 2)
+    for i in range(1, 6):
+        bury(r, queue_name, f"JOB00{i}")
+    keys = QueueKeys(queue_name)
+    busy = "local t = redis.call('TIME') local stop = t[1] + t[2] / 1e6 + ARGV[1] " \
+           "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 >= stop"
+    other = redis_server.client()
+    worker = threading.Thread(target=other.eval, args=(busy, 0, 1.5))
+    real = engine.morgue_purge
+
+    def purge(*args, dry_run=False, progress=None, **kwargs):
+        def after_call(result):
+            if progress is not None:
+                progress(result)
+            if not dry_run and not worker.is_alive() and len(result.ids) == 2:
+                worker.start()  # the next call waits behind it
+                time.sleep(0.1)
+        return real(*args, dry_run=dry_run, progress=after_call, **kwargs)
+
+    monkeypatch.setattr(engine, "morgue_purge", purge)
+    out, err = io.StringIO(), io.StringIO()
+    code = morgue_cli.run(
+        _args("purge", "--redis-url", f"{url}?socket_timeout=1", "--queue", queue_name, "--all", "--yes",
+              "-o", "json"),
+        stdin=io.StringIO(), stdout=out, stderr=err,
+    )
+    worker.join()
+    other.close()
+    assert code == 5, err.getvalue()
+    text = err.getvalue()
+    assert "a purge call got no answer from Redis" in text and "its outcome is unknown" in text
+    assert "2 jobs purged by the calls answered before it\n" in text
+    assert f"stalledpolicy morgue stats --queue {queue_name}" in text
+    assert "vanished" not in text and "left the morgue" not in text
+    assert r.ping()  # the unanswered call has run by now; the third was never sent
+    assert r.zrange(keys.dead, 0, -1) == ["JOB005"]
+
+
+def test_which_failures_of_a_sent_call_leave_its_outcome_unknown():
+    import redis
+
+    unknown = [redis.TimeoutError("Timeout reading from socket"), TimeoutError("timed out"),
+               redis.ConnectionError("Connection closed by server."),
+               redis.ConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")]
+    ran_nothing = [redis.TimeoutError("Timeout connecting to server"),
+                   redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+                   redis.AuthenticationError("invalid username-password pair"),
+                   redis.BusyLoadingError("Redis is loading the dataset in memory"),
+                   redis.ResponseError("NOSCRIPT"), redis.ReadOnlyError("READONLY")]
+    assert [morgue_cli.may_have_run(exc) for exc in unknown] == [True] * len(unknown)
+    assert [morgue_cli.may_have_run(exc) for exc in ran_nothing] == [False] * len(ran_nothing)
+
+
+def test_the_exit_codes_are_documented_in_the_help():
+    from stalledpolicy.morgue import exit_codes
+    from stalledpolicy.morgue.arguments import EXIT_CODES_EPILOG
+
+    codes = [value for name, value in vars(exit_codes).items() if name.startswith("EXIT_")]
+    for code in codes:
+        assert f"\n  {code} " in EXIT_CODES_EPILOG, code
+    assert "outcome unknown" in EXIT_CODES_EPILOG
 
 
 @pytest.fixture

@@ -39,10 +39,16 @@ exit codes:
        because stdin is not a terminal and --yes was not given
   3    Redis unreachable or refused our credentials, or a change sent to a
        read-only replica (point --redis-url at the primary); or the
-       connection was lost, or no answer came in time, during the operation:
-       a change is never sent twice, so check what it did with stats and list
+       connection was lost, or no answer came in time, before a change was
+       sent (the preview, a read); a change whose earlier calls were applied
+       says so: check what it did with stats and list
   4    aborted: the confirmation prompt got an answer other than y or
        yes, or end of input (Ctrl-D); nothing changed
+  5    outcome unknown: a replay or purge call was sent and no answer came
+       (the answer timeout, or the connection lost while waiting): it may
+       have run on the server. It is never sent again and no further call
+       is sent; the jobs changed by the calls answered before it are
+       counted. Check with stats and list before running the command again
   130  interrupted (Ctrl-C, SIGINT), at the confirmation prompt too
   143  terminated (SIGTERM), at the confirmation prompt too
        On either signal a replay or purge finishes the script call in

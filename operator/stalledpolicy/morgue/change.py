@@ -42,6 +42,7 @@ class ChangeRun:
 
     started: bool = False  # the real calls have begun
     answered: bool = False  # one of them came back: the change has begun to apply
+    changed: int = 0  # jobs replayed or purged by the real calls that came back
 
 
 @dataclass
@@ -77,9 +78,10 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
     lane = selection["lane"] if ids is None else None
     should_stop = stopper.should_stop if stopper is not None else (lambda: False)
 
-    def answered(_so_far: Any) -> None:
+    def answered(so_far: Any) -> None:
         if not dry_run:
             run.answered = True  # a real call came back: the change has begun to apply
+            run.changed = len(so_far.ids)
 
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,

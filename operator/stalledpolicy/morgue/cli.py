@@ -14,10 +14,12 @@ from stalledpolicy.morgue.change import ChangeRun, run_change
 from stalledpolicy.morgue.exit_codes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_OUTCOME_UNKNOWN,
     EXIT_TERMINATED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
+from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
@@ -96,6 +98,41 @@ def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: st
         err.write("nothing was changed\n" if not run.answered else
                   "the script calls before this one were applied, this one changed nothing; check with "
                   "'stalledpolicy morgue stats' and 'list'\n")
+
+
+def may_have_run(exc: BaseException) -> bool:
+    """Whether a script call that failed with ``exc`` was sent and may have
+    run: no answer came in time, or the connection was lost while waiting for
+    it. A connection that could not be made (redis-py says "connecting"),
+    refused credentials or a server still loading its data ran nothing."""
+    import redis
+
+    if isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)):
+        return False
+    if not isinstance(exc, (redis.TimeoutError, redis.ConnectionError, TimeoutError, ConnectionError)):
+        return False
+    return "connecting" not in str(exc).lower()
+
+
+def _report_outcome_unknown(err: IO[str], prog: str, args: argparse.Namespace, where: str, url: str,
+                            exc: BaseException, run: ChangeRun) -> None:
+    """A real replay or purge call went unanswered (EXIT_OUTCOME_UNKNOWN)."""
+    import redis
+
+    verb = args.morgue_action
+    past = "replayed" if verb == "replay" else "purged"
+    if isinstance(exc, TimeoutError | redis.TimeoutError):
+        err.write(f"{prog}: a {verb} call got no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
+    else:
+        reason = scrub(str(exc), url) or type(exc).__name__
+        err.write(f"{prog}: lost the connection to Redis at {where} while waiting for the answer to a "
+                  f"{verb} call: {reason}\n")
+    err.write("the call may have run on the server: its outcome is unknown (it is not sent again, and no "
+              "further call was sent)\n")
+    if run.changed:
+        err.write(f"{jobs_phrase(run.changed)} {past} by the calls answered before it\n")
+    err.write(f"check what it did before running the command again: stalledpolicy morgue stats --queue "
+              f"{args.queue} (and 'list'), with the same Redis URL\n")
 
 
 def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: BaseException, *,
@@ -185,6 +222,9 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
     except (*unreachable_errors(), redis.ResponseError) as exc:
+        if run.started and may_have_run(exc):
+            _report_outcome_unknown(err, prog, args, where, url, exc, run)
+            return EXIT_OUTCOME_UNKNOWN
         if is_slot_migrating(exc):
             _report_migration(err, prog, args, url, exc, changing, run)
             return EXIT_FAILED

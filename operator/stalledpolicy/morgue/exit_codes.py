@@ -6,5 +6,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_ABORTED = 4
+# a replay or purge call was sent and no answer came: it may have run (never resent)
+EXIT_OUTCOME_UNKNOWN = 5
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
