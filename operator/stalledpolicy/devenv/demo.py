@@ -457,6 +457,8 @@ def up(state_dir: Path) -> int:
             state.kubectl("apply", "--server-side", "-f", str(crd_path()))
             state.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
             state.kubectl("create", "namespace", NAMESPACE)
+            # So that a plain `kubectl get stalledpolicies` with this kubeconfig shows the demo's.
+            state.kubectl("config", "set-context", "--current", f"--namespace={NAMESPACE}")
             state.kubectl("apply", "-f", "-", input=json.dumps(secret_manifest(state.redis_url)))
             note(f"namespace {NAMESPACE}, Secret {SECRET} holding the Redis URL")
         with progress.step("operator and pod runner (background processes)") as note:
@@ -604,10 +606,16 @@ def status(state_dir: Path) -> int:
     for name, proc in state.processes.items():
         print(f"{name:<14} {'running' if proc.alive() else 'NOT running'}  pid {proc.pid}  log {proc.log}")
     print()
+    down_parts = [name for name, proc in state.processes.items() if not proc.alive()]
     if plane:
         show(state)
-        print(footer(state))
-    return 0 if plane and all(p.alive() for p in state.processes.values()) else 1
+    if not plane or down_parts:
+        # The table above may still look healthy (statuses are last written values).
+        print(f"The demo is broken: {', '.join(([] if plane else ['control plane']) + down_parts)} "
+              "not running; the logs above say why. Start again: make demo-down && make demo")
+        return 1
+    print(footer(state))
+    return 0
 
 
 # --------------------------------------------------------------------------- down
