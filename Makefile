@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers lint clean
+.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
