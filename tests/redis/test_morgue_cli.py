@@ -196,6 +196,23 @@ def test_the_sweepers_variables_work_as_the_sweeper_reads_them(r, url, queue_nam
     assert "--queue is required (or set STALLEDPOLICY_QUEUE)" in result.stderr
 
 
+def test_a_blank_url_is_refused_naming_where_it_came_from(r, url, queue_name):
+    """A set-but-blank STALLEDPOLICY_REDIS_URL (a Secret key holding nothing) is a
+    refusal that names the variable, as in the sweeper, not '--redis-url is
+    required (or set ...)' for a variable that is set; a blank --redis-url is
+    refused too instead of falling back to the variable."""
+    for blank in ("", " \n"):
+        result = morgue(None, "stats", "--queue", queue_name, env={"STALLEDPOLICY_REDIS_URL": blank})
+        assert result.returncode == 2, result.stderr
+        assert "STALLEDPOLICY_REDIS_URL is set but empty (or only whitespace)" in result.stderr
+        assert "is required" not in result.stderr
+        result = morgue(blank, "stats", "--queue", queue_name, env={"STALLEDPOLICY_REDIS_URL": url})
+        assert result.returncode == 2, result.stderr
+        assert "--redis-url is set but empty (or only whitespace)" in result.stderr
+    result = morgue(None, "stats", "--queue", queue_name)
+    assert result.returncode == 2 and "--redis-url is required (or set STALLEDPOLICY_REDIS_URL)" in result.stderr
+
+
 # --------------------------------------------------------------------- list
 
 

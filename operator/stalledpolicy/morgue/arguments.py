@@ -10,7 +10,7 @@ from typing import Any
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
-from stalledpolicy.redis_url import check_redis_url
+from stalledpolicy.redis_url import check_redis_url, stored_url
 from stalledpolicy.sweeper.config import SETTINGS, NumberOutOfRange, whole_number
 from stalledpolicy.tables import shown
 
@@ -184,12 +184,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> None:
     """Fill --redis-url/--queue from the environment and validate; UsageError names the setting.
     As the sweeper reads the same variables: whitespace around a value is
-    dropped (a URL from a Secret often ends in a newline) and an empty
-    variable counts as unset."""
-    args.redis_url = (args.redis_url or "").strip() or _from_env(ENV_REDIS_URL)
+    dropped (a URL from a Secret often ends in a newline; redis_url.stored_url)
+    and an empty variable counts as unset, except the URL: given but blank
+    (the flag, or the variable) is refused, never replaced by the other."""
+    source = "--redis-url" if args.redis_url is not None else ENV_REDIS_URL
+    given = args.redis_url if args.redis_url is not None else os.environ.get(ENV_REDIS_URL)
+    args.redis_url = stored_url(given) if given is not None else None
     queue = args.queue.strip() if args.queue is not None else _from_env(ENV_QUEUE)
-    if not args.redis_url:
+    if given is None:
         raise UsageError(f"--redis-url is required (or set {ENV_REDIS_URL}), e.g. redis://host:6379/0")
+    if not args.redis_url:
+        raise UsageError(f"{source} is set but empty (or only whitespace); set it to the Redis URL, "
+                         "e.g. redis://host:6379/0")
     problem = check_redis_url(args.redis_url)
     if problem is not None:
         # the problem names the part that is wrong; no part of the URL is shown
