@@ -244,6 +244,29 @@ def test_missing_secret_is_ready_false_then_recovers(operator, apis, kube_namesp
     assert "password" not in json.dumps(get_policy(custom, kube_namespace, "nosecret")["status"]).lower()
 
 
+def test_a_blank_secret_value_is_secret_value_empty_then_recovers(operator, apis, kube_namespace, redis_server,
+                                                                   queue_name):
+    """The key exists and holds only whitespace: SecretValueEmpty (it was SecretKeyNotFound,
+    'has no key', which sent people looking for a key that is there)."""
+    core, _, custom = apis
+    core.create_namespaced_secret(kube_namespace, redis_secret("blank", " \n"))
+    create_policy(custom, kube_namespace, policy_manifest("blankurl", queue_name, secret="blank"))
+
+    redis_condition = wait_for_reason(custom, kube_namespace, "blankurl", "SecretValueEmpty", "RedisReachable")
+    assert redis_condition["status"] == "False"
+    assert redis_condition["message"].startswith(
+        f"the value of key 'url' in Secret {kube_namespace}/blank (spec.redis.secretRef) is empty or only whitespace; ")
+    ready = condition(get_policy(custom, kube_namespace, "blankurl"), "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "SecretValueEmpty")
+    core.patch_namespaced_secret("blank", kube_namespace, {"stringData": {"url": redis_server.url}})
+    # read again once the operator's Secret cache (30 s) expires
+    reachable = wait_for(lambda: (lambda c: c if c and c["reason"] == "Reachable" else None)(
+        condition(get_policy(custom, kube_namespace, "blankurl"), "RedisReachable")), "RedisReachable again",
+        timeout=75, interval=1)
+    assert reachable["status"] == "True"
+    assert redis_server.url not in json.dumps(get_policy(custom, kube_namespace, "blankurl")["status"])
+
+
 def policy_gone(custom, namespace: str, name: str) -> bool:
     try:
         get_policy(custom, namespace, name)

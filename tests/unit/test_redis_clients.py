@@ -84,3 +84,26 @@ def test_the_operator_digests_the_url_the_sweeper_reads(stored):
         return secret_value_digest("ns", "creds", "url", url, "secret-uid")
 
     assert digest(resolved) == digest(URL) != digest(URL.replace("db.example", "db2.example"))
+
+
+@pytest.mark.parametrize("stored", ["", " ", "\n", " \t\r\n"], ids=["empty", "space", "newline", "whitespace"])
+def test_a_blank_secret_value_is_secret_value_empty_not_a_missing_key(stored):
+    """The key is there, its value blank: SecretKeyNotFound ('has no key') was
+    wrong. Its own reason, a configuration problem (Ready's reason before a rollout
+    that cannot finish: the sweeper refuses a blank URL), counted under its name."""
+    from stalledpolicy.controller.metrics import REFRESH_FAILURE_REASONS
+    from stalledpolicy.controller.status import CONFIGURATION_REASONS
+
+    data = {"url": base64.b64encode(stored.encode()).decode(), "other": base64.b64encode(b"x").decode()}
+    reader = SecretReader(lambda namespace, name: data, ttl=60)
+    with pytest.raises(RedisConfigError) as caught:
+        resolve_url("ns", {"secretRef": {"name": "creds", "key": "url"}}, reader)
+    error = caught.value
+    assert error.reason == "SecretValueEmpty"
+    assert error.message.startswith(f"{SECRET_URL_WHERE} (spec.redis.secretRef) is empty or only whitespace; ")
+    assert "has no key" not in error.message and "redis://" in error.message
+    assert "SecretValueEmpty" in CONFIGURATION_REASONS and "SecretValueEmpty" in REFRESH_FAILURE_REASONS
+    # a key that is absent is still SecretKeyNotFound
+    with pytest.raises(RedisConfigError) as absent:
+        resolve_url("ns", {"secretRef": {"name": "creds", "key": "nope"}}, reader)
+    assert absent.value.reason == "SecretKeyNotFound" and "has no key 'nope'" in absent.value.message

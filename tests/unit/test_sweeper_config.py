@@ -263,3 +263,25 @@ def test_a_bad_url_is_refused_without_any_part_of_it(url, source, capsys):
     for text in (problem, err):
         for fragment in ("s3cr", "et@", "cache7", "x#y", "0x", "99999", "::1", "got "):
             assert fragment not in text, (fragment, text)
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n", " \t\r\n"])
+def test_a_set_but_blank_redis_url_is_refused_not_taken_for_the_default(blank, capsys):
+    """A Secret key holding nothing (or a newline) reaches the sweeper as a blank
+    STALLEDPOLICY_REDIS_URL: it used to count as unset, and the sweeper swept
+    redis://127.0.0.1:6379/0 without a word. Refused (exit 2), naming the setting
+    and the fix; the other settings keep 'empty is unset'."""
+    env = {"STALLEDPOLICY_REDIS_URL": blank, "STALLEDPOLICY_MAX_STALLED": ""}
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of(["--queue", "q"]), env)
+    [problem] = caught.value.problems
+    assert problem.startswith("--redis-url (STALLEDPOLICY_REDIS_URL): is set but empty (or only whitespace); ")
+    assert "redis://[:password@]host[:port][/db]" in problem and "spec.redis.secretRef" in problem
+    assert cli.run(parse(["--queue", "q"]), environ=env) == cli.EXIT_USAGE
+    assert "STALLEDPOLICY_REDIS_URL): is set but empty" in capsys.readouterr().err
+    # the flag given blank is refused the same way (it never falls back to the variable)
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of(["--queue", "q", "--redis-url", blank]), {"STALLEDPOLICY_REDIS_URL": "redis://h/0"})
+    assert caught.value.problems[0].startswith("--redis-url (STALLEDPOLICY_REDIS_URL): is set but empty")
+    # unset: still the documented default
+    assert load_config(flags_of(["--queue", "q"]), {}).redis_url.get_secret_value() == "redis://127.0.0.1:6379/0"

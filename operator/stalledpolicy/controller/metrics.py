@@ -28,7 +28,8 @@ RECONCILE_RESULTS = {
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
 REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", "SecretNotFound",
-                           "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL", "InvalidSpec")
+                           "SecretKeyNotFound", "SecretValueEmpty", "SecretUnreadable", "InvalidRedisURL",
+                           "InvalidSpec")
 OTHER = "Other"
 REPLAY_RESULTS = ("done", "failed", "refused")
 

@@ -144,11 +144,19 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
             f"the value of key {key!r} in Secret {namespace}/{name} is not UTF-8 text, so not a Redis URL "
             "(spec.redis.secretRef.key names the wrong key?); store the URL, "
             "redis://[user:password@]host:port/db, under that key") from None
-    if not value:
+    if value is None:
         raise RedisConfigError(
             "SecretKeyNotFound",
             f"Secret {namespace}/{name} has no key {key!r} (spec.redis.secretRef.key); "
             f"keys present: {sorted(data)}")
+    if not value:
+        # The key is there, its value blank (nothing but whitespace, which
+        # stored_url drops): the sweeper refuses it too. Nothing of the value
+        # is quoted, its length neither.
+        raise RedisConfigError(
+            "SecretValueEmpty",
+            f"the value of key {key!r} in Secret {namespace}/{name} (spec.redis.secretRef) is empty or only "
+            "whitespace; store the Redis URL, redis://[user:password@]host:port/db, under that key")
     return check_url(value, f"the value of key {key!r} in Secret {namespace}/{name}")
 
 

@@ -173,7 +173,8 @@ def redis_condition(problem: Problem | None) -> Condition:
 # RedisReachable reasons that a person must fix in the policy or its Secret (or
 # the operator's RBAC), as opposed to an outage that passes.
 CONFIGURATION_REASONS = frozenset({
-    "SecretNotFound", "SecretKeyNotFound", "SecretUnreadable", "InvalidRedisURL", "InvalidSpec"})
+    "SecretNotFound", "SecretKeyNotFound", "SecretValueEmpty", "SecretUnreadable", "InvalidRedisURL",
+    "InvalidSpec"})
 
 
 def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:

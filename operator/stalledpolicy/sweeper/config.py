@@ -51,6 +51,11 @@ _VALUE_SHOWN_MAX = 64
 _NUMBER_SHOWN_MAX, _NUMBER_SHOWN_KEPT = 24, 12
 _INT_FIELDS = ("max_stalled", "batch_size", "metrics_port")
 _BUDGET_RANGE = f"a budget must be from 0 to {BUDGET_MAX}"
+REDIS_URL_DEFAULT = "redis://127.0.0.1:6379/0"
+REDIS_URL_BLANK = ("is set but empty (or only whitespace); set it to the Redis URL, "
+                   "redis://[:password@]host[:port][/db] (in a sweeper pod: the value of the key "
+                   "spec.redis.secretRef names in the policy's Secret), or leave it unset for the "
+                   f"default {REDIS_URL_DEFAULT}")
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ class SweeperConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    redis_url: SecretStr = SecretStr(REDIS_URL_DEFAULT)
     queue: str
     max_stalled: int = 1
     lanes: dict[str, int] = {}
@@ -169,9 +174,13 @@ class SweeperConfig(BaseModel):
     @classmethod
     def _redis_url(cls, value: Any) -> Any:
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        url = stored_url(raw) if isinstance(raw, str) else ""
-        if not url:
+        if not isinstance(raw, str):
             raise _fail("must be a Redis URL; write redis://[:password@]host[:port][/db]")
+        url = stored_url(raw)
+        if not url:
+            # given, but blank: never the default in its place (a Secret key whose
+            # value is empty would send the sweeper to 127.0.0.1 without a word)
+            raise _fail(REDIS_URL_BLANK)
         problem = check_redis_url(url)
         if problem is not None:
             raise _fail(problem)
@@ -388,7 +397,9 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Sweeper
     """Merge flags (None = not given) over ``STALLEDPOLICY_*`` variables and validate.
 
     ``flags`` maps field names to parsed flag values; an empty variable counts
-    as unset (a Deployment often renders optional values as ``""``).
+    as unset (a Deployment often renders optional values as ``""``), except
+    STALLEDPOLICY_REDIS_URL: set but blank (a Secret key holding nothing) is
+    refused, not taken for the default Redis.
     Raises :class:`ConfigError` naming every bad setting.
     """
     given: dict[str, Any] = {}
@@ -398,7 +409,7 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Sweeper
             given[field] = flag_value
             continue
         env_value = environ.get(setting.env)
-        if env_value is not None and env_value.strip() != "":
+        if env_value is not None and (env_value.strip() != "" or field == "redis_url"):
             given[field] = env_value
     try:
         return SweeperConfig(**given)
