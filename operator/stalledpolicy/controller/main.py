@@ -16,6 +16,7 @@ import kopf
 from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
                                       VERSION)
 from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
 from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, drifted_policy,
                                                 reapply_after_deletion, reconcile, revert_drift)
 
@@ -61,8 +62,10 @@ async def stop_liveness(**_) -> None:
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_) -> None:
     global _controller, _metrics_server
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # kopf's annotations, each bound to the uid it was written for: a policy created
+    # again from an export (its annotations copied) is handled as new (kopf_storage.py).
+    settings.persistence.progress_storage = UidProgressStorage(prefix=STORAGE_PREFIX)
+    settings.persistence.diffbase_storage = UidDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration")
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
