@@ -25,7 +25,17 @@ from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 MASK = "***"
 UNPARSEABLE = "<unparseable URL>"
 SCHEMES = ("redis://", "rediss://", "unix://")
-_WRITE = "write redis://[:password@]host[:port][/db]"
+NETWORK_SCHEMES = ("redis://", "rediss://")
+# The forms our messages teach. A URL with the password (--redis-url, a Secret's value):
+URL_FORM = "redis://[:password@]host[:port][/db]"
+# spec.redis.url, which refuses credentials (they go in the Secret of spec.redis.secretRef):
+INLINE_URL_FORM = "redis://host[:port][/db]"
+INLINE_URL_ADVICE = (f"write {INLINE_URL_FORM} (rediss:// for TLS), without a user or password: "
+                     "a URL with a password goes in a Secret, named by spec.redis.secretRef")
+_WRITE = f"write {URL_FORM}"
+# unix:// is refused for a StalledPolicy (check_redis_url(unix=False)): no pod it runs mounts a socket
+UNIX_IN_POLICY = ("unix:// (a socket) is not supported for a StalledPolicy: the sweeper pods and the "
+                  "operator mount no socket and reach Redis over the network")
 _ENCODE = ("percent-encode a '/', '?', '#' or '@' in the user or password "
            "as %2F, %3F, %23 or %40")
 _DB_PATH = re.compile(r"/?|/[0-9]+/?")
@@ -149,12 +159,36 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
 _URL_START = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+# Forms of a URL our own messages teach: placeholders ("password", "[:port]"),
+# no one's value. redact_urls shows them as written (the brackets would make
+# redact_url call them unparseable, the "@" take "[:password" for credentials).
+# Only a whole match counts, give or take trailing punctuation; anything else
+# that looks like one (a real password in the place of "password") is masked.
+URL_FORMS = frozenset({
+    URL_FORM,
+    INLINE_URL_FORM,
+    "redis://[:password@]host:port/db",
+    "redis://[user:password@]host:port/db",
+    "redis://[user:password@]host[:port][/db]",
+    "redis://user:password@host:port/db",
+    "redis://:password@host:port/db",
+})
+_AFTER_A_FORM = ".,;:)'\""
+
+
+def _redact_found(url: str) -> str:
+    if url.rstrip(_AFTER_A_FORM) in URL_FORMS:
+        return url
+    return redact_url(url)
+
+
 def redact_urls(text: str) -> str:
     """``text`` with every URL in it redacted (:func:`redact_url`), for text we
     did not write: argparse's complaints, an API server's or a library's message.
     A password holding whitespace cannot be told from the text after it: in a
-    value that is a URL, :func:`redact_value` finds it."""
-    return _URL_IN_TEXT.sub(lambda url: redact_url(url.group(0)), text)
+    value that is a URL, :func:`redact_value` finds it. The forms of
+    :data:`URL_FORMS` (placeholders our messages teach) are left as written."""
+    return _URL_IN_TEXT.sub(lambda url: _redact_found(url.group(0)), text)
 
 
 def stored_url(text: str) -> str:
@@ -175,9 +209,14 @@ def redact_value(value: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def check_redis_url(url: str) -> str | None:
+def check_redis_url(url: str, *, unix: bool = True, credentials: bool = True) -> str | None:
     """What is wrong with ``url`` as a Redis URL, or None when redis-py will
     read it as written.
+
+    ``unix=False``: a unix:// URL is refused too (a StalledPolicy's: its pods
+    mount no socket). ``credentials=False``: the URL of a field that refuses
+    credentials (``spec.redis.url``; the caller refuses them): the fixes show
+    its own form, never one with a password.
 
     The contract: the problem is a phrase to follow the name of the setting
     (``f"--redis-url: {problem}"``, ``f"spec.redis.url {problem}"``); it says
@@ -194,12 +233,17 @@ def check_redis_url(url: str) -> str | None:
     one connection object opens no socket, so these are found at start rather
     than mistaken later for an unreachable server.
     """
+    write = _WRITE if credentials else INLINE_URL_ADVICE
     if not url.strip():
-        return f"is empty; {_WRITE}"
-    if not url.startswith(SCHEMES):
-        return f"must start with redis://, rediss:// (TLS) or unix://; {_WRITE}"
+        return f"is empty; {write}"
+    if not unix and url.startswith("unix://"):
+        return f"must start with redis:// or rediss:// (TLS); {UNIX_IN_POLICY}; {write}"
+    if not url.startswith(SCHEMES if unix else NETWORK_SCHEMES):
+        schemes = "redis://, rediss:// (TLS) or unix://" if unix else "redis:// or rediss:// (TLS)"
+        return f"must start with {schemes}; {write}"
     if "#" in url:
-        return f"holds a '#', which ends the URL for redis-py; {_ENCODE}"
+        fix = _ENCODE if credentials else "remove it (a URL with a password goes in a Secret, spec.redis.secretRef)"
+        return f"holds a '#', which ends the URL for redis-py; {fix}"
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -212,18 +256,18 @@ def check_redis_url(url: str) -> str | None:
         if not parts.path:
             return "has no socket path; write unix:///path/to/redis.sock?db=0"
         return _check_query(url) or _check_connection_options(url)
-    return _check_host_and_path(parts) or _check_query(url) or _check_connection_options(url)
+    return _check_host_and_path(parts, write) or _check_query(url) or _check_connection_options(url)
 
 
-def _check_host_and_path(parts: Any) -> str | None:
+def _check_host_and_path(parts: Any, write: str) -> str | None:
     try:
         port = parts.port  # raises on a non-numeric or out-of-range port
     except ValueError:
         # an '@' past the host: most likely a password cut short by a delimiter
         hint = f"; {_ENCODE}" if "@" in parts.geturl() and "@" not in parts.netloc else ""
-        return f"has a port that is not a number from 1 to 65535; {_WRITE}{hint}"
+        return f"has a port that is not a number from 1 to 65535; {write}{hint}"
     if not parts.hostname:
-        return f"has no host; {_WRITE}"
+        return f"has no host; {write}"
     if port == 0:
         return "has port 0; use the server's port (6379 by default)"
     if not _DB_PATH.fullmatch(unquote(parts.path)):
@@ -303,7 +347,11 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     client = redis.Redis.from_url(url, **plain_options)
     try:
         cluster_enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError:
+    except redis.ResponseError as exc:
+        if is_missing_database(exc):
+            # SELECT refused as the connection was made, not INFO: the URL is wrong
+            client.close()
+            raise
         # INFO refused (a proxy, a managed server's restricted ACL user): treat as a plain server
         cluster_enabled = False
     except BaseException:
@@ -359,13 +407,37 @@ def is_missing_database(exc: BaseException) -> bool:
     return "DB index is out of range" in str(exc)
 
 
-def missing_database_problem(url: str) -> str:
-    """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`)."""
+def missing_database_problem(url: str, databases: int | None = None) -> str:
+    """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`);
+    ``databases``: the server's own count, when known (:func:`server_databases`)."""
     from redis.connection import parse_url
 
     db = int(parse_url(url).get("db", 0))
+    if databases is not None and databases > 0:
+        return (f"the database {db} does not exist on this server: it has {databases} "
+                f"('databases {databases}' in its configuration), numbered 0 to {databases - 1}; "
+                "use one of them, such as /0")
     return (f"the database {db} does not exist on this server (it has fewer: 'databases' in its "
             "configuration, 16 by default, numbered from 0); use a database the server has, such as /0")
+
+
+def server_databases(url: str, **client_options: Any) -> int | None:
+    """How many databases the server of ``url`` has (``CONFIG GET databases``,
+    asked on database 0), or None when it does not say (CONFIG refused by the
+    ACL or a managed server, no answer). One short-lived connection."""
+    import redis
+
+    pool = redis.ConnectionPool.from_url(url, **{**client_options, "decode_responses": True})
+    pool.connection_kwargs["db"] = 0  # the URL's database is the one that is missing
+    client = redis.Redis(connection_pool=pool)
+    try:
+        value = client.config_get("databases").get("databases")
+        return int(value) if value is not None else None
+    except (redis.RedisError, OSError, ValueError, TypeError, AttributeError):
+        return None
+    finally:
+        client.close()
+        pool.disconnect()
 
 
 # A URL whose scheme does not match the server's TLS fails in ways redis-py

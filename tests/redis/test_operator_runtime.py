@@ -274,6 +274,27 @@ def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_s
     assert "HELLO" not in redis["message"] and "c0rrect" not in str(sink.patches)
 
 
+def test_a_database_the_server_lacks_is_an_invalid_url_not_an_outage(world, redis_server):
+    """Redis answered (SELECT 16: 'DB index is out of range'): the URL is wrong, so
+    InvalidRedisURL naming the database and the server's own count, not RedisUnreachable."""
+    ctl, sink, recorder, _, secrets = world
+    ctl.refresh(("ns", "p"))
+    url = redis_server.url.replace("redis://", "redis://:hunter2@").removesuffix("/0") + "/16"
+    secrets[("ns", "creds")] = {"url": b64(url)}
+    redis_server.client().config_set("requirepass", "hunter2")
+    try:
+        ctl.refresh(("ns", "p"))
+        ctl.refresh(("ns", "p"))
+    finally:
+        redis_server.client(password="hunter2").config_set("requirepass", "")
+    reachable = condition_of(sink.patches[-1], "RedisReachable")
+    assert (reachable["status"], reachable["reason"]) == ("False", "InvalidRedisURL"), reachable
+    assert "database 16" in reachable["message"] and "it has 16" in reachable["message"], reachable
+    assert "hunter2" not in str(sink.patches) and "hunter2" not in str(recorder.events)
+    assert [e[2] for e in recorder.events].count("InvalidRedisURL") == 1
+    assert "RedisUnreachable" not in [e[2] for e in recorder.events]
+
+
 def test_a_queue_key_redis_refuses_to_read_is_no_outage_and_keeps_the_shared_client(world, r, queue_name,
                                                                                      redis_server):
     """Redis answered (WRONGTYPE: a key of the queue holds another type): not

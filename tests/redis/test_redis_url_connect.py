@@ -67,3 +67,15 @@ def test_an_unreachable_server_raises_an_unreachable_error(redis_server):
 
     with pytest.raises(unreachable_errors()):
         connect(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1.0)
+
+
+def test_a_database_the_server_lacks_is_raised_not_taken_for_a_refused_info(redis_server):
+    """SELECT fails as the connection is made, before INFO: that is the URL's
+    database, not an ACL refusing INFO (which gives a plain client)."""
+    from stalledpolicy.redis_url import is_missing_database, server_databases
+
+    url = redis_server.url.removesuffix("/0") + "/16"
+    with pytest.raises(redis.ResponseError) as caught:
+        connect(url, decode_responses=True, socket_timeout=3.0)
+    assert is_missing_database(caught.value)
+    assert server_databases(url, socket_timeout=3.0) == 16

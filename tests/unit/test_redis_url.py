@@ -209,3 +209,83 @@ def test_a_quote_in_a_password_does_not_end_the_url_in_free_text():
     text = redact_urls('connect to redis://:pa"ss@db:6379/0 failed, and to \'redis://:x\'y@db2\'')
     assert "pa" not in text and "ss" not in text and "x'y" not in text
     assert "redis://:***@db:6379/0" in text and "@db2" in text
+
+
+# -- the forms our messages teach survive the masking of Events ------------------------
+# An Event's message passes redact_urls (its last line); a condition's does not. The
+# hint "write redis://[:password@]host[:port][/db]" came out of it as "write
+# <unparseable URL>" (the brackets), so the Event and the condition said different things.
+
+_BAD_FOR_HINTS = ["", "http://h/0", "unix:///run/redis.sock", "redis:///0", "redis://h:99999/0",
+                  "redis://:s3cr/et@h:6s3cr/0", "redis://h/0#x", "redis://h/1x", "unix://"]
+
+
+@pytest.mark.parametrize("url", _BAD_FOR_HINTS)
+@pytest.mark.parametrize(("unix", "credentials"), [(True, True), (False, True), (False, False)])
+def test_every_problem_reads_the_same_after_the_event_masking(url, unix, credentials):
+    from stalledpolicy.redis_url import redact_urls
+
+    problem = check_redis_url(url, unix=unix, credentials=credentials)
+    if problem is None:
+        assert unix and url.startswith("unix:///")  # a socket, fine for the CLIs
+        return
+    assert redact_urls(problem) == problem
+    assert "<unparseable URL>" not in redact_urls(f"spec.redis.url {problem}")
+
+
+@pytest.mark.parametrize("form", [
+    "redis://[:password@]host[:port][/db]", "redis://host[:port][/db]", "redis://[user:password@]host:port/db",
+    "redis://user:password@host:port/db", "redis://:password@host:port/db",
+])
+def test_each_taught_form_is_shown_as_written_with_punctuation_after_it(form):
+    from stalledpolicy.redis_url import redact_urls
+
+    for text in (f"write {form}", f"write {form}; then", f"({form}), or", f"store the URL, {form}, under"):
+        assert redact_urls(text) == text
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    # a real password where the form has "password": masked
+    ("write redis://[:hunter2@]host[:port][/db]", "hunter2"),
+    ("redis://user:hunter2@host:port/db", "hunter2"),
+    ("redis://:hunter2@host:port/db", "hunter2"),
+    ("redis://[user:hunter2@]host:port/db", "hunter2"),
+    # a form with anything after it but punctuation is no form
+    ("redis://[:password@]host[:port][/db]?password=hunter2", "hunter2"),
+    ("redis://[:password@]host[:port][/db]@db.example:hunter2@h", "hunter2"),
+    ("redis://user:password@host:port/db/hunter2@h", "hunter2"),
+    # the very words of a form with a real host: masked like any URL
+    ("cannot reach redis://:password@db.example:6379/0", ":password@"),
+    ("cannot reach redis://:s3cret@[::1/0", "s3cret"),
+])
+def test_masking_still_lets_no_password_through(text, secret):
+    from stalledpolicy.redis_url import redact_urls
+
+    assert secret not in redact_urls(text)
+
+
+def test_the_hint_for_spec_redis_url_offers_no_password():
+    """spec.redis.url refuses credentials: its hint gives its own form and names
+    spec.redis.secretRef for a URL with a password."""
+    for url in ("", "http://h/0", "redis:///0", "redis://h:99999/0", "unix:///run/redis.sock"):
+        problem = check_redis_url(url, unix=False, credentials=False)
+        assert "password@" not in problem and "[:password" not in problem, problem
+        assert "redis://host[:port][/db]" in problem and "spec.redis.secretRef" in problem
+    assert "percent-encode" not in check_redis_url("redis://h/0#x", credentials=False)
+
+
+@pytest.mark.parametrize("url", ["unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock"])
+def test_a_socket_url_is_refused_for_a_policy_and_says_why(url):
+    assert check_redis_url(url) is None  # the CLIs keep it
+    problem = check_redis_url(url, unix=False)
+    assert problem.startswith("must start with redis:// or rediss:// (TLS); unix://")
+    assert "StalledPolicy" in problem and "pw" not in problem
+
+
+def test_a_missing_database_names_the_servers_count_when_known():
+    from stalledpolicy.redis_url import missing_database_problem
+
+    known = missing_database_problem("redis://:pw@h:6379/16", 16)
+    assert "database 16" in known and "it has 16" in known and "0 to 15" in known and "pw" not in known
+    unknown = missing_database_problem("redis://h/20")
+    assert "database 20" in unknown and "16 by default" in unknown

@@ -34,11 +34,15 @@ def url_digest(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def check_url(url: str, where: str) -> str:
+def check_url(url: str, where: str, *, inline: bool = False) -> str:
     """``url`` when redis-py can use it; else RedisConfigError naming ``where``
     and the wrong part in our own words (check_redis_url's), never urllib's or
-    redis-py's error text: theirs quotes the URL, password included."""
-    problem = redis_url.check_redis_url(url)
+    redis-py's error text: theirs quotes the URL, password included.
+
+    A policy's URL is never unix:// (no pod of the policy mounts a socket);
+    ``inline`` (spec.redis.url, which refuses credentials): the fixes give that
+    field's form, without a password."""
+    problem = redis_url.check_redis_url(url, unix=False, credentials=not inline)
     if problem is not None:
         raise RedisConfigError("InvalidRedisURL", f"{where} {problem}")
     return url
@@ -124,7 +128,7 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
     if url and ref:
         raise RedisConfigError("InvalidSpec", "spec.redis: set either url or secretRef, not both")
     if url:
-        return check_url(url, "spec.redis.url")
+        return check_url(url, "spec.redis.url", inline=True)
     if not ref or not ref.get("name"):
         raise RedisConfigError("InvalidSpec", "spec.redis: set url or secretRef {name, key}")
     name, key = ref["name"], ref.get("key") or "url"
@@ -161,9 +165,23 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
 
 
 def connect(url: str, timeout: float):
-    """The operator's decoded client for ``url`` (a RedisCluster on a cluster node)."""
-    return redis_url.connect(url, decode_responses=True, socket_timeout=timeout,
-                             socket_connect_timeout=timeout)
+    """The operator's decoded client for ``url`` (a RedisCluster on a cluster node).
+
+    A database the server lacks (``/16`` on a server with 16) is the URL's
+    fault, not an outage: RedisConfigError InvalidRedisURL naming the database
+    and the server's count (when CONFIG GET tells it), no part of the URL."""
+    import redis
+
+    try:
+        return redis_url.connect(url, decode_responses=True, socket_timeout=timeout,
+                                 socket_connect_timeout=timeout)
+    except redis.ResponseError as exc:
+        if not redis_url.is_missing_database(exc):
+            raise
+        databases = redis_url.server_databases(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        raise RedisConfigError(
+            "InvalidRedisURL",
+            f"spec.redis: {redis_url.missing_database_problem(url, databases)}") from None
 
 
 class RedisClients:
