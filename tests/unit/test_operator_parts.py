@@ -530,6 +530,9 @@ class FakeApps:
         self.applied = []
         self.refuse = None
         self.patches = []  # merge patches (not applies)
+        self.annotation_patches = []  # merge patches of metadata.annotations
+        # annotations those patches set: an Update's fields, which our applies leave alone
+        self.patched_annotations = {}
         self.rv = 0
         # pod template annotations another field manager owns: an apply of ours
         # leaves them (server-side apply), as `kubectl rollout restart`'s
@@ -551,6 +554,8 @@ class FakeApps:
         merged = copy.deepcopy(body)
         template_meta = merged["spec"]["template"].setdefault("metadata", {})
         template_meta.setdefault("annotations", {}).update(self.foreign_annotations)
+        if self.patched_annotations:
+            merged["metadata"].setdefault("annotations", {}).update(self.patched_annotations)
         if self.stored is None or self.stored["spec"] != merged["spec"]:
             generation += 1
             self.rv += 1
@@ -559,11 +564,21 @@ class FakeApps:
         return Response(self.stored)
 
     def _merge_patch(self, body, **kwargs):
-        """A JSON merge patch of spec.replicas (the operator scaling a refused sweeper to 0)."""
+        """A JSON merge patch of spec.replicas (the operator scaling a refused sweeper to 0),
+        or of the drift reverts' annotation."""
         assert kwargs["field_manager"] == "stalledpolicy-operator" and "force" not in kwargs
-        assert body == {"spec": {"replicas": body["spec"]["replicas"]}}
         if self.refuse is not None:
             raise self.refuse
+        if "metadata" in body:
+            assert list(body) == ["metadata"] and list(body["metadata"]) == ["annotations"]
+            self.annotation_patches.append(copy.deepcopy(body))
+            self.patched_annotations.update(body["metadata"]["annotations"])
+            self.stored["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+            self.stored["metadata"]["generation"] += 1  # a Deployment's annotations are in its generation
+            self.rv += 1
+            self.stored["metadata"]["resourceVersion"] = str(self.rv)
+            return Response(self.stored)
+        assert body == {"spec": {"replicas": body["spec"]["replicas"]}}
         self.patches.append(copy.deepcopy(body))
         if self.stored["spec"]["replicas"] != body["spec"]["replicas"]:
             self.stored["spec"]["replicas"] = body["spec"]["replicas"]

@@ -12,12 +12,13 @@ with a growing delay.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from typing import Any, Mapping, NoReturn
 
-from stalledpolicy.controller import FIELD_MANAGER, events
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
 from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid,
                                             policy_owner, read_deployment)
 from stalledpolicy.controller.config import backoff, image_allowed
@@ -424,23 +425,78 @@ def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
     return names
 
 
+# The drift reverts of the last DRIFT_WINDOW seconds, recorded on the sweeper
+# Deployment itself (it is ours, and goes with its policy): an operator restarted in
+# the middle of a fight still knows how many it has made. Comma-separated RFC 3339 times.
+DRIFT_REVERTS_ANNOTATION = f"{GROUP}/drift-reverts"
+
+
+def _format_time(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+
+def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
+    """The revert times recorded on ``deployment`` (a value that does not parse counts nothing)."""
+    import calendar
+
+    text = ((deployment.get("metadata") or {}).get("annotations") or {}).get(DRIFT_REVERTS_ANNOTATION) or ""
+    times = []
+    for item in text.split(","):
+        try:
+            times.append(float(calendar.timegm(time.strptime(item.strip(), "%Y-%m-%dT%H:%M:%SZ"))))
+        except ValueError:
+            continue
+    return times
+
+
+def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float]) -> None:
+    """Write the revert times on the sweeper Deployment (a merge patch of one
+    annotation, under the policy's apply_lock). A Deployment's annotations are part
+    of its generation (the API server copies them to its ReplicaSets): the one this
+    write makes is ours, like an apply's, never drift to revert; the pod template is
+    unchanged, so no rollout. Failing, this process still counts the reverts; only
+    a restart before the next write forgets them."""
+    namespace = state.key[0]
+    value = ",".join(_format_time(t) for t in times)
+    try:
+        response = ctl.apps.patch_namespaced_deployment(
+            deployment_name, namespace, {"metadata": {"annotations": {DRIFT_REVERTS_ANNOTATION: value}}},
+            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json", _preload_content=False)
+        written = json.loads(response.data)
+    except _api_errors() as exc:
+        log.warning("could not record the drift reverts on the sweeper Deployment: %s", describe_api_error(exc),
+                    extra={"namespace": namespace, "policy": state.key[1], "deployment": deployment_name})
+        return
+    ctl.observe_deployment(written, read=True)
+    generation = int((written.get("metadata") or {}).get("generation") or 0)
+    with state.lock:
+        if state.outcome is not None and state.outcome.ok and generation > (state.outcome.deployment_generation or 0):
+            state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
+
+
 def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
     """Whether the policy's budget allows another revert (under its apply_lock;
-    a revert that happens is counted by the caller); False (and a DriftConflict
-    Warning, once per conflict) when another writer keeps changing the sweeper."""
+    a revert that happens is counted by the caller); False (a DriftConflict Warning
+    and the policy's SweeperInSync condition, once per conflict) when another writer
+    keeps changing the sweeper. The reverts counted are this process's and those
+    recorded on the Deployment (an earlier process's)."""
+    meta = deployment.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
     if state.drift_conflict:
         if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
-            state.drift_last_seen = now
+            if generation > state.drift_seen_generation:  # a change, not a status write
+                state.drift_last_seen, state.drift_seen_generation = now, generation
             return False
-        state.drift_conflict = False  # left alone long enough: revert again
-        state.drift_reverts.clear()
-    state.drift_last_seen = now
-    state.drift_reverts[:] = [t for t in state.drift_reverts if now - t < DRIFT_WINDOW]
+        _end_drift_conflict(state)  # left alone long enough: revert again
+    state.drift_last_seen, state.drift_seen_generation = now, generation
+    # Each revert writes the whole list: the longer one knows every revert (the
+    # Deployment's, after a restart; ours, if the other writer dropped the annotation).
+    ours, recorded = ([t for t in times if now - t < DRIFT_WINDOW]
+                      for times in (state.drift_reverts, recorded_reverts(deployment)))
+    state.drift_reverts[:] = ours if len(ours) >= len(recorded) else recorded
     if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
         return True
-    state.drift_conflict = True
     ctl.metrics.drift_conflicts.inc()
-    meta = deployment.get("metadata") or {}
     others = other_field_managers(deployment)
     who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
            if others else "another writer")
@@ -448,17 +504,37 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
                f"in {int(DRIFT_WINDOW)} s, last by {who}; the operator stops reverting it until it is "
                f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
                "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
+    state.drift_conflict = message
     log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
                                 "reason": events.DRIFT_CONFLICT})
     ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
+    ctl._kick(state.key)  # the condition
     return False
 
 
-def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=time.monotonic) -> None:
+def _end_drift_conflict(state) -> None:
+    state.drift_conflict = None
+    state.drift_reverts.clear()
+
+
+def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
+    """The status loop's check (under the policy's status lock): True, and the
+    conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
+    the caller applies the policy's spec again (what the other writer left is
+    reverted) and SweeperInSync turns True."""
+    if not state.drift_conflict or now - (state.drift_last_seen or now) < DRIFT_WINDOW:
+        return False
+    _end_drift_conflict(state)
+    log.info("sweeper Deployment left alone since the drift conflict; reverting again",
+             extra={"namespace": state.key[0], "policy": state.key[1]})
+    return True
+
+
+def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=None) -> None:
     """Someone changed a sweeper Deployment (``key``: its policy, as ``drifted_policy``
     found it): apply the policy's spec over it (server-side apply, forced: the fields
     the operator owns come back; fields it never set stay), at most DRIFT_MAX_REVERTS
-    times in DRIFT_WINDOW seconds."""
+    times in DRIFT_WINDOW seconds (wall-clock times: they outlive the process)."""
     state = ctl.policies.get(key)
     if state is None:
         return
@@ -467,7 +543,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # policy may be gone (or on its way out).
         if drifted_policy(ctl, deployment) != key or not _current(ctl, key, state):
             return
-        now = clock()
+        now = (clock or ctl.clock)()
         if not _drift_allowed(ctl, state, deployment, now):
             return
         meta = deployment.get("metadata") or {}
@@ -480,6 +556,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
             state.drift_reverts.append(now)
+            _record_reverts(ctl, state, meta.get("name"), state.drift_reverts)
             ctl.metrics.drift_reverts.inc()
             ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
                               f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "

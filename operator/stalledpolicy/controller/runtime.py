@@ -26,7 +26,8 @@ from stalledpolicy.controller.replay import (
     InvalidReplayRequest, replay_message, requested_replay, run_replay, served_replay)
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import (
-    CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE, DeploymentState, Problem, ReconcileOutcome,
+    CONFIGURATION_REASONS, FALSE, READY, REDIS_REACHABLE, SWEEPER_IN_SYNC, TRUE, DeploymentState, Problem,
+    ReconcileOutcome,
     condition_of, desired_status, status_json_patch, status_patch, utc_now)
 from stalledpolicy.redis_url import redact_url, refusal_in_our_words, scrub
 
@@ -173,11 +174,16 @@ class PolicyState:
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
     # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
     reapply_failures: int = 0
-    # Drift reverts of the last DRIFT_WINDOW seconds; past DRIFT_MAX_REVERTS another
-    # writer is fighting us: no more reverts until the sweeper has been left alone a while.
+    # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
+    # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more
+    # reverts until the sweeper has been left alone a while. ``drift_conflict`` is the
+    # DriftConflict message meanwhile (the SweeperInSync condition, kept in status, so
+    # a restarted operator goes on not reverting).
     drift_reverts: list = field(default_factory=list)
-    drift_conflict: bool = False
+    drift_conflict: str | None = None
     drift_last_seen: float | None = None
+    drift_seen_generation: int = 0
+    drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
 
 
 class Controller:
@@ -205,6 +211,7 @@ class Controller:
         # must not kick that key again (the scheduler would rerun it at once, and
         # a refused re-apply would then be retried with no delay at all).
         self._local = threading.local()
+        self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
         self.metrics.count_policies(lambda: len(self.policies))
 
@@ -251,6 +258,12 @@ class Controller:
                     state = PolicyState(key=key, body=first)
                     state.status = dict(first.get("status") or {})
                     state.served_token = (state.status.get("lastReplay") or {}).get("token")
+                    in_sync = condition_of(state.status, SWEEPER_IN_SYNC) or {}
+                    if in_sync.get("status") == FALSE and in_sync.get("reason") == events.DRIFT_CONFLICT:
+                        # A conflict an earlier process declared: it lasts until the sweeper
+                        # has been left alone for a whole window from now.
+                        state.drift_conflict = in_sync.get("message") or events.DRIFT_CONFLICT
+                        state.drift_last_seen = self.clock()
                     self.policies[key] = state
                     return state
                 if _meta(state.body).get("uid") == uid:
@@ -400,6 +413,10 @@ class Controller:
         with state.lock:
             if state.outcome is None:
                 return 1.0  # the reconcile handler has not run yet in this process
+            if state.drift_conflict:
+                from stalledpolicy.controller.reconcile import drift_conflict_over
+
+                state.drift_resume = drift_conflict_over(self, state, self.clock()) or state.drift_resume
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state)
             if self.policies.get(key) is not state:
@@ -435,6 +452,9 @@ class Controller:
         pods keep the last good one, the condition says what is wrong."""
         if state.reapply_failures:
             return "an earlier re-apply failed"
+        if state.drift_resume:
+            state.drift_resume = False
+            return "the drift conflict is over: the sweeper was left alone"
         outcome = state.outcome
         if outcome is None or not outcome.ok:
             return None  # kopf's handler retries its own failures
@@ -509,7 +529,7 @@ class Controller:
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
-            last_replay=state.unwritten_replay, now=now)
+            last_replay=state.unwritten_replay, now=now, drift_conflict=state.drift_conflict)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:

@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 from stalledpolicy.controller import events
 from stalledpolicy.policy.conditions import (FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE,
-                                             TRUE, UNKNOWN, set_condition)
+                                             SWEEPER_IN_SYNC, TRUE, UNKNOWN, set_condition)
 
-__all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "TRUE", "FALSE", "UNKNOWN"]
+__all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "SWEEPER_IN_SYNC", "TRUE", "FALSE", "UNKNOWN"]
 
 
 def utc_now() -> str:
@@ -177,14 +177,27 @@ CONFIGURATION_REASONS = frozenset({
     "InvalidSpec"})
 
 
-def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition) -> Condition:
+def in_sync_condition(drift_conflict: str | None, deployment_name: str) -> Condition:
+    """SweeperInSync: False with DriftConflict (``drift_conflict``, its message) while
+    the operator has stopped putting back a sweeper another writer keeps changing."""
+    if drift_conflict:
+        return Condition(FALSE, events.DRIFT_CONFLICT, drift_conflict)
+    return Condition(TRUE, "InSync", f"Deployment {deployment_name} holds the policy's spec; "
+                                     "changes made to it outside the policy are reverted")
+
+
+def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condition,
+                    in_sync: Condition | None = None) -> Condition:
     """Ready's reason is the most telling failure: the reconcile's own (NameConflict,
-    OldSweeperDeleting, ApplyFailed, InvalidSpec), then Redis (a configuration
+    OldSweeperDeleting, ApplyFailed, InvalidSpec), then a DriftConflict (the sweeper
+    runs another writer's spec, not the policy's), then Redis (a configuration
     problem, a queue Redis refuses to read, or Redis being unreachable: a sweeper
     reports ready only while it reaches Redis, so an outage would otherwise read
     as a rollout that does not finish), then the sweeper's rollout."""
     if not outcome.ok:
         return Condition(FALSE, outcome.reason, outcome.message)
+    if in_sync is not None and in_sync.status != TRUE:
+        return Condition(FALSE, in_sync.reason, in_sync.message)
     if redis.status != TRUE:
         also = "" if sweeper.status == TRUE else f"; sweeper: {sweeper.message}"
         return Condition(FALSE, redis.reason, redis.message + also)
@@ -222,16 +235,25 @@ def snapshot_numbers(snapshot) -> dict:
 def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutcome,
                    deployment: DeploymentState | None, deployment_name: str,
                    snapshot=None, problem: Problem | None = None,
-                   last_replay: Mapping[str, Any] | None = None, now: str | None = None) -> dict:
-    """The status to show. Numbers of a failed read keep their last values."""
+                   last_replay: Mapping[str, Any] | None = None, now: str | None = None,
+                   drift_conflict: str | None = None) -> dict:
+    """The status to show. Numbers of a failed read keep their last values.
+    ``drift_conflict``: the DriftConflict message while the operator has stopped
+    reverting the sweeper; SweeperInSync appears with the first one (True once over)."""
     previous = dict(previous or {})
     now = now or utc_now()
     generation = outcome.generation
     redis = redis_condition(problem)
     sweeper = sweeper_condition(outcome, deployment, deployment_name)
-    ready = ready_condition(outcome, sweeper, redis)
+    in_sync = None
+    if drift_conflict or condition_of(previous, SWEEPER_IN_SYNC) is not None:
+        in_sync = in_sync_condition(drift_conflict, deployment_name)
+    ready = ready_condition(outcome, sweeper, redis, in_sync)
     conditions = list(previous.get("conditions") or [])
-    for type_, condition in ((READY, ready), (SWEEPER_AVAILABLE, sweeper), (REDIS_REACHABLE, redis)):
+    updates = [(READY, ready), (SWEEPER_AVAILABLE, sweeper), (REDIS_REACHABLE, redis)]
+    if in_sync is not None:
+        updates.append((SWEEPER_IN_SYNC, in_sync))
+    for type_, condition in updates:
         conditions = set_condition(conditions, type_, condition.status, condition.reason,
                                    condition.message, generation, now)
     status = {k: v for k, v in previous.items() if k != "lastUpdateTime"}

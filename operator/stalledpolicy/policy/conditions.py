@@ -20,6 +20,9 @@ from typing import Any
 READY = "Ready"
 SWEEPER_AVAILABLE = "SweeperAvailable"
 REDIS_REACHABLE = "RedisReachable"
+# False (reason DriftConflict) while another writer keeps changing the sweeper
+# Deployment and the operator has stopped putting it back; absent until then.
+SWEEPER_IN_SYNC = "SweeperInSync"
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 _STATUSES = (TRUE, FALSE, UNKNOWN)

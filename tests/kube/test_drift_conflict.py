@@ -1,0 +1,114 @@
+"""Another field manager fighting the operator over a sweeper's fields, on the real
+control plane: a bounded number of reverts, then a DriftConflict on the policy's
+status; both the revert budget and the conflict outlive an operator restart.
+Operators started and stopped here, scoped to the test's namespace."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from stalledpolicy.controller.reconcile import DRIFT_MAX_REVERTS, DRIFT_REVERTS_ANNOTATION
+from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
+                                         operator_kubeconfig, policy_manifest, redis_secret, wait_for)
+
+pytestmark = [pytest.mark.kube, pytest.mark.redis]
+
+GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
+RIVAL = "rival-operator"
+
+
+def read_deployment(apps, namespace, name):
+    try:
+        return apps.read_namespaced_deployment(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def rival_scales_to_zero(apps, namespace, name):
+    """A second controller's server-side apply, forced: it takes spec.replicas from us."""
+    apps.patch_namespaced_deployment(
+        name, namespace, {"apiVersion": "apps/v1", "kind": "Deployment",
+                          "metadata": {"name": name, "namespace": namespace}, "spec": {"replicas": 0}},
+        field_manager=RIVAL, force=True, _content_type="application/apply-patch+yaml")
+
+
+def reverted(apps, namespace, name):
+    wait_for(lambda: read_deployment(apps, namespace, name).spec.replicas == 1,
+             "the operator to put the policy's one replica back", timeout=30)
+
+
+def left_alone(apps, namespace, name):
+    time.sleep(3)
+    assert read_deployment(apps, namespace, name).spec.replicas == 0, "reverted during a conflict"
+
+
+def started(kubeconfig, log, namespace, apps, custom, queue, marker):
+    """An operator process, once it watches: a policy created now got its sweeper."""
+    process = OperatorProcess(kubeconfig, log, "--namespace", namespace)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, policy_manifest(marker, queue))
+    wait_for(lambda: read_deployment(apps, namespace, f"{marker}-sweeper"), f"the operator up ({marker})")
+    return process
+
+
+def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_across_restarts(
+        control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
+    ns, name = kube_namespace, "fought-sweeper"
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    custom = client.CustomObjectsApi(kube_api)
+    apply_crd(control_plane)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api)
+    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+
+    def policy():
+        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "fought")
+
+    first = started(kubeconfig, tmp_path / "first.log", ns, apps, custom, queue_name, "marker-1")
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, policy_manifest("fought", queue_name))
+        wait_for(lambda: read_deployment(apps, ns, name), "the sweeper")
+        wait_for(lambda: (policy().get("status") or {}).get("observedGeneration"), "a first status")
+        for _ in range(DRIFT_MAX_REVERTS - 1):
+            rival_scales_to_zero(apps, ns, name)
+            reverted(apps, ns, name)
+        recorded = wait_for(lambda: (read_deployment(apps, ns, name).metadata.annotations or {}).get(
+            DRIFT_REVERTS_ANNOTATION, "").count(",") == DRIFT_MAX_REVERTS - 2 and read_deployment(
+            apps, ns, name).metadata.annotations[DRIFT_REVERTS_ANNOTATION], "the reverts recorded on the sweeper")
+        assert len(recorded.split(",")) == DRIFT_MAX_REVERTS - 1
+    finally:
+        assert first.stop() == 0, first.log()[-2000:]
+
+    # Restarted: the last revert of the budget, then the conflict (a fresh budget
+    # in memory would have reverted this change too).
+    second = started(kubeconfig, tmp_path / "second.log", ns, apps, custom, queue_name, "marker-2")
+    try:
+        rival_scales_to_zero(apps, ns, name)
+        reverted(apps, ns, name)
+        rival_scales_to_zero(apps, ns, name)
+        in_sync = wait_for(lambda: (lambda c: c if c and c["status"] == "False" else None)(
+            condition(policy(), "SweeperInSync")), "SweeperInSync=False")
+        assert in_sync["reason"] == "DriftConflict" and repr(RIVAL) in in_sync["message"]
+        ready = condition(policy(), "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "DriftConflict")
+        left_alone(apps, ns, name)
+        assert [e for e in events_for(kube_api, ns, "fought") if e.reason == "DriftConflict"]
+        printed = control_plane.kubectl("-n", ns, "get", "stalledpolicy", "fought").stdout
+        assert "False" in printed.splitlines()[1], printed  # READY column
+    finally:
+        assert second.stop() == 0, second.log()[-2000:]
+
+    # Restarted during the conflict: it holds (kopf's resume handler applies the
+    # policy's spec once, as at every start; the rival's next change stays).
+    third = started(kubeconfig, tmp_path / "third.log", ns, apps, custom, queue_name, "marker-3")
+    try:
+        reverted(apps, ns, name)
+        rival_scales_to_zero(apps, ns, name)
+        left_alone(apps, ns, name)
+        assert condition(policy(), "SweeperInSync")["reason"] == "DriftConflict"
+    finally:
+        assert third.stop() == 0, third.log()[-2000:]

@@ -1,0 +1,141 @@
+"""Drift reverts and the DriftConflict: a condition on the policy, and a revert
+budget that an operator restart does not refill."""
+
+from __future__ import annotations
+
+import copy
+
+from stalledpolicy.controller import reconcile as rec
+from stalledpolicy.controller.status import condition_of
+from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
+
+SECRETS = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+KEY = ("ns", "p")
+
+
+def started(apps, now, body=None):
+    """A controller (a new operator process) on the fake cluster ``apps``, its
+    policy reconciled as kopf's resume handler does."""
+    ctl = fake_controller(apps, dict(SECRETS))
+    ctl.clock = lambda: now[0]
+    body = body or policy_body()
+    ctl.observe_policy(body, "ADDED")
+    rec.reconcile(ctl, body)
+    return ctl
+
+
+def rival_change(apps):
+    """Another field manager sets spec.replicas to 0 (as its own apply would)."""
+    changed = apps.scale_by_hand(0)
+    changed["metadata"]["managedFields"] = [
+        {"manager": "stalledpolicy-operator", "operation": "Apply", "time": "2026-12-03T00:00:02Z"},
+        {"manager": "rival-operator", "operation": "Apply", "time": "2026-12-03T00:00:03Z"}]
+    return changed
+
+
+def fight(ctl, apps, now, times):
+    for _ in range(times):
+        changed = rival_change(apps)
+        ctl.observe_deployment(changed, "MODIFIED")
+        rec.revert_drift(ctl, KEY, changed)
+        now[0] += 10
+
+
+def kinds(ctl):
+    return [e[2] for e in ctl.recorder.events]
+
+
+def test_a_drift_conflict_is_the_policys_condition_and_ready_says_so():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    ctl.refresh(KEY)
+    status = ctl.policies[KEY].status
+    assert condition_of(status, "SweeperInSync") is None, "no condition before any conflict"
+    assert condition_of(status, "Ready")["reason"] != "DriftConflict"
+
+    fight(ctl, apps, now, rec.DRIFT_MAX_REVERTS + 1)
+    assert kinds(ctl).count("DriftReverted") == rec.DRIFT_MAX_REVERTS and kinds(ctl).count("DriftConflict") == 1
+    ctl.refresh(KEY)
+    status = ctl.policies[KEY].status
+    in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
+    assert (in_sync["status"], in_sync["reason"]) == ("False", "DriftConflict")
+    assert "'rival-operator'" in in_sync["message"] and "p-sweeper" in in_sync["message"]
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "DriftConflict", in_sync["message"])
+    assert in_sync["observedGeneration"] == 1
+
+
+def test_the_revert_budget_survives_an_operator_restart():
+    """Two reverts, a restart, then the third is the last: the fourth change is a
+    conflict. Before, the new process had a budget of three reverts again."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    fight(first, apps, now, 2)
+    recorded = apps.stored["metadata"]["annotations"][rec.DRIFT_REVERTS_ANNOTATION]
+    assert recorded == "2027-01-15T08:00:00Z,2027-01-15T08:00:10Z"
+    # The annotation is in the Deployment's generation: that write is ours, not drift.
+    assert rec.drifted_policy(first, copy.deepcopy(apps.stored)) is None
+
+    second = started(apps, now)  # the operator restarted
+    fight(second, apps, now, 2)
+    assert kinds(second) == ["DriftReverted", "DriftConflict"]
+    assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
+    assert len(rec.recorded_reverts(apps.stored)) == rec.DRIFT_MAX_REVERTS
+
+
+def test_reverts_in_the_same_second_count_each():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    for _ in range(rec.DRIFT_MAX_REVERTS):
+        changed = rival_change(apps)
+        rec.revert_drift(ctl, KEY, changed)
+        now[0] += 0.1
+    assert kinds(ctl) == ["DriftReverted"] * rec.DRIFT_MAX_REVERTS
+    assert len(rec.recorded_reverts(apps.stored)) == rec.DRIFT_MAX_REVERTS
+    rec.revert_drift(ctl, KEY, rival_change(apps))
+    assert kinds(ctl)[-1] == "DriftConflict"
+
+
+def test_reverts_older_than_the_window_are_not_counted_after_a_restart():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    fight(first, apps, now, 2)
+    now[0] += rec.DRIFT_WINDOW
+    second = started(apps, now)
+    fight(second, apps, now, rec.DRIFT_MAX_REVERTS)
+    assert kinds(second) == ["DriftReverted"] * rec.DRIFT_MAX_REVERTS
+
+
+def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    fight(first, apps, now, rec.DRIFT_MAX_REVERTS + 1)
+    first.refresh(KEY)
+    stored = first.policies[KEY].status
+
+    body = policy_body()
+    body["status"] = copy.deepcopy(stored)
+    # Restarted: the status says there is a conflict. (kopf's resume handler applies
+    # the policy's spec once, as at any start.)
+    second = started(apps, now, body)
+    fight(second, apps, now, 1)
+    assert apps.stored["spec"]["replicas"] == 0 and "DriftReverted" not in kinds(second)
+    second.refresh(KEY)
+    assert condition_of(second.policies[KEY].status, "SweeperInSync")["reason"] == "DriftConflict"
+
+    # The deployment controller's status writes on the drifted Deployment are no change:
+    # they do not hold the conflict open.
+    drifted = copy.deepcopy(apps.stored)
+    now[0] += rec.DRIFT_WINDOW - 20  # 10 s after the rival's last change, then this
+    rec.revert_drift(second, KEY, drifted)
+    assert apps.stored["spec"]["replicas"] == 0
+    now[0] += 15
+    applied = len(apps.applied)
+    second.refresh(KEY)  # left alone for a whole window: the policy's spec again
+    assert len(apps.applied) == applied + 1 and apps.stored["spec"]["replicas"] == 1
+    second.refresh(KEY)
+    status = second.policies[KEY].status
+    in_sync = condition_of(status, "SweeperInSync")
+    assert (in_sync["status"], in_sync["reason"]) == ("True", "InSync")
+    assert condition_of(status, "Ready")["reason"] != "DriftConflict"
+    fight(second, apps, now, 1)
+    assert kinds(second) == ["DriftReverted"]
