@@ -183,3 +183,33 @@ def test_schema_takes_valid_values_the_templates_render():
     values["priorityClassName"] = "high-priority"
     assert list(jsonschema.Draft7Validator(load_schema()).iter_errors(values)) == []
 
+
+
+# prometheus-operator's monitoring/v1 Duration (pkg/apis/monitoring/v1: the type of a
+# PodMetricsEndpoint's interval and scrapeTimeout), its kubebuilder validation pattern
+PROMETHEUS_OPERATOR_DURATION = ("^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                "(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+
+@pytest.mark.parametrize("key", ["interval", "scrapeTimeout"])
+def test_pod_monitor_durations_are_what_the_pod_monitor_crd_accepts(key):
+    """The schema let 1.5s through, which the PodMonitor CRD refuses at install
+    (after the CRD and the RBAC went in); it now takes exactly the CRD's pattern
+    (the empty string aside: the chart always renders the field)."""
+    import re
+
+    prop = load_schema()["properties"]["podMonitor"]["properties"][key]
+    assert prop["pattern"] == PROMETHEUS_OPERATOR_DURATION and prop["minLength"] == 1
+    validator = jsonschema.Draft7Validator(load_schema())
+
+    def accepted(value):
+        values = load_values()
+        values["podMonitor"] = {**values["podMonitor"], key: value}
+        return not list(validator.iter_errors(values))
+
+    crd = re.compile(PROMETHEUS_OPERATOR_DURATION)
+    refused = ["1.5s", "0.5m", "1s30m", "30S", "1 s", "-1s", "1us", "1µs", "30", ""]
+    fine = ["0", "30s", "1m30s", "500ms", "1h", "2d", "1w", "1y", "1h0m0s", "0s", "1m5ms"]
+    assert [v for v in refused if accepted(v)] == []
+    assert [v for v in fine if not accepted(v)] == []
+    assert [v for v in refused[:-1] if crd.fullmatch(v)] == [] and all(crd.fullmatch(v) for v in fine)

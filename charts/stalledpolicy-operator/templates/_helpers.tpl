@@ -104,3 +104,17 @@ namespaces when given names; cluster-wide it does not). */}}
   resources: [namespaces]
   verbs: [list, watch]
 {{- end -}}
+
+{{/*
+A Prometheus duration (values.schema.json's pattern: 1h30m, 500ms, 0) in
+milliseconds, to compare two of them; units y (365 d), w, d, h, m, s, ms.
+*/}}
+{{- define "stalledpolicy.durationMillis" -}}
+{{- $units := dict "y" 31536000000 "w" 604800000 "d" 86400000 "h" 3600000 "m" 60000 "s" 1000 "ms" 1 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|y|w|d|h|m|s)" . -1 -}}
+{{- $number := regexFind "^[0-9]+" . -}}
+{{- $total = add $total (mul (atoi $number) (get $units (trimPrefix $number .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
