@@ -23,15 +23,23 @@ QUEUE_NAME_MAX = 128
 # text, so no CRD value can hold one.
 _FORBIDDEN_CHARACTERS = "{}:"
 _FORBIDDEN_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cs")
+# A lane (EchoMQ group) name: the queue's rule, and no ',' or '=' either (the
+# CRD's spec.lanes[].name rule: lanes reach the sweeper as "name=budget,...").
+LANE_NAME_MAX = 128
+_LANE_FORBIDDEN_CHARACTERS = _FORBIDDEN_CHARACTERS + ",="
 
 
 class InvalidQueueName(ValueError):
     pass
 
 
+class InvalidLaneName(ValueError):
+    pass
+
+
 def _describe(ch: str) -> str:
     category = unicodedata.category(ch)
-    if ch in _FORBIDDEN_CHARACTERS:
+    if ch in _LANE_FORBIDDEN_CHARACTERS:
         return repr(ch)
     kind = {"Cc": "a control character", "Cs": "an undecodable byte"}.get(category, "whitespace")
     return f"{ch!r} (U+{ord(ch):04X}, {kind})"
@@ -47,6 +55,24 @@ def validate_queue_name(name: str) -> str:
             raise InvalidQueueName(
                 f"queue: {shown(name, QUEUE_NAME_MAX, quoted=True)} contains {_describe(ch)}; EchoMQ queue names may not contain "
                 "'{', '}', ':', whitespace or control characters"
+            )
+    return name
+
+
+def validate_lane_name(name: str) -> str:
+    """``name`` when it may name a lane; else InvalidLaneName, its message
+    starting ``lane: `` (as validate_queue_name's starts ``queue: ``)."""
+    if not isinstance(name, str):
+        raise InvalidLaneName("lane: must be a string")
+    if not name:
+        raise InvalidLaneName("lane: must not be empty; give the lane (EchoMQ group) name")
+    if len(name) > LANE_NAME_MAX:
+        raise InvalidLaneName(f"lane: at most {LANE_NAME_MAX} characters (got {len(name)})")
+    for ch in name:
+        if ch in _LANE_FORBIDDEN_CHARACTERS or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            raise InvalidLaneName(
+                f"lane: {shown(name, LANE_NAME_MAX, quoted=True)} contains {_describe(ch)}; lane (EchoMQ group) "
+                "names may not contain '{', '}', ':', ',', '=', whitespace or control characters"
             )
     return name
 

@@ -203,7 +203,7 @@ REFUSED = [
         (with_(queue="a:b"), ["spec.queue", "queue must not contain"]),
         (with_(queue="{x}"), ["spec.queue", "queue must not contain"]),
         (with_(queue="has space"), ["spec.queue", "queue must not contain"]),
-        (with_(queue=""), ["spec.queue", "at least 1 chars long"]),
+        (with_(queue=""), ["spec.queue", "queue must not be empty"]),
         (with_(queue="q" * 129), ["spec.queue", "128"]),
         (without("queue"), ["spec.queue", "Required value"]),
         (with_(maxStalled=-1), ["spec.maxStalled", "greater than or equal to 0"]),
@@ -218,6 +218,19 @@ REFUSED = [
         (with_(batchSize=10001), ["spec.batchSize", "less than or equal to 10000"]),
         (with_(lanes=[{"name": "a"}, {"name": "b"}, {"name": "a", "maxStalled": 2}]), ["spec.lanes[2]", "Duplicate value"]),
         (with_(lanes=[{"name": "x=y"}]), ["spec.lanes[0].name", "lane name must not contain"]),
+        (with_(lanes=[{"name": ""}]), ["spec.lanes[0].name", "lane name must not be empty"]),
+        (
+            with_(sweeper={"priorityClassName": "Not_Valid"}),
+            ["spec.sweeper.priorityClassName", "sweeper.priorityClassName must be a PriorityClass name"],
+        ),
+        (
+            with_(sweeper={"resources": {"limits": {"cpu": "-1"}}}),
+            ["spec.sweeper.resources.limits", "sweeper.resources.limits must not be negative"],
+        ),
+        (
+            with_(sweeper={"resources": {"requests": {"memory": -1}}}),
+            ["spec.sweeper.resources.requests", "sweeper.resources.requests must not be negative"],
+        ),
         (with_(redis={}), ["spec.redis", "set exactly one of redis.url"]),
         (
             with_(redis={"url": "redis://r:6379/0", "secretRef": {"name": "r", "key": "url"}}),
@@ -257,6 +270,37 @@ def test_bad_input_is_refused_with_a_clear_message(crd_installed, objects, kube_
     with pytest.raises(PolicyError) as info:
         StalledPolicySpec.from_k8s(spec)
     assert any(path.startswith(words[0]) for path, _ in info.value.problems), str(info.value)
+
+
+ONE_PROBLEM = [
+    with_(queue=""), with_(queue="a:b"), with_(queue="{x}"), with_(lanes=[{"name": ""}]),
+    with_(lanes=[{"name": "a:b"}]), with_(sweeper={"priorityClassName": "Not_Valid"}),
+    with_(sweeper={"priorityClassName": ""}), with_(sweeper={"resources": {"limits": {"cpu": "-1"}}}),
+    with_(sweeper={"imagePullSecrets": [{"name": "Registry_Credentials"}]}),
+    with_(sweeper={"imagePullSecrets": [{"name": ""}]}),
+]
+
+
+@pytest.mark.parametrize("spec", ONE_PROBLEM, ids=[json.dumps(s, sort_keys=True)[:60] for s in ONE_PROBLEM])
+def test_one_bad_value_is_one_message(crd_installed, objects, kube_namespace, spec):
+    """A schema keyword (pattern, minLength) beside a rule refusing the same value
+    made the API server list the problem twice, the rule's words second."""
+    with pytest.raises(ApiException) as info:
+        create(objects, kube_namespace, spec)
+    causes = json.loads(info.value.body)["details"]["causes"]
+    assert len(causes) == 1, causes
+    assert "should match" not in causes[0]["message"] and "chars long" not in causes[0]["message"]
+
+
+@pytest.mark.parametrize("sweeper", [
+    {"priorityClassName": "high-priority"}, {"priorityClassName": "system.node-critical"},
+    {"resources": {"limits": {"cpu": "-0", "memory": "+1Gi"}, "requests": {"cpu": 0, "memory": "1e3"}}},
+    {"resources": {"limits": {"cpu": 2, "memory": "1.5Gi"}, "requests": {"cpu": "250m", "memory": "64Mi"}}},
+])
+def test_sweeper_values_the_pod_api_takes_are_accepted(crd_installed, objects, kube_namespace, sweeper):
+    assert create(objects, kube_namespace, with_(sweeper=sweeper))["spec"]["sweeper"] == \
+        {"replicas": 1, **sweeper}
+    assert StalledPolicySpec.from_k8s(with_(sweeper=sweeper)).sweeper is not None
 
 
 def test_refused_credentials_are_not_echoed_back(crd_installed, objects, kube_namespace):

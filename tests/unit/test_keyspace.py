@@ -30,8 +30,11 @@ def crd_forbids(ch: str) -> bool:
 def test_the_crd_pattern_is_the_one_mirrored_here():
     # if the CRD's rule changes, crd_forbids (and keyspace) must follow
     schema = crd_queue_schema()
-    assert schema["pattern"] == r"^[^{}:\s\p{Z}\p{Cc}]+$"
+    rules = [v["rule"] for v in schema["x-kubernetes-validations"]]
+    assert r'self.matches(r"^[^{}:\s\p{Z}\p{Cc}]*$")' in rules and "size(self) > 0" in rules
     assert schema["maxLength"] == 128
+    # one message per bad value: a pattern or minLength beside the rules reported twice
+    assert "pattern" not in schema and "minLength" not in schema
 
 
 def test_python_refuses_exactly_what_the_crd_refuses():
@@ -73,3 +76,47 @@ def test_control_characters_and_separators_are_refused_with_a_clear_message(name
 @pytest.mark.parametrize("name", ["orders", "emails-v2", "日本語", "tëst", "a.b_c/d", "x" * 128])
 def test_ordinary_names_pass(name):
     assert validate_queue_name(name) == name
+
+
+# -- lane names: the queue's rule plus ',' and '=' ------------------------------------
+
+def crd_lane_name_schema() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    return spec["lanes"]["items"]["properties"]["name"]
+
+
+def test_the_crd_lane_rule_is_the_one_mirrored_here():
+    from stalledpolicy.keyspace import LANE_NAME_MAX
+
+    schema = crd_lane_name_schema()
+    rules = [v["rule"] for v in schema["x-kubernetes-validations"]]
+    assert r'self.matches(r"^[^{}:,=\s\p{Z}\p{Cc}]*$")' in rules and "size(self) > 0" in rules
+    assert schema["maxLength"] == LANE_NAME_MAX
+    assert "pattern" not in schema and "minLength" not in schema
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("bad:lane", "'bad:lane' contains ':'; lane (EchoMQ group) names may not contain"),
+    ("a,b", "contains ','"),
+    ("a=b", "contains '='"),
+    ("{x}", "contains '{'"),
+    ("a b", "U+0020, whitespace"),
+    ("", "must not be empty"),
+    ("l" * 129, "at most 128"),
+])
+def test_a_bad_lane_name_is_named_a_lane_with_the_lane_rules(name, words):
+    from stalledpolicy.keyspace import InvalidLaneName, validate_lane_name
+
+    with pytest.raises(InvalidLaneName) as caught:
+        validate_lane_name(name)
+    message = str(caught.value)
+    assert message.startswith("lane: ") and words in message
+    assert "queue name" not in message
+
+
+def test_lane_names_of_the_crd_rule_are_accepted():
+    from stalledpolicy.keyspace import validate_lane_name
+
+    for name in ("imports", "tenant-42", "a.b_c", "l" * 128, "ünïcode"):
+        assert validate_lane_name(name) == name

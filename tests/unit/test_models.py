@@ -136,6 +136,13 @@ def test_every_example_policy_is_valid(path):
         ({"redis": {"secretRef": {"key": "url"}}}, "spec.redis.secretRef.name", "is required"),
         ({"sweeper": {"replicas": -1}}, "spec.sweeper.replicas", "at least 0"),
         ({"sweeper": {"resources": {"limits": {"cpu": "lots"}}}}, "spec.sweeper.resources.limits.cpu", "quantity"),
+        ({"sweeper": {"resources": {"limits": {"cpu": "-1"}}}}, "spec.sweeper.resources.limits.cpu", "negative"),
+        ({"sweeper": {"resources": {"requests": {"memory": -1}}}}, "spec.sweeper.resources.requests.memory",
+         "negative"),
+        ({"sweeper": {"resources": {"requests": {"cpu": "-.5m"}}}}, "spec.sweeper.resources.requests.cpu", "negative"),
+        ({"sweeper": {"resources": {"limits": {"cpu": "1" * 65}}}}, "spec.sweeper.resources.limits.cpu", "at most 64"),
+        ({"sweeper": {"priorityClassName": "Not_Valid"}}, "spec.sweeper.priorityClassName", "PriorityClass name"),
+        ({"sweeper": {"priorityClassName": "high."}}, "spec.sweeper.priorityClassName", "PriorityClass name"),
         ({"sweeper": {"tolerations": [{"operator": "Maybe"}]}}, "spec.sweeper.tolerations[0].operator", "Exists"),
         ({"sweeper": {"tolerations": [{"effect": "Sometimes"}]}}, "spec.sweeper.tolerations[0].effect", "NoSchedule"),
         ({"sweeper": {"nodeSelector": {"zone": 1}}}, "spec.sweeper.nodeSelector.zone", "string"),
@@ -348,7 +355,16 @@ def test_crd_limits_are_the_model_limits():
     assert pull_secrets["maxItems"] == models.SWEEPER_PULL_SECRETS_MAX
     assert pull_secrets["x-kubernetes-list-map-keys"] == ["name"]
     secret_name = props["redis"]["properties"]["secretRef"]["properties"]["name"]
-    assert pull_secrets["items"]["properties"]["name"]["pattern"] == secret_name["pattern"] == models._DNS_SUBDOMAIN.pattern
+    assert secret_name["pattern"] == models._DNS_SUBDOMAIN.pattern
+    dns_rule = f'self.matches(r"{models._DNS_SUBDOMAIN.pattern}")'
+    [pull_rule] = pull_secrets["items"]["properties"]["name"]["x-kubernetes-validations"]
+    [priority_rule] = props["sweeper"]["properties"]["priorityClassName"]["x-kubernetes-validations"]
+    assert pull_rule["rule"] == priority_rule["rule"] == dns_rule
+    for which in ("limits", "requests"):
+        value = props["sweeper"]["properties"]["resources"]["properties"][which]["additionalProperties"]
+        assert value["pattern"] == models.QUANTITY_PATTERN and value["maxLength"] == models.QUANTITY_MAX_LENGTH
+        [negative] = value["x-kubernetes-validations"]
+        assert "isLessThan(quantity(\"0\"))" in negative["rule"] and f"resources.{which}" in negative["message"]
 
 
 def test_every_crd_field_has_a_description():
@@ -387,3 +403,11 @@ def test_a_url_in_the_wrong_field_shows_no_password(changes):
     events and the operator's log carry this message)."""
     error = str(problem_of(spec_with(**changes)))
     assert "s3c" not in error and "***" in error
+
+
+@pytest.mark.parametrize("sweeper", [
+    {"priorityClassName": "high-priority"}, {"priorityClassName": "system.node-critical"},
+    {"resources": {"limits": {"cpu": "-0", "memory": "+1Gi"}, "requests": {"cpu": 0, "memory": "1e3"}}},
+])
+def test_sweeper_values_the_pod_api_takes_are_accepted(sweeper):
+    assert StalledPolicySpec.from_k8s(spec_with(sweeper=sweeper)).sweeper is not None

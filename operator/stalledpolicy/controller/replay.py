@@ -51,13 +51,13 @@ def requested_replay(annotations: Mapping[str, str] | None,
             f"annotation {REPLAY_ANNOTATION}: at most {TOKEN_MAX} characters (got {len(token)})")
     lane = (annotations or {}).get(REPLAY_LANE_ANNOTATION) or None
     if lane is not None:
-        from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+        from stalledpolicy.keyspace import InvalidLaneName, validate_lane_name
 
         try:
-            validate_queue_name(lane)
-        except InvalidQueueName as exc:
+            validate_lane_name(lane)
+        except InvalidLaneName as exc:
             raise InvalidReplayRequest(
-                f"annotation {REPLAY_LANE_ANNOTATION}: {str(exc).replace('queue: ', '')}") from None
+                f"annotation {REPLAY_LANE_ANNOTATION}: {str(exc).removeprefix('lane: ')}") from None
     return ReplayRequest(token=token, lane=lane)
 
 

@@ -75,6 +75,7 @@ QUANTITY_PATTERN = (
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 _QUANTITY = re.compile(QUANTITY_PATTERN)
+QUANTITY_MAX_LENGTH = 64  # the CRD's maxLength (it bounds the cost of its quantity() rule)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _URL_SCHEME = re.compile(r"^rediss?://")
@@ -169,8 +170,31 @@ def _check_interval(text: str) -> str:
 def _check_quantity(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise _problem("must be a quantity such as 100m, 0.5, 128Mi or 1Gi")
+    if isinstance(value, str) and len(value) > QUANTITY_MAX_LENGTH:
+        raise _problem(f"must be at most {QUANTITY_MAX_LENGTH} characters (got {len(value)}); "
+                       "write for example 100m, 0.5, 128Mi or 1Gi")
     if isinstance(value, str) and not _QUANTITY.fullmatch(value):
         raise _problem(f"{value!r} is not a quantity; write for example 100m, 0.5, 128Mi or 1Gi")
+    if _is_negative_quantity(value):
+        # the API server would refuse the sweeper Deployment, naming its own fields
+        raise _problem(f"{value!r} is negative; use 0 or more, for example 100m, 0.5, 128Mi or 1Gi")
+    return value
+
+
+def _is_negative_quantity(value: int | str) -> bool:
+    """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` matches QUANTITY_PATTERN."""
+    if isinstance(value, int):
+        return value < 0
+    mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value).group(1)
+    return value.startswith("-") and any(digit in "123456789" for digit in mantissa)
+
+
+def _check_priority_class_name(value: str) -> str:
+    if not _DNS_SUBDOMAIN.fullmatch(value):
+        raise _problem(
+            f"{tables.shown(value, 78, quoted=True, keep=70)} is not a PriorityClass name; use lowercase letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit"
+        )
     return value
 
 
@@ -313,7 +337,7 @@ class SweeperOverrides(_Model):
     resources: Resources | None = None
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", max_length=64)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
-    priority_class_name: str | None = Field(
+    priority_class_name: Annotated[str, AfterValidator(_check_priority_class_name)] | None = Field(
         default=None, alias="priorityClassName", min_length=1, max_length=253
     )
     image_pull_secrets: list[PullSecret] = Field(

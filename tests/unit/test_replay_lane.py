@@ -1,0 +1,26 @@
+"""The ``queues.emq.dev/replay-lane`` annotation is judged as a lane, with the
+lane rules (the CRD's spec.lanes[].name: also no ',' or '='), and says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
+from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, requested_replay
+
+
+@pytest.mark.parametrize(("lane", "bad"), [("bad:lane", "':'"), ("a,b", "','"), ("a=b", "'='"), ("{x}", "'{'")])
+def test_a_bad_replay_lane_is_named_a_lane_and_given_the_lane_rules(lane, bad):
+    with pytest.raises(InvalidReplayRequest) as caught:
+        requested_replay({REPLAY_ANNOTATION: "t", REPLAY_LANE_ANNOTATION: lane}, None)
+    message = str(caught.value)
+    assert message == (f"annotation {REPLAY_LANE_ANNOTATION}: {lane!r} contains {bad}; lane (EchoMQ group) "
+                       "names may not contain '{', '}', ':', ',', '=', whitespace or control characters")
+    assert "queue name" not in message
+
+
+def test_a_good_or_empty_replay_lane_is_taken():
+    assert requested_replay({REPLAY_ANNOTATION: "t", REPLAY_LANE_ANNOTATION: "imports"}, None) == \
+        ReplayRequest("t", "imports")
+    # empty: no lane (the whole morgue), as before
+    assert requested_replay({REPLAY_ANNOTATION: "t", REPLAY_LANE_ANNOTATION: ""}, None) == ReplayRequest("t", None)
