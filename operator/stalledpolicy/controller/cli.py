@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from stalledpolicy.controller.config import (MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern,
@@ -32,6 +33,29 @@ def _image_pattern(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# a Kubernetes namespace name is a DNS-1123 label
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_GLOB = re.compile(r"[-a-z0-9*?\[\]]+")
+
+
+def _namespace(text: str) -> str:
+    """A namespace name, or kopf's pattern of them: comma-separated globs
+    (``*``, ``?``), each may start with ``!`` to exclude. A name that is no
+    DNS-1123 label (``Bad_NS``) matches no namespace: refused, not watched in vain."""
+    parts = [part.strip() for part in text.split(",")]
+    for part in parts:
+        glob = part.removeprefix("!")
+        if any(c in glob for c in "*?[") and _GLOB.fullmatch(glob):
+            continue
+        if len(glob) > 63 or not _DNS_LABEL.fullmatch(glob):
+            where = "" if len(parts) == 1 else f"{text!r}: "
+            raise argparse.ArgumentTypeError(
+                f"{where}{glob!r} is not a namespace name: a DNS-1123 label (at most 63 lower-case "
+                "letters, digits and '-', starting and ending with a letter or digit), or a glob of "
+                "them such as team-* (a leading ! excludes)")
+    return text
+
+
 def _metrics_port(text: str) -> int:
     try:
         return check_metrics_port(text)
@@ -41,7 +65,7 @@ def _metrics_port(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS", type=_namespace,
                        help="watch StalledPolicies in NS (repeatable; glob patterns allowed)")
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch StalledPolicies in every namespace")
@@ -113,6 +137,24 @@ def metrics_listen_problem(address: str, port: int) -> str | None:
     return None
 
 
+def ports_problem(metrics_port: int, liveness: str | None) -> str | None:
+    """The metrics server and the liveness endpoint on one port, or None (as the
+    chart's schema refuses operator.metricsPort equal to operator.livenessPort):
+    the second server would fail to listen, or on some hosts share the port."""
+    from stalledpolicy.controller.liveness import parse_endpoint
+
+    if not metrics_port or not liveness:
+        return None
+    try:
+        _, liveness_port, _ = parse_endpoint(liveness)
+    except ValueError:
+        return None  # liveness_problem names it
+    if liveness_port != metrics_port:
+        return None
+    return (f"--metrics-port {metrics_port} is also the port of --liveness {liveness}: the two endpoints "
+            "need different ports; choose another --metrics-port (or 0 for no metrics)")
+
+
 def liveness_problem(url: str) -> str | None:
     """Why the liveness endpoint could not be served at ``url``, or None; checked
     before kopf starts, as the metrics port is."""
@@ -164,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         os.environ["KUBECONFIG"] = args.kubeconfig
     config = config_from_args(args)
+    problem = ports_problem(config.metrics_port, config.liveness)
+    if problem is not None:
+        print(f"stalledpolicy operator: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if config.metrics_port:
         problem = metrics_listen_problem(config.metrics_address, config.metrics_port)
         if problem is not None:
