@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from redis.exceptions import NoPermissionError, ResponseError
+
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.lua import script
 
@@ -48,6 +50,59 @@ def _check_positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
     return value
+
+
+# --------------------------------------------------------------------------- ACL
+
+
+class AclRefused(NoPermissionError):
+    """The Redis ACL refused a script call of a queue: its keys (the user's key
+    patterns leave them out, or allow only reading to a script that writes) or
+    a command. The message is ``EMQNOPERM ...`` naming the queue's key pattern
+    and the grant that fixes it, as the scripts' own refusals do (lib/refusals)."""
+
+
+# what Redis says when the ACL refuses a key or a command: to EVALSHA's own
+# arguments (redis-py strips the NOPERM), or to a command run inside the script
+_KEY_REFUSALS = ("no permissions to access one of the keys", "can't access at least one of the keys")
+_COMMAND_REFUSAL = re.compile(r"no permissions to run the '([^']+)' command|can't run this command")
+
+
+def is_acl_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the Redis ACL refusing a script call (ours, or Redis's own words)."""
+    return isinstance(exc, NoPermissionError) or str(exc).startswith("EMQNOPERM")
+
+
+def _acl_refusal(exc: ResponseError, prefix: str, read_only: bool) -> str | None:
+    text = str(exc)
+    grant = f"ACL SETUSER <user> ~{prefix}* &{prefix}events +@all"
+    if any(words in text for words in _KEY_REFUSALS):
+        if read_only:
+            return (f"EMQNOPERM the Redis user may not read the queue's keys {prefix}* (ACL): nothing was read; "
+                    f"grant it read access to them at least (e.g. ACL SETUSER <user> %R~{prefix}*), or the "
+                    f"queue's keys, channel and commands to also sweep, replay and purge (e.g. {grant})")
+        return (f"EMQNOPERM the Redis user may not read and write the queue's keys {prefix}* (ACL): nothing was "
+                f"changed; grant it the queue's keys, channel and commands (e.g. {grant}; read-only "
+                f"keys, %R~{prefix}*, are not enough: the script writes)")
+    command = _COMMAND_REFUSAL.search(text)
+    if command is None:
+        return None
+    what = command.group(1).upper() if command.group(1) else "a command of the script"
+    return (f"EMQNOPERM the Redis user may not run {what} (ACL): nothing was changed; grant it the queue's "
+            f"keys, channel and commands (e.g. {grant})")
+
+
+def _run_script(name: str, client: Any, keys: QueueKeys, key_names: Sequence[str], args: Sequence[Any]) -> Any:
+    """Call script ``name``; an ACL refusal of its keys or commands is raised as
+    :class:`AclRefused`, naming the grant (Redis's own words name neither)."""
+    loaded = script(name)
+    try:
+        return loaded(client, key_names, args)
+    except ResponseError as exc:
+        refusal = None if str(exc).startswith("EMQNOPERM") else _acl_refusal(exc, keys.prefix, loaded.read_only)
+        if refusal is None:
+            raise
+        raise AclRefused(refusal) from exc
 
 
 # --------------------------------------------------------------------------- sweep
@@ -130,7 +185,7 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepR
     args: list[Any] = [keys.prefix, limit, budgets.default, keys.events]
     for lane, budget in budgets.lanes.items():
         args += [lane, budget]
-    reply = script("sweep")(client, _sweep_keys(keys), args)
+    reply = _run_script("sweep", client, keys, _sweep_keys(keys), args)
     recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems = reply
     # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
     # two distinct lanes can end up under one name: their counts add up rather
@@ -321,7 +376,7 @@ def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
 
 def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str | bytes, count: int
           ) -> tuple[list[DeadJob], str | bytes]:
-    rows, next_cursor = script("morgue_scan")(client, [keys.dead], [keys.prefix, mode, cursor, count])
+    rows, next_cursor = _run_script("morgue_scan", client, keys, [keys.dead], [keys.prefix, mode, cursor, count])
     jobs = []
     for raw in rows:
         job_id, group, stalled, attempts, last_error, dead_at, state, problem = (_text(v) for v in raw)
@@ -419,8 +474,8 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
     def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
         budget = MORGUE_BATCH if limit is None else min(MORGUE_BATCH, limit - result.replayed)
         args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, MORGUE_BATCH, budget, *chunk]
-        replayed, refused, missing, next_cursor, problems = script("morgue_replay")(
-            client, _replay_keys(keys), args)
+        replayed, refused, missing, next_cursor, problems = _run_script(
+            "morgue_replay", client, keys, _replay_keys(keys), args)
         for job_id, job_lane in _pairs(replayed):
             result.ids.append(job_id)
             result.lanes[job_lane] = result.lanes.get(job_lane, 0) + 1
@@ -470,8 +525,8 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
 
     def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
-        purged, kept, missing, undated, next_cursor, problems, undatable, lanes = script("morgue_purge")(
-            client, [keys.dead, keys.sweeper_totals], args)
+        purged, kept, missing, undated, next_cursor, problems, undatable, lanes = _run_script(
+            "morgue_purge", client, keys, [keys.dead, keys.sweeper_totals], args)
         result.ids += [_text(p) for p in purged]
         for raw in lanes:
             # '=' .. group, '=' flat, '' in no lane: the script's reading of the lane filter

@@ -12,6 +12,15 @@ and :func:`scripts_digest` are all of the expanded text, so a change to a
 library rolls the sweepers like a change to a script. Libraries include
 nothing themselves (one level keeps the expansion obvious) and are not
 scripts: :func:`script_names` does not list them.
+
+A script that only reads says so on its first line with Redis 7's shebang,
+``#!lua flags=no-writes``, and is called with EVALSHA_RO / EVAL_RO: a Redis
+user with read-only key permissions (``%R~emq:{q}:*``) may run it (Redis
+checks EVALSHA's keys as written to), and so may a read-only replica. Redis
+before 7 (the README names 6.2 as the oldest supported) knows neither the
+shebang nor EVALSHA_RO: when the server says the command is unknown, the same
+script is sent without its shebang line (a blank line instead, so line numbers
+in errors stay right) by EVALSHA / EVAL.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Sequence
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _PACKAGE = "stalledpolicy.scripts"
 LIBRARY_FOLDER = "lib"
@@ -31,10 +40,18 @@ LIBRARY_FOLDER = "lib"
 # The whole line is the directive; any other line starting "-- @include" is a typo.
 _INCLUDE = re.compile(r"--\s*@include\b(.*)")
 _LIBRARY_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# Redis 7's script shebang; its flags are comma-separated
+_SHEBANG = re.compile(r"#!lua(?:[ \t]+flags=([a-z0-9_,-]*))?[ \t]*")
 
 
 class ScriptIncludeError(ValueError):
     """A script's ``-- @include`` line cannot be expanded."""
+
+
+def _is_unknown_command(exc: ResponseError) -> bool:
+    """Redis before 7 refusing EVALSHA_RO / EVAL_RO (it has no such command)."""
+    text = str(exc).lower()
+    return text.startswith("unknown command") and "_ro" in text
 
 
 @dataclass(frozen=True)
@@ -42,12 +59,49 @@ class LuaScript:
     name: str
     body: str
     sha: str
+    #: declared ``#!lua flags=no-writes``: called with EVALSHA_RO / EVAL_RO
+    read_only: bool = False
+    #: ``body`` without its shebang line, for Redis before 7 (``body`` itself when it has none)
+    legacy_body: str = ""
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        if self.read_only:
+            try:
+                try:
+                    return client.evalsha_ro(self.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    return client.eval_ro(self.body, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if isinstance(exc, NoScriptError) or not _is_unknown_command(exc):
+                    raise
+            # Redis < 7: no EVALSHA_RO and no shebang (nor read-only key permissions)
+            return self._call(client, self.legacy_body, keys, args)
+        return self._call(client, self.body, keys, args, self.sha)
+
+    @staticmethod
+    def _call(client: Any, body: str, keys: Sequence[str], args: Sequence[Any], sha: str | None = None) -> Any:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return client.evalsha(sha or _sha(body), len(keys), *keys, *args)
         except NoScriptError:
-            return client.eval(self.body, len(keys), *keys, *args)
+            return client.eval(body, len(keys), *keys, *args)
+
+
+def _sha(body: str) -> str:
+    return hashlib.sha1(body.encode("utf-8")).hexdigest()
+
+
+def _shebang_flags(script_file: str, body: str, package: str) -> tuple[bool, str]:
+    """Whether ``body``'s shebang declares ``no-writes``, and the body for Redis
+    before 7 (the shebang line blanked)."""
+    first, newline, rest = body.partition("\n")
+    if not first.startswith("#!"):
+        return False, body
+    match = _SHEBANG.fullmatch(first)
+    if match is None:
+        raise ScriptIncludeError(f"{package}: {script_file} line 1: {first!r} is not a shebang Redis reads; "
+                                 "write '#!lua' or '#!lua flags=no-writes'")
+    flags = (match.group(1) or "").split(",")
+    return "no-writes" in flags, newline + rest
 
 
 def script_names(package: str = _PACKAGE) -> list[str]:
@@ -103,7 +157,8 @@ def script(name: str, package: str = _PACKAGE) -> LuaScript:
     worker keeps its own (a model of programs we do not own) in its own folder."""
     script_file = f"{name}.lua"
     body = expand(script_file, resources.files(package).joinpath(script_file).read_text(encoding="utf-8"), package)
-    return LuaScript(name=name, body=body, sha=hashlib.sha1(body.encode("utf-8")).hexdigest())
+    read_only, legacy_body = _shebang_flags(script_file, body, package)
+    return LuaScript(name=name, body=body, sha=_sha(body), read_only=read_only, legacy_body=legacy_body)
 
 
 def scripts_digest(package: str = _PACKAGE) -> str:

@@ -37,7 +37,9 @@ exit codes:
        port, database or query option, or a database the server does not
        have) or duration, --limit/--offset out of range, or a change refused
        because stdin is not a terminal and --yes was not given
-  3    Redis unreachable or refused our credentials, or a change sent to a
+  3    Redis unreachable or refused our credentials, or the Redis user
+       may not use the queue's keys or a command (ACL: EMQNOPERM names
+       the key pattern and the grant), or a change sent to a
        read-only replica (point --redis-url at the primary); or the
        connection was lost, or no answer came in time, before a change was
        sent (the preview, a read); a change whose earlier calls were applied
@@ -56,6 +58,9 @@ exit codes:
        so far ("stopped_early": true in -o json; confirmed ids it did not
        reach in "not_reached"); run it again to go on. Before the change
        starts (preview, prompt) nothing was changed.
+  With -o json a replay or purge prints one document on every exit but 2:
+  a failure (1, 3, 4, 5) or a signal too, with what was changed so far,
+  "error" (null on success) and "outcome_unknown" (true with exit 5).
 
 environment:
   STALLEDPOLICY_REDIS_URL  default for --redis-url
@@ -101,6 +106,10 @@ def _shown_number(text: str) -> str:
 
 
 def _duration(text: str) -> float:
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"{shown(text, 40, quoted=True)}: the duration must be positive; write how long ago, "
+            "e.g. 30m, 12h or 7d")
     try:
         seconds = parse_duration(text)
     except ValueError as exc:

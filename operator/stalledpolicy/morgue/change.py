@@ -31,7 +31,7 @@ from stalledpolicy.durations import format_duration
 from stalledpolicy.morgue.exit_codes import EXIT_ABORTED, EXIT_USAGE
 from stalledpolicy.morgue.prompt import confirm, is_interactive
 from stalledpolicy.morgue.render import jobs_phrase
-from stalledpolicy.morgue.report import report_outcome, show_preview
+from stalledpolicy.morgue.report import report_outcome, report_unfinished, show_preview
 from stalledpolicy.morgue.stopping import Stopper
 
 @dataclass
@@ -43,6 +43,14 @@ class ChangeRun:
     started: bool = False  # the real calls have begun
     answered: bool = False  # one of them came back: the change has begun to apply
     changed: int = 0  # jobs replayed or purged by the real calls that came back
+    #: what those calls changed (ids, lanes): the JSON of a run that ends early
+    so_far: Outcome | None = None
+
+    def outcome(self) -> Outcome:
+        """What the real calls that came back changed (nothing when none did)."""
+        if self.so_far is None:
+            return Outcome(ids=[])
+        return Outcome(ids=list(self.so_far.ids), lanes=dict(self.so_far.lanes))
 
 
 @dataclass
@@ -82,6 +90,7 @@ def _call_engine(engine: Any, client: Any, args: argparse.Namespace, selection: 
         if not dry_run:
             run.answered = True  # a real call came back: the change has begun to apply
             run.changed = len(so_far.ids)
+            run.so_far = Outcome(ids=list(so_far.ids), lanes=dict(so_far.lanes))
 
     if args.morgue_action == "replay":
         result = engine.morgue_replay(client, args.queue, lane=lane, ids=ids, dry_run=dry_run,
@@ -140,7 +149,9 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
                 question += (" (The purge applies its age rule when it runs: a job that grows old enough "
                              "meanwhile is purged too.)")
         if not confirm(question, stdin=stdin, stderr=err):
-            err.write(f"aborted: nothing {'dated or ' if preview.undated else ''}{past}\n")
+            aborted = f"aborted: nothing {'dated or ' if preview.undated else ''}{past}"
+            err.write(aborted + "\n")
+            report_unfinished(args, out, Outcome(ids=[]), error=aborted)
             return EXIT_ABORTED
 
     # From here on a signal (SIGTERM, Ctrl-C) lets the script call in progress

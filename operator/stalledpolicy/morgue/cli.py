@@ -20,6 +20,7 @@ from stalledpolicy.morgue.exit_codes import (
     EXIT_USAGE,
 )
 from stalledpolicy.morgue.render import jobs_phrase
+from stalledpolicy.morgue.report import report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
@@ -199,6 +200,12 @@ def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -
         if changing and not args.dry_run:
             err.write("nothing was changed\n" if not run.started else
                       "the change may have been partly applied; check with 'stalledpolicy morgue stats' and 'list'\n")
+        if changing:
+            # the document of every stopped run: here, before the change (preview,
+            # prompt), nothing changed; a stop inside the calls is the engine's to say
+            stopped = run.outcome()
+            stopped.stopped_by = "SIGTERM" if terminated else "SIGINT"
+            report_unfinished(args, out, stopped, outcome_unknown=run.started)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
@@ -210,6 +217,14 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
     from stalledpolicy import engine
 
     client = None
+
+    def failed(code: int, error: str, outcome_unknown: bool = False) -> int:
+        # -o json: a change that ends on an error still prints its document
+        # (what the calls answered before it changed), but for bad usage (2)
+        if changing and code != EXIT_USAGE:
+            report_unfinished(args, out, run.outcome(), error=error, outcome_unknown=outcome_unknown)
+        return code
+
     try:
         client = open_client(url, changing=changing)
         if not changing:
@@ -224,39 +239,55 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
     except (*unreachable_errors(), redis.ResponseError) as exc:
         if run.started and may_have_run(exc):
             _report_outcome_unknown(err, prog, args, where, url, exc, run)
-            return EXIT_OUTCOME_UNKNOWN
+            return failed(EXIT_OUTCOME_UNKNOWN, "outcome unknown: a call was sent and got no answer "
+                          f"({scrub(str(exc), url) or type(exc).__name__})", outcome_unknown=True)
         if is_slot_migrating(exc):
             _report_migration(err, prog, args, url, exc, changing, run)
-            return EXIT_FAILED
+            return failed(EXIT_FAILED, f"the slot of queue {args.queue} is being migrated between Redis "
+                          f"Cluster nodes; run the command again once it has moved ({scrub(str(exc), url)})")
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
             err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
             return EXIT_USAGE
+        if engine.is_acl_refusal(exc):
+            # the user of the URL lacks a key or command: a credentials problem (exit 3)
+            message = f"Redis at {where} refused this user: {scrub(str(exc), url)}"
+            err.write(f"{prog}: {message}\n")
+            if changing and not args.dry_run and not run.answered:
+                err.write("nothing was changed\n")
+            elif run.answered:
+                err.write("the script calls before this one were applied, this one changed nothing; check "
+                          "with 'stalledpolicy morgue stats' and 'list'\n")
+            return failed(EXIT_UNREACHABLE, message)
         if is_read_only_refusal(exc):
             # a reader endpoint, or a primary demoted by a failover: reachable, but refuses writes
-            err.write(f"{prog}: Redis at {where} is a read-only replica and refused the change; "
-                      "point --redis-url at the primary (the server that takes writes)\n")
+            message = (f"Redis at {where} is a read-only replica and refused the change; "
+                       "point --redis-url at the primary (the server that takes writes)")
+            err.write(f"{prog}: {message}\n")
             if not run.answered:
                 err.write("nothing was changed\n")
-                return EXIT_UNREACHABLE
+                return failed(EXIT_UNREACHABLE, message)
         elif is_credentials_refusal(exc):
-            err.write(f"{prog}: Redis at {where} requires a password (or refused this user/password): "
-                      f"{CREDENTIALS_ADVICE}\n")
+            message = f"Redis at {where} requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
+            err.write(f"{prog}: {message}\n")
         elif not isinstance(exc, unreachable_errors()):  # a plain ResponseError: the server answered
-            err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
-            return EXIT_FAILED
+            message = f"failed: {scrub(str(exc), url)}"
+            err.write(f"{prog}: {message}\n")
+            return failed(EXIT_FAILED, message)
         else:
+            message = f"Redis at {where} unreachable: {scrub(str(exc), url) or type(exc).__name__}"
             _report_unreachable(err, prog, where, url, exc, connected=client is not None)
         if run.started:
             err.write("the change may have been partly applied (it is not sent twice); check with "
                       "'stalledpolicy morgue stats' and 'list'\n")
-        return EXIT_UNREACHABLE
+        return failed(EXIT_UNREACHABLE, message)
     except redis.RedisError as exc:
         if is_slot_migrating(exc):
             _report_migration(err, prog, args, url, exc, changing, run)
-            return EXIT_FAILED
+            return failed(EXIT_FAILED, f"the slot of queue {args.queue} is being migrated between Redis "
+                          f"Cluster nodes; run the command again once it has moved ({scrub(str(exc), url)})")
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
-        return EXIT_FAILED
+        return failed(EXIT_FAILED, f"failed: {scrub(str(exc), url)}")
     finally:
         if client is not None:
             client.close()

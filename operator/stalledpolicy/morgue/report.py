@@ -47,6 +47,49 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, *,
                   f"{_UNDATABLE}\n")
 
 
+def _document(args: argparse.Namespace, outcome: Outcome, *, dry_run: bool, verb: str, past: str,
+              vanished: Sequence[str] = (), dated: bool = True, not_reached: Sequence[str] | None = None,
+              error: str | None = None, outcome_unknown: bool = False) -> dict[str, Any]:
+    """The one JSON document of a replay or purge, whichever way it ended: done,
+    stopped by a signal (before the change too: nothing changed), or ended by an
+    error (``error``; ``outcome_unknown``: a call was sent and got no answer)."""
+    document: dict[str, Any] = {
+        "queue": args.queue, "action": verb, "dry_run": dry_run,
+        ("would_" + verb if dry_run else past): len(outcome.ids), "ids": outcome.ids,
+    }
+    if verb == "replay":
+        document["lanes"] = outcome.lanes
+    document["missing"] = outcome.missing
+    document["refused"] = outcome.refused
+    document["vanished"] = list(vanished)
+    document["problems"] = outcome.problems
+    document["stopped_early"] = outcome.stopped_by is not None
+    document["signal"] = outcome.stopped_by
+    document["not_reached"] = None if not_reached is None else list(not_reached)
+    if verb == "purge":
+        document["undated"] = outcome.undated
+        document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
+        document["undatable"] = outcome.undatable
+    document["error"] = error
+    document["outcome_unknown"] = outcome_unknown
+    return document
+
+
+def report_unfinished(args: argparse.Namespace, out: IO[str], outcome: Outcome, *, error: str | None = None,
+                      outcome_unknown: bool = False) -> None:
+    """With ``-o json``, the document of a replay or purge that ended before its
+    report (a signal before or between calls, an error, the prompt declined):
+    what the real calls answered so far changed (``outcome``, empty when nothing
+    did), in the shape of every other run, so a script reads one document
+    whatever happened. Tables print nothing here: stderr says it all."""
+    if args.output != "json":
+        return
+    verb = args.morgue_action
+    past = "replayed" if verb == "replay" else "purged"
+    emit_json(_document(args, outcome, dry_run=args.dry_run, verb=verb, past=past, error=error,
+                        outcome_unknown=outcome_unknown), out)
+
+
 def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
                    verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None,
                    dated: bool = True, not_reached: Sequence[str] | None = None) -> int:
@@ -59,25 +102,8 @@ def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome
     ids = outcome.ids
     code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
     if args.output == "json":
-        document: dict[str, Any] = {
-            "queue": queue, "action": verb, "dry_run": dry_run,
-            ("would_" + verb if dry_run else past): len(ids), "ids": ids,
-        }
-        if verb == "replay":
-            document["lanes"] = outcome.lanes
-        document["missing"] = outcome.missing
-        document["refused"] = outcome.refused
-        document["vanished"] = list(vanished)
-        document["problems"] = outcome.problems
-        if not dry_run:
-            document["stopped_early"] = outcome.stopped_by is not None
-            document["signal"] = outcome.stopped_by
-            document["not_reached"] = None if not_reached is None else list(not_reached)
-        if verb == "purge":
-            document["undated"] = outcome.undated
-            document["undated_dated"] = bool(outcome.undated) and not dry_run and dated
-            document["undatable"] = outcome.undatable
-        emit_json(document, out)
+        emit_json(_document(args, outcome, dry_run=dry_run, verb=verb, past=past, vanished=vanished,
+                            dated=dated, not_reached=not_reached), out)
     else:
         if dry_run:
             out.write(f"dry run: would {verb} {jobs_phrase(len(ids))} of queue {queue} (nothing changed)\n")

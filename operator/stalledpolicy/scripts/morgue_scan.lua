@@ -1,4 +1,7 @@
+#!lua flags=no-writes
 -- morgue_scan: read-only view of a window of the morgue (list and stats).
+-- Declared no-writes (line 1): called with EVALSHA_RO (lua.py), so a Redis user
+-- with read-only key permissions (%R~emq:{q}:*), or a read-only replica, may run it.
 --
 -- KEYS[1] dead
 -- ARGV[1] queue prefix 'emq:{q}:'

@@ -125,7 +125,10 @@ class Sweeper:
                                              f"their last values): {self._scrub(exc)}")
                 self._redis_answered()
         except UNREACHABLE as exc:
-            self._outage(exc)
+            if redis_url.is_read_only_refusal(exc):
+                self._read_only(exc)  # Redis answered: not an outage
+            else:
+                self._outage(exc)
             return False
         except Exception as exc:  # noqa: BLE001 (a script error or a bug must not end the process)
             self._pass_error(exc)
@@ -222,6 +225,26 @@ class Sweeper:
         self._down_since = None
         self._failed_attempts = 0
 
+    def _read_only(self, exc: BaseException) -> None:
+        """A read-only replica refused the sweep's writes: Redis answered (it is
+        up), but no pass can succeed until the URL names the primary (or a
+        failover ends). Retried every interval; logged once until a pass succeeds."""
+        self._redis_answered()
+        message = self._scrub(exc)
+        self.health.last_pass_ok = False
+        self.health.reason = f"last pass failed: {message}"
+        key = f"read-only: {message}"
+        if key in self._logged_errors:
+            log.debug("sweep pass refused again by a read-only replica", extra={"queue": self.config.queue})
+            return
+        self._logged_errors.add(key)
+        log.error(
+            ("Redis is a read-only replica and refused the sweep's writes: " + redis_url.READ_ONLY_ADVICE
+             + "; nothing was moved; " + ("--once exits 1" if self.config.once else
+                                          "retrying next interval (logged once until a pass succeeds)")),
+            extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
+                   "error_type": type(exc).__name__})
+
     def _pass_error(self, exc: BaseException) -> None:
         # Only a completed round trip may say Redis is up. An error reply (a
         # ResponseError: a script error, WRONGTYPE, NOSCRIPT, ...) is one: the
@@ -241,9 +264,12 @@ class Sweeper:
             return
         self._logged_errors.add(key)
         is_redis_error = isinstance(exc, redis.RedisError)
+        then = "--once exits 1" if self.config.once else "retrying next interval (logged once until a pass succeeds)"
         log.error(
-            "sweep pass failed; --once exits 1" if self.config.once else
-            "sweep pass failed; retrying next interval (logged once until a pass succeeds)",
+            # an ACL refusal names the grant in `error` (EMQNOPERM ...); nothing moved
+            f"sweep pass refused by the Redis ACL (the user may not use the queue's keys or a command; "
+            f"the error names the grant); nothing was moved; {then}" if engine.is_acl_refusal(exc) else
+            f"sweep pass failed; {then}",
             extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
             exc_info=None if is_redis_error else exc,
         )
