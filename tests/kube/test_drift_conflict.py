@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from stalledpolicy.controller.reconcile import DRIFT_MAX_REVERTS, DRIFT_REVERTS_ANNOTATION
+from stalledpolicy.controller.drift import DRIFT_MAX_REVERTS, DRIFT_REVERTS_ANNOTATION
 from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
                                          operator_kubeconfig, policy_manifest, redis_secret, wait_for)
 

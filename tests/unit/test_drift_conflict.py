@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from stalledpolicy.controller import reconcile as rec
+from stalledpolicy.controller import drift
+from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.status import condition_of
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
 
@@ -20,7 +21,7 @@ def started(apps, now, body=None):
     ctl.clock = lambda: now[0]
     body = body or policy_body()
     ctl.observe_policy(body, "ADDED")
-    rec.reconcile(ctl, body)
+    reconcile(ctl, body)
     return ctl
 
 
@@ -37,7 +38,7 @@ def fight(ctl, apps, now, times):
     for _ in range(times):
         changed = rival_change(apps)
         ctl.observe_deployment(changed, "MODIFIED")
-        rec.revert_drift(ctl, KEY, changed)
+        drift.revert_drift(ctl, KEY, changed)
         now[0] += 10
 
 
@@ -53,8 +54,8 @@ def test_a_drift_conflict_is_the_policys_condition_and_ready_says_so():
     assert condition_of(status, "SweeperInSync") is None, "no condition before any conflict"
     assert condition_of(status, "Ready")["reason"] != "DriftConflict"
 
-    fight(ctl, apps, now, rec.DRIFT_MAX_REVERTS + 1)
-    assert kinds(ctl).count("DriftReverted") == rec.DRIFT_MAX_REVERTS and kinds(ctl).count("DriftConflict") == 1
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    assert kinds(ctl).count("DriftReverted") == drift.DRIFT_MAX_REVERTS and kinds(ctl).count("DriftConflict") == 1
     ctl.refresh(KEY)
     status = ctl.policies[KEY].status
     in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
@@ -70,28 +71,28 @@ def test_the_revert_budget_survives_an_operator_restart():
     apps, now = FakeApps(), [1_800_000_000.25]
     first = started(apps, now)
     fight(first, apps, now, 2)
-    recorded = apps.stored["metadata"]["annotations"][rec.DRIFT_REVERTS_ANNOTATION]
+    recorded = apps.stored["metadata"]["annotations"][drift.DRIFT_REVERTS_ANNOTATION]
     assert recorded == "2027-01-15T08:00:00Z,2027-01-15T08:00:10Z"
     # The annotation is in the Deployment's generation: that write is ours, not drift.
-    assert rec.drifted_policy(first, copy.deepcopy(apps.stored)) is None
+    assert drift.drifted_policy(first, copy.deepcopy(apps.stored)) is None
 
     second = started(apps, now)  # the operator restarted
     fight(second, apps, now, 2)
     assert kinds(second) == ["DriftReverted", "DriftConflict"]
     assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
-    assert len(rec.recorded_reverts(apps.stored)) == rec.DRIFT_MAX_REVERTS
+    assert len(drift.recorded_reverts(apps.stored)) == drift.DRIFT_MAX_REVERTS
 
 
 def test_reverts_in_the_same_second_count_each():
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
-    for _ in range(rec.DRIFT_MAX_REVERTS):
+    for _ in range(drift.DRIFT_MAX_REVERTS):
         changed = rival_change(apps)
-        rec.revert_drift(ctl, KEY, changed)
+        drift.revert_drift(ctl, KEY, changed)
         now[0] += 0.1
-    assert kinds(ctl) == ["DriftReverted"] * rec.DRIFT_MAX_REVERTS
-    assert len(rec.recorded_reverts(apps.stored)) == rec.DRIFT_MAX_REVERTS
-    rec.revert_drift(ctl, KEY, rival_change(apps))
+    assert kinds(ctl) == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS
+    assert len(drift.recorded_reverts(apps.stored)) == drift.DRIFT_MAX_REVERTS
+    drift.revert_drift(ctl, KEY, rival_change(apps))
     assert kinds(ctl)[-1] == "DriftConflict"
 
 
@@ -99,16 +100,16 @@ def test_reverts_older_than_the_window_are_not_counted_after_a_restart():
     apps, now = FakeApps(), [1_800_000_000.25]
     first = started(apps, now)
     fight(first, apps, now, 2)
-    now[0] += rec.DRIFT_WINDOW
+    now[0] += drift.DRIFT_WINDOW
     second = started(apps, now)
-    fight(second, apps, now, rec.DRIFT_MAX_REVERTS)
-    assert kinds(second) == ["DriftReverted"] * rec.DRIFT_MAX_REVERTS
+    fight(second, apps, now, drift.DRIFT_MAX_REVERTS)
+    assert kinds(second) == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS
 
 
 def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone():
     apps, now = FakeApps(), [1_800_000_000.25]
     first = started(apps, now)
-    fight(first, apps, now, rec.DRIFT_MAX_REVERTS + 1)
+    fight(first, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     first.refresh(KEY)
     stored = first.policies[KEY].status
 
@@ -125,8 +126,8 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
     # The deployment controller's status writes on the drifted Deployment are no change:
     # they do not hold the conflict open.
     drifted = copy.deepcopy(apps.stored)
-    now[0] += rec.DRIFT_WINDOW - 20  # 10 s after the rival's last change, then this
-    rec.revert_drift(second, KEY, drifted)
+    now[0] += drift.DRIFT_WINDOW - 20  # 10 s after the rival's last change, then this
+    drift.revert_drift(second, KEY, drifted)
     assert apps.stored["spec"]["replicas"] == 0
     now[0] += 15
     applied = len(apps.applied)

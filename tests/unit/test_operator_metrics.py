@@ -72,17 +72,17 @@ def test_reconciles_are_counted_by_result():
 
 
 def test_a_drift_revert_and_a_drift_conflict_are_counted():
-    from stalledpolicy.controller import reconcile as rec
+    from stalledpolicy.controller import drift
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
-    rec.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
     assert ctl.metrics.value("stalledpolicy_operator_drift_reverts_total") == 1
     assert reconciles(ctl)["ok"] == 2  # the revert is a reconcile too
-    for _ in range(rec.DRIFT_MAX_REVERTS + 2):
+    for _ in range(drift.DRIFT_MAX_REVERTS + 2):
         now[0] += 10
-        rec.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
-    assert ctl.metrics.value("stalledpolicy_operator_drift_reverts_total") == rec.DRIFT_MAX_REVERTS
+        drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    assert ctl.metrics.value("stalledpolicy_operator_drift_reverts_total") == drift.DRIFT_MAX_REVERTS
     assert ctl.metrics.value("stalledpolicy_operator_drift_conflicts_total") == 1
 
 
@@ -114,7 +114,7 @@ def test_status_refreshes_are_counted_and_timed_and_failures_have_their_reason()
 
 
 def test_a_status_write_that_fails_is_a_failed_refresh():
-    from stalledpolicy.controller.runtime import plain
+    from stalledpolicy.controller.objects import plain
 
     _, ctl, _ = reconciled_policy(dict(SECRET))
 

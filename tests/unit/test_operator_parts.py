@@ -23,7 +23,7 @@ from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigErro
 from stalledpolicy.controller.replay import (InvalidReplayRequest, ReplayRequest, replay_warning,
                                                requested_replay)
 from stalledpolicy.engine import ReplayResult
-from stalledpolicy.controller.runtime import safe_error
+from stalledpolicy.controller.status_loop import safe_error
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
 
@@ -397,7 +397,7 @@ def test_operator_command_needs_a_scope(capsys):
 
 
 def test_the_operator_keeps_objects_without_managed_fields():
-    from stalledpolicy.controller.runtime import snapshot
+    from stalledpolicy.controller.objects import snapshot
 
     body = {"metadata": {"name": "p", "managedFields": [{"manager": "kubectl"}]},
             "spec": {"queue": "q"}}
@@ -686,7 +686,7 @@ def test_a_failed_read_of_the_deployment_is_an_apply_failure_too():
 
 
 def test_api_messages_never_show_a_password():
-    from stalledpolicy.controller.reconcile import describe_api_error
+    from stalledpolicy.controller.api_errors import describe_api_error
 
     text = describe_api_error(api_error(422, "Unprocessable Entity", "bad value redis://:hunter2@db:6379/0"))
     assert "hunter2" not in text and "redis://:***@db:6379/0" in text
@@ -748,7 +748,7 @@ def test_a_failed_reapply_is_tried_again_by_the_status_loop():
 
 
 def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
-    from stalledpolicy.controller.reconcile import drifted_policy, revert_drift
+    from stalledpolicy.controller.drift import drifted_policy, revert_drift
 
     apps, ctl, body = reconciled_policy()
     ours = copy.deepcopy(apps.stored)
@@ -838,7 +838,7 @@ def test_an_unrelated_apply_keeps_the_running_secret_digest_while_the_secret_is_
 
 
 def test_a_policy_or_sweeper_being_deleted_is_not_drift():
-    from stalledpolicy.controller.reconcile import drifted_policy, revert_drift
+    from stalledpolicy.controller.drift import drifted_policy, revert_drift
 
     apps, ctl, body = reconciled_policy()
     scaled = apps.scale_by_hand(0)
@@ -883,19 +883,20 @@ def test_the_deletion_of_a_policy_seen_after_its_successor_forgets_only_the_dele
 
 
 def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_brought_back(monkeypatch):
+    from stalledpolicy.controller import drift, reapply
     from stalledpolicy.controller import reconcile as rec
 
     apps, ctl, body = reconciled_policy()
     scaled = apps.scale_by_hand(0)
-    real = rec.drifted_policy
+    real = drift.drifted_policy
 
     def deleted_right_after(c, d):
         key = real(c, d)
         c.forget(("ns", "p"))
         return key
 
-    monkeypatch.setattr(rec, "drifted_policy", deleted_right_after)
-    rec.revert_drift(ctl, ("ns", "p"), scaled)  # before: KeyError
+    monkeypatch.setattr(drift, "drifted_policy", deleted_right_after)
+    drift.revert_drift(ctl, ("ns", "p"), scaled)  # before: KeyError
     monkeypatch.undo()
     assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
 
@@ -904,7 +905,7 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
     rec.reconcile(ctl, body)
     state = ctl.policies[("ns", "p")]
     state.apply_lock.acquire()
-    worker = threading.Thread(target=rec.reapply, args=(ctl, ("ns", "p"), "test"))
+    worker = threading.Thread(target=reapply.reapply, args=(ctl, ("ns", "p"), "test"))
     worker.start()
     time.sleep(0.2)
     ctl.forget(("ns", "p"))
@@ -917,23 +918,23 @@ def test_rollout_restarts_are_not_reverts_and_use_up_no_budget():
     """`kubectl rollout restart` bumps the generation with a field the operator
     never sets: the re-apply changes nothing, so it is no revert, and a real
     `kubectl scale` right after is still reverted."""
-    from stalledpolicy.controller import reconcile as rec
+    from stalledpolicy.controller import drift
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
-    for n in range(rec.DRIFT_MAX_REVERTS + 3):
-        rec.revert_drift(ctl, ("ns", "p"), apps.restart_by_hand(f"2026-12-03T00:00:0{n}Z"), clock=lambda: now[0])
+    for n in range(drift.DRIFT_MAX_REVERTS + 3):
+        drift.revert_drift(ctl, ("ns", "p"), apps.restart_by_hand(f"2026-12-03T00:00:0{n}Z"), clock=lambda: now[0])
         now[0] += 10
     names = [e[2] for e in ctl.recorder.events]
     assert "DriftReverted" not in names and "DriftConflict" not in names
     assert apps.stored["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
-    rec.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 1
     assert [e[2] for e in ctl.recorder.events] == ["DriftReverted"]
 
 
 def test_the_status_writer_is_not_named_as_the_other_writer():
-    from stalledpolicy.controller.reconcile import other_field_managers
+    from stalledpolicy.controller.drift import other_field_managers
 
     deployment = {"metadata": {"managedFields": [
         {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
@@ -944,7 +945,7 @@ def test_the_status_writer_is_not_named_as_the_other_writer():
 
 
 def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
-    from stalledpolicy.controller import reconcile as rec
+    from stalledpolicy.controller import drift
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
@@ -958,19 +959,19 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
         return changed
 
     for _ in range(6):
-        rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+        drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
         now[0] += 10
-    assert len([e for e in ctl.recorder.events if e[2] == "DriftReverted"]) == rec.DRIFT_MAX_REVERTS == 3
+    assert len([e for e in ctl.recorder.events if e[2] == "DriftReverted"]) == drift.DRIFT_MAX_REVERTS == 3
     [conflict] = [e for e in ctl.recorder.events if e[2] == "DriftConflict"]
     assert conflict[1] == "Warning" and "'stalledpolicy-operator-v2'" in conflict[3] and "kubectl" in conflict[3]
     assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
     # Still fought over: no revert while the changes keep coming.
-    now[0] += rec.DRIFT_WINDOW - 20
-    rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+    now[0] += drift.DRIFT_WINDOW - 20
+    drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 0
     # Left alone for the whole window: the next change is reverted again.
-    now[0] += rec.DRIFT_WINDOW + 1
-    rec.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+    now[0] += drift.DRIFT_WINDOW + 1
+    drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
     assert apps.stored["spec"]["replicas"] == 1
     assert len([e for e in ctl.recorder.events if e[2] == "DriftConflict"]) == 1
 
@@ -1029,7 +1030,7 @@ def test_an_allowed_prefix_or_exact_image_passes_and_a_near_miss_does_not():
 
 
 def test_by_default_only_the_operators_own_sweeper_image_is_allowed():
-    from stalledpolicy.controller.reconcile import default_sweeper_image
+    from stalledpolicy.controller.sweeper_image import default_sweeper_image
 
     # The configured sweeper image, set explicitly or left out.
     assert reconcile_image("img:1")[2].ok
@@ -1049,7 +1050,8 @@ def test_a_lone_star_allows_any_image():
 
 
 def test_a_running_sweeper_of_a_refused_image_is_scaled_to_zero_and_an_allowed_one_is_left():
-    from stalledpolicy.controller.reconcile import InvalidPolicy, drifted_policy, reconcile
+    from stalledpolicy.controller.drift import drifted_policy
+    from stalledpolicy.controller.reconcile import InvalidPolicy, reconcile
 
     apps = FakeApps()
     ctl = fake_controller(apps, config=OperatorConfig(sweeper_image="img:1", allowed_sweeper_images=("*",)))
@@ -1177,7 +1179,7 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
 
     from kubernetes import client
 
-    from stalledpolicy.controller.reconcile import reapply_after_deletion
+    from stalledpolicy.controller.reapply import reapply_after_deletion
 
     apps, ctl, _ = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
     deleted = copy.deepcopy(apps.stored)

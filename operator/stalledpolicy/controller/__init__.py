@@ -1,10 +1,14 @@
 """The kopf operator: reconciles StalledPolicy resources into sweeper Deployments.
 
 ``main`` registers the kopf handlers (and nothing else); the work is done by
-small modules: ``reconcile`` (policy -> Deployment), ``apply`` (server-side
-apply), ``status`` (queue numbers and conditions), ``replay`` (the replay
-annotation), ``events`` and ``redis_clients``. Only ``cli.run`` and ``main``
-import kopf.
+small modules: ``reconcile`` (policy -> Deployment), ``sweeper_image`` (the
+image allowlist), ``reapply`` (re-applies outside kopf's handlers: a deleted
+sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy),
+``apply`` (server-side apply), ``runtime`` (the operator's memory, the
+``Controller``), ``status_loop`` (each policy's status refreshed and written),
+``objects`` (kopf's bodies, and which is newer), ``status`` (queue numbers and
+conditions), ``replay`` (the replay annotation), ``events`` and
+``redis_clients``. Only ``cli.run`` and ``main`` import kopf.
 """
 
 # The API's names and the sweeper's labels are the policy package's (one place each).

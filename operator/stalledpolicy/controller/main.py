@@ -16,9 +16,10 @@ import kopf
 from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
                                       VERSION)
 from stalledpolicy.controller.config import OperatorConfig
+from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
-from stalledpolicy.controller.reconcile import (InvalidPolicy, RetryLater, drifted_policy,
-                                                reapply_after_deletion, reconcile, revert_drift)
+from stalledpolicy.controller.reapply import reapply_after_deletion
+from stalledpolicy.controller.reconcile import InvalidPolicy, RetryLater, reconcile
 
 log = logging.getLogger("stalledpolicy.operator")
 STORAGE_PREFIX = f"operator.{GROUP}"

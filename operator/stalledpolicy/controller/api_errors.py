@@ -1,0 +1,51 @@
+"""The Kubernetes API's refusals, in the API server's own words."""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+from stalledpolicy.controller.status import api_text
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException, urllib3.exceptions.HTTPError, OSError
+
+
+def describe_api_error(exc: BaseException) -> str:
+    """The API server's own words for a refused request: ``HTTP 422 Unprocessable
+    Entity: Deployment.apps "x" is invalid: ...``. The request was our sweeper
+    Deployment, which holds no secret (the Redis URL of a Secret arrives by
+    secretKeyRef, an inline URL is credential-free by validation), so neither
+    does the message; any ``user:password@`` in it is masked all the same."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        text = f"HTTP {exc.status} {exc.reason}"
+        detail = None
+        try:
+            detail = json.loads(exc.body).get("message") if exc.body else None
+        except (TypeError, ValueError, AttributeError):
+            pass
+        if detail:
+            text += f": {detail}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return api_text(text)
+
+
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused a create because the namespace is being deleted
+    (403 with the NamespaceTerminating cause)."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not isinstance(exc, ApiException) or exc.status != 403 or not exc.body:
+        return False
+    try:
+        causes = (json.loads(exc.body).get("details") or {}).get("causes") or []
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return any(isinstance(c, Mapping) and c.get("reason") == "NamespaceTerminating" for c in causes)

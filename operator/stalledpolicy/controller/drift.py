@@ -1,0 +1,204 @@
+"""Drift: a sweeper Deployment changed outside its policy (``kubectl scale``, an env
+edit, another controller) gets the policy's spec applied over it again, at most
+DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds. Past that another writer is
+fighting the operator: a DriftConflict (an event, a log line, a metric and the
+policy's SweeperInSync condition) and no more reverts until the sweeper has been
+left alone a whole window. The reverts are recorded on the Deployment and the
+conflict in the policy's status, so an operator restart changes neither."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any, Mapping
+
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
+from stalledpolicy.controller.api_errors import _api_errors, describe_api_error
+from stalledpolicy.controller.reapply import _current, _deleting, _owned_policy_state, _reconcile_again
+from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.runtime import Controller
+
+log = logging.getLogger("stalledpolicy.operator")
+
+
+# Drift reverts allowed per policy in DRIFT_WINDOW seconds. Past that another writer
+# (a second operator, an HPA, a GitOps tool) is changing the sweeper as fast as we put
+# it back: every flip is a rollout, so stop reverting and say who it is. Reverts
+# resume once the sweeper has been left alone for DRIFT_WINDOW seconds.
+DRIFT_MAX_REVERTS = 3
+DRIFT_WINDOW = 300.0
+
+
+def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The policy whose sweeper Deployment someone else changed (``kubectl scale``,
+    an env edit): its generation is past the one our last apply made. Memory only,
+    so kopf's watch can ask on every event; our own no-op applies never bump the
+    generation, so they never look like drift. A policy or Deployment being deleted
+    (foreground deletion bumps the generation) is never drift."""
+    meta = deployment.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    owned = _owned_policy_state(ctl, deployment)
+    if owned is None:
+        return None
+    key, state, _ = owned
+    applied = state.outcome.deployment_generation
+    if applied is None or int(meta.get("generation") or 0) <= applied:
+        return None
+    return key
+
+
+def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
+    """The field managers of the Deployment's spec and metadata other than ours,
+    most recent first (the status writers, the deployment controller, change no spec)."""
+    from stalledpolicy.controller import FIELD_MANAGER
+
+    entries = [e for e in (deployment.get("metadata") or {}).get("managedFields") or []
+               if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER
+               and e.get("subresource") != "status"]
+    entries.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
+    names: list[str] = []
+    for entry in entries:
+        if entry["manager"] not in names:
+            names.append(entry["manager"])
+    return names
+
+
+# The drift reverts of the last DRIFT_WINDOW seconds, recorded on the sweeper
+# Deployment itself (it is ours, and goes with its policy): an operator restarted in
+# the middle of a fight still knows how many it has made. Comma-separated RFC 3339 times.
+DRIFT_REVERTS_ANNOTATION = f"{GROUP}/drift-reverts"
+
+
+def _format_time(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+
+def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
+    """The revert times recorded on ``deployment`` (a value that does not parse counts nothing)."""
+    import calendar
+
+    text = ((deployment.get("metadata") or {}).get("annotations") or {}).get(DRIFT_REVERTS_ANNOTATION) or ""
+    times = []
+    for item in text.split(","):
+        try:
+            times.append(float(calendar.timegm(time.strptime(item.strip(), "%Y-%m-%dT%H:%M:%SZ"))))
+        except ValueError:
+            continue
+    return times
+
+
+def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float]) -> None:
+    """Write the revert times on the sweeper Deployment (a merge patch of one
+    annotation, under the policy's apply_lock). A Deployment's annotations are part
+    of its generation (the API server copies them to its ReplicaSets): the one this
+    write makes is ours, like an apply's, never drift to revert; the pod template is
+    unchanged, so no rollout. Failing, this process still counts the reverts; only
+    a restart before the next write forgets them."""
+    namespace = state.key[0]
+    value = ",".join(_format_time(t) for t in times)
+    try:
+        response = ctl.apps.patch_namespaced_deployment(
+            deployment_name, namespace, {"metadata": {"annotations": {DRIFT_REVERTS_ANNOTATION: value}}},
+            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json", _preload_content=False)
+        written = json.loads(response.data)
+    except _api_errors() as exc:
+        log.warning("could not record the drift reverts on the sweeper Deployment: %s", describe_api_error(exc),
+                    extra={"namespace": namespace, "policy": state.key[1], "deployment": deployment_name})
+        return
+    ctl.observe_deployment(written, read=True)
+    generation = int((written.get("metadata") or {}).get("generation") or 0)
+    with state.lock:
+        if state.outcome is not None and state.outcome.ok and generation > (state.outcome.deployment_generation or 0):
+            state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
+
+
+def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
+    """Whether the policy's budget allows another revert (under its apply_lock;
+    a revert that happens is counted by the caller); False (a DriftConflict Warning
+    and the policy's SweeperInSync condition, once per conflict) when another writer
+    keeps changing the sweeper. The reverts counted are this process's and those
+    recorded on the Deployment (an earlier process's)."""
+    meta = deployment.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    if state.drift_conflict:
+        if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
+            if generation > state.drift_seen_generation:  # a change, not a status write
+                state.drift_last_seen, state.drift_seen_generation = now, generation
+            return False
+        _end_drift_conflict(state)  # left alone long enough: revert again
+    state.drift_last_seen, state.drift_seen_generation = now, generation
+    # Each revert writes the whole list: the longer one knows every revert (the
+    # Deployment's, after a restart; ours, if the other writer dropped the annotation).
+    ours, recorded = ([t for t in times if now - t < DRIFT_WINDOW]
+                      for times in (state.drift_reverts, recorded_reverts(deployment)))
+    state.drift_reverts[:] = ours if len(ours) >= len(recorded) else recorded
+    if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
+        return True
+    ctl.metrics.drift_conflicts.inc()
+    others = other_field_managers(deployment)
+    who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
+           if others else "another writer")
+    message = (f"Deployment {meta.get('name')} was changed outside the policy {DRIFT_MAX_REVERTS + 1} times "
+               f"in {int(DRIFT_WINDOW)} s, last by {who}; the operator stops reverting it until it is "
+               f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
+               "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
+    state.drift_conflict = message
+    log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
+                                "reason": events.DRIFT_CONFLICT})
+    ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
+    ctl._kick(state.key)  # the condition
+    return False
+
+
+def _end_drift_conflict(state) -> None:
+    state.drift_conflict = None
+    state.drift_reverts.clear()
+
+
+def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
+    """The status loop's check (under the policy's status lock): True, and the
+    conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
+    the caller applies the policy's spec again (what the other writer left is
+    reverted) and SweeperInSync turns True."""
+    if not state.drift_conflict or now - (state.drift_last_seen or now) < DRIFT_WINDOW:
+        return False
+    _end_drift_conflict(state)
+    log.info("sweeper Deployment left alone since the drift conflict; reverting again",
+             extra={"namespace": state.key[0], "policy": state.key[1]})
+    return True
+
+
+def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=None) -> None:
+    """Someone changed a sweeper Deployment (``key``: its policy, as ``drifted_policy``
+    found it): apply the policy's spec over it (server-side apply, forced: the fields
+    the operator owns come back; fields it never set stay), at most DRIFT_MAX_REVERTS
+    times in DRIFT_WINDOW seconds (wall-clock times: they outlive the process)."""
+    state = ctl.policies.get(key)
+    if state is None:
+        return
+    with state.apply_lock:
+        # A reconcile of ours may have made this generation while we waited, or the
+        # policy may be gone (or on its way out).
+        if drifted_policy(ctl, deployment) != key or not _current(ctl, key, state):
+            return
+        now = (clock or ctl.clock)()
+        if not _drift_allowed(ctl, state, deployment, now):
+            return
+        meta = deployment.get("metadata") or {}
+        seen = int(meta.get("generation") or 0)
+        log.info("sweeper Deployment changed outside the policy; re-applying", extra={
+            "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
+        outcome = _reconcile_again(ctl, key, state.body)
+        # Only an apply that changed the spec reverted something: a change to a
+        # field the operator never sets (`kubectl rollout restart`'s annotation)
+        # is left alone by it, bumps no generation and uses up no budget.
+        if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
+            state.drift_reverts.append(now)
+            _record_reverts(ctl, state, meta.get("name"), state.drift_reverts)
+            ctl.metrics.drift_reverts.inc()
+            ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
+                              f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
+                              "the operator re-applied the policy's spec: edit the StalledPolicy instead")

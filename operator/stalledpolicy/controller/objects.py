@@ -1,0 +1,113 @@
+"""kopf's bodies as plain objects, and which of two is the newer.
+
+Kubernetes resourceVersions are opaque: only two versions of the same object may
+be compared, and only for equality. What the operator's memory needs to order, it
+orders by other means: one object's watch events arrive in order; a version seen
+once and since replaced is older than the current one; ``metadata.generation``
+grows with each spec change of one object; of two objects that held one name, the
+one created earlier was deleted before the other was created.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from stalledpolicy.controller.redis_clients import PolicyKey
+
+
+def plain(value: Any) -> Any:
+    """kopf's bodies are mapping views; keep plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def snapshot(body: Mapping[str, Any]) -> dict:
+    """A plain copy of an object to keep in memory, without ``managedFields``
+    (about half of each object, never read here)."""
+    copy = plain(body)
+    (copy.get("metadata") or {}).pop("managedFields", None)
+    return copy
+
+
+def policy_key(body: Mapping[str, Any]) -> PolicyKey:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+# Versions of one policy kept to recognise an older one delivered again (kopf's
+# handler body, a watch event re-sent): a few reconciles' worth of events.
+SEEN_VERSIONS = 32
+# Seconds a status write of ours waits for the watch to deliver its version; the
+# watch does so in milliseconds, so it was missed (a relist): trust the watch again.
+WRITE_ECHO_TIMEOUT = 30.0
+# Uids of deleted (or replaced) objects remembered: their late events are ignored.
+RETIRED_UIDS = 4096
+
+
+def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return _meta(obj).get("resourceVersion")
+
+
+def _generation(obj: Mapping[str, Any] | None) -> int:
+    return int(_meta(obj).get("generation") or 0)
+
+
+def _created_before(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool | None:
+    """Whether ``one`` was created before ``other`` (two objects that held the same
+    name, one after the other); None when their creation times cannot tell
+    (missing, or within the same second: the API keeps seconds)."""
+    a, b = _meta(one).get("creationTimestamp"), _meta(other).get("creationTimestamp")
+    if not a or not b or a == b:
+        return None
+    return str(a) < str(b)  # RFC 3339 UTC, one format: text order is time order
+
+
+class _Retired:
+    """Uids of deleted objects, the most recent RETIRED_UIDS (uids are never reused)."""
+
+    def __init__(self, size: int = RETIRED_UIDS) -> None:
+        self._uids: dict[str, None] = {}
+        self._size = size
+
+    def add(self, uid: str | None) -> None:
+        if uid:
+            self._uids.pop(uid, None)
+            self._uids[uid] = None
+            while len(self._uids) > self._size:
+                self._uids.pop(next(iter(self._uids)))
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+
+def _newer_deployment(body: Mapping[str, Any], known: Mapping[str, Any] | None, read: bool,
+                      retired: _Retired) -> bool:
+    """Whether ``body`` tells more about a sweeper Deployment than ``known`` (the
+    one remembered under its name). One object: its watch events arrive in order,
+    a read or apply of ours is newer only with a newer ``metadata.generation`` (its
+    equal is no newer than the watch, which goes on from there; a status seen
+    since would be lost). Another object of that name: not a deleted one, nor
+    one created before ``known``."""
+    uid = _meta(body).get("uid")
+    if known is None:
+        return read or uid not in retired
+    if _meta(known).get("uid") == uid:
+        if read:
+            return _generation(body) > _generation(known)
+        return _generation(body) >= _generation(known)
+    if read:
+        return True  # what the API server holds now
+    return uid not in retired and _created_before(body, known) is not True
+
+
+def sweeper_name(policy_name: str) -> str:
+    from stalledpolicy.policy.builder import sweeper_name as name
+
+    return name(policy_name)

@@ -1,0 +1,51 @@
+"""What the operator holds in memory for one policy (its ``PolicyState``)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from stalledpolicy.controller.objects import SEEN_VERSIONS
+from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.status import Problem, ReconcileOutcome
+
+
+@dataclass
+class PolicyState:
+    key: PolicyKey
+    body: dict
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    outcome: ReconcileOutcome | None = None
+    status: dict | None = None  # as last written (or first seen)
+    # as the API server holds it, as far as we know: what we wrote, or what a
+    # newer watch event shows (someone else's edit); the status patch is made
+    # against it, so a status edited or wiped by hand is written back
+    stored_status: dict | None = None
+    # resourceVersions of this policy seen and since replaced (newest last): a body
+    # carrying one of them is older than ``body``.
+    seen_versions: deque = field(default_factory=lambda: deque(maxlen=SEEN_VERSIONS))
+    # The version our last status write made, until the watch delivers it: the
+    # watch events before it are older than the body that write returned.
+    awaited_version: str | None = None
+    awaited_since: float = 0.0
+    failures: int = 0
+    logged_problem: Problem | None = None
+    served_token: str | None = None
+    unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
+    replay_warning: str | None = None  # what that replay left undone, announced with it
+    # One reconcile (apply) of this policy at a time: kopf's handlers, the
+    # re-applies after drift or deletion, and the status loop's after a Secret change.
+    apply_lock: threading.RLock = field(default_factory=threading.RLock)
+    # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
+    reapply_failures: int = 0
+    # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
+    # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more
+    # reverts until the sweeper has been left alone a while. ``drift_conflict`` is the
+    # DriftConflict message meanwhile (the SweeperInSync condition, kept in status, so
+    # a restarted operator goes on not reverting).
+    drift_reverts: list = field(default_factory=list)
+    drift_conflict: str | None = None
+    drift_last_seen: float | None = None
+    drift_seen_generation: int = 0
+    drift_resume: bool = False  # the conflict is over: the status loop applies the spec again

@@ -1,0 +1,169 @@
+"""Re-applies outside kopf's handlers: the sweeper applied again when someone
+deletes it, when the Secret it reads changes or an earlier re-apply failed
+(the status loop's ``reapply``), and when the sweeper of a deleted predecessor
+of the same name is gone. Each is a ``reconcile`` under the policy's apply lock;
+a failure is the policy's condition, retried by the status loop."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from stalledpolicy.controller.api_errors import _api_errors, describe_api_error
+from stalledpolicy.controller.apply import earlier_policy_uid, policy_owner
+from stalledpolicy.controller import events
+from stalledpolicy.controller.objects import sweeper_name
+from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
+from stalledpolicy.controller.runtime import Controller
+from stalledpolicy.controller.status import ReconcileOutcome
+
+log = logging.getLogger("stalledpolicy.operator")
+
+
+def _current(ctl: Controller, key: PolicyKey, state) -> bool:
+    """``state`` is still the policy's (not forgotten, not replaced by a new uid)."""
+    return ctl.policies.get(key) is state
+
+
+def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
+    """Reconcile ``body`` for a reason kopf does not see; a failure is the
+    policy's condition (and event) already, and the status loop retries it with
+    a growing delay (``reapply_failures``). Never brings back the state of a
+    policy forgotten (deleted) in the meantime."""
+    state = ctl.policies.get(key)
+    if state is None:
+        return None
+    uid = (body.get("metadata") or {}).get("uid")
+    with state.apply_lock:
+        if not _current(ctl, key, state) or (state.body.get("metadata") or {}).get("uid") != uid:
+            return None
+        try:
+            outcome = reconcile(ctl, body)
+        except InvalidPolicy:
+            outcome = None
+        except RetryLater:
+            state.reapply_failures += 1
+            return None
+        state.reapply_failures = 0
+        return outcome
+
+
+def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
+    """Apply the policy's Deployment again from the policy as last seen (the status
+    loop: the referenced Secret changed, or an earlier re-apply failed)."""
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None:
+        return
+    if (state.body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    if state.reapply_failures == 0:  # once per streak of failures, not on every retry
+        log.info("re-applying the sweeper Deployment", extra={
+            "namespace": key[0], "policy": key[1], "why": why})
+    _reconcile_again(ctl, key, state.body)
+
+
+def _deleting(obj: Mapping[str, Any] | None) -> bool:
+    return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _named_owner(deployment: Mapping[str, Any]):
+    """``(key, owner)`` of the StalledPolicy named as this Deployment's controller, when
+    the Deployment carries that policy's sweeper name; else None."""
+    meta = deployment.get("metadata") or {}
+    owner = policy_owner(deployment)
+    if owner is None:
+        return None
+    key = (meta.get("namespace") or "", owner.get("name") or "")
+    if sweeper_name(key[1]) != meta.get("name"):
+        return None
+    return key, owner
+
+
+def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
+    """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
+    we know that policy (same uid), it is not being deleted, its last reconcile
+    succeeded and the Deployment has its sweeper's name; else None. Memory only."""
+    named = _named_owner(deployment)
+    if named is None:
+        return None
+    key, owner = named
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None or not state.outcome.ok:
+        return None
+    if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
+        return None
+    if _deleting(state.body):
+        return None
+    return key, state, owner
+
+
+def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The policy (created again under its old name) waiting for this Deployment,
+    the sweeper of its deleted predecessor, to be gone; else None. Memory only."""
+    named = _named_owner(deployment)
+    if named is None:
+        return None
+    key = named[0]
+    state = ctl.policies.get(key)
+    if state is None or state.outcome is None or state.outcome.reason != events.OLD_SWEEPER_DELETING:
+        return None
+    if earlier_policy_uid(deployment, key[1], (state.body.get("metadata") or {}).get("uid")) is None:
+        return None
+    return key
+
+
+def _recheck_later(ctl: Controller, key: PolicyKey, state, deployment: Mapping[str, Any],
+                   exc: BaseException) -> None:
+    """The policy whose sweeper was deleted could not be read (the API server down or
+    refusing): an ApplyFailed like any API error of a reconcile (its condition, a
+    Warning event and log line once per message), and the status loop's re-apply,
+    retried with a growing delay (``reapply_failures``). A policy deleted meanwhile
+    is forgotten before that (its status write is refused), so it gets no sweeper."""
+    with state.apply_lock:
+        if not _current(ctl, key, state):
+            return
+        generation = int((state.body.get("metadata") or {}).get("generation") or 0)
+        message = (f"Deployment {key[0]}/{(deployment.get('metadata') or {}).get('name')} was deleted and "
+                   f"cannot be re-created yet: cannot check that StalledPolicy {key[0]}/{key[1]} still exists: "
+                   f"{describe_api_error(exc)}; retrying")
+        state.reapply_failures += 1  # before the outcome's kick: that refresh re-applies
+        ctl.record_outcome(state.body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
+
+
+def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
+    """Someone deleted a sweeper whose policy still exists: put it back. Or the
+    garbage collector deleted the sweeper of a deleted policy whose name a new
+    policy took: apply the new one's now, instead of at its next retry."""
+    waiting = _waiting_policy(ctl, deployment)
+    if waiting is not None:
+        state = ctl.policies.get(waiting)
+        if state is not None and not _deleting(state.body):
+            log.info("old sweeper Deployment deleted; applying the policy's own", extra={
+                "namespace": waiting[0], "policy": waiting[1]})
+            _reconcile_again(ctl, waiting, state.body)
+        return
+    owned = _owned_policy_state(ctl, deployment)
+    if owned is None:
+        return
+    key, state, owner = owned
+    # The policy may be on its way out (the garbage collector deletes the sweeper
+    # right after it): ask the API server, not our memory.
+    from kubernetes.client.exceptions import ApiException
+
+    from stalledpolicy.controller import GROUP, PLURAL, VERSION
+
+    try:
+        current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
+    except _api_errors() as exc:
+        if isinstance(exc, ApiException) and exc.status == 404:
+            return  # gone: its sweeper went with it
+        _recheck_later(ctl, key, state, deployment, exc)
+        return
+    if (current.get("metadata") or {}).get("uid") != owner.get("uid") or (
+            current.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
+    if _reconcile_again(ctl, key, current) is not None:
+        ctl.metrics.sweepers_recreated.inc()
