@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -34,9 +35,20 @@ def operator(control_plane, kube_api, tmp_path_factory):
     process = OperatorProcess(kubeconfig, log_path, "--all-namespaces",
                               "--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
                               "--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1")
+    # Started, not just spawned: a test run alone would otherwise read an empty log
+    # and signal an interpreter that has not yet installed its SIGTERM handling.
+    wait_for(lambda: _answers(f"http://127.0.0.1:{LIVENESS_PORT}/healthz"), "the operator's liveness endpoint")
     yield process
     code = process.stop()
     assert code == 0, f"the operator did not exit cleanly on SIGTERM ({code}):\n{process.log()[-3000:]}"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 @pytest.fixture
@@ -329,21 +341,10 @@ def test_operator_logs_are_json_and_never_hold_the_password(operator):
 
 
 def test_liveness_endpoint_answers(operator):
-    import urllib.request
-
-    def healthy():
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=2) as answer:
-                return answer.status == 200
-        except OSError:
-            return False
-
-    wait_for(healthy, "the liveness endpoint", timeout=20)
+    assert operator.alive() and _answers(f"http://127.0.0.1:{LIVENESS_PORT}/healthz")
 
 
 def scrape_metrics() -> str:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=2) as answer:
             return answer.read().decode()
