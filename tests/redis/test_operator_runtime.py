@@ -274,6 +274,27 @@ def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_s
     assert "HELLO" not in redis["message"] and "c0rrect" not in str(sink.patches)
 
 
+def test_a_password_wanted_for_spec_redis_url_points_at_the_secret_ref(redis_server, queue_name):
+    """spec.redis.url refuses credentials, so "put them in the URL" would send the
+    user round in circles: the advice names spec.redis.secretRef."""
+    sink = StatusSink()
+    ctl = make_controller({}, sink, NullRecorder())
+    body = policy(queue_name)
+    body["spec"]["redis"] = {"url": redis_server.url}
+    ctl.observe_policy(body, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    redis_server.client().config_set("requirepass", "c0rrect-h0rse")
+    try:
+        ctl.refresh(("ns", "p"))
+    finally:
+        redis_server.client(password="c0rrect-h0rse").config_set("requirepass", "")
+        ctl.stop()
+    redis = condition_of(sink.patches[-1], "RedisReachable")
+    assert redis["status"] == "False" and "requires a password" in redis["message"], redis
+    assert "spec.redis.secretRef" in redis["message"] and "put them in the URL" not in redis["message"], redis
+
+
 def test_a_database_the_server_lacks_is_an_invalid_url_not_an_outage(world, redis_server):
     """Redis answered (SELECT 16: 'DB index is out of range'): the URL is wrong, so
     InvalidRedisURL naming the database and the server's own count, not RedisUnreachable."""

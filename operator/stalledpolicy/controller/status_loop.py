@@ -24,7 +24,7 @@ from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_messag
 from stalledpolicy.controller.status import (CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE,
                                              DeploymentState, Problem, condition_of, desired_status,
                                              status_json_patch, status_patch, utc_now)
-from stalledpolicy.redis_url import redact_url, refusal_in_our_words, scrub
+from stalledpolicy.redis_url import is_credentials_refusal, redact_url, refusal_in_our_words, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -142,9 +142,14 @@ class StatusLoop:
             # A wrong URL is fixed by editing the Secret: read it again next time.
             self.secrets.forget(state.key[0], ref["name"])
         where = redact_url(url) if url else "Redis"
+        detail = safe_error(exc, url)
+        if url and not ref.get("name") and is_credentials_refusal(exc):
+            # CREDENTIALS_ADVICE says "put them in the URL": spec.redis.url refuses them.
+            detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "
+                      "hold one; put the whole URL, password included, in a Secret and name it in "
+                      "spec.redis.secretRef")
         return None, None, Problem("RedisUnreachable",
-                                   f"cannot read queue {spec.get('queue')} at {where}: "
-                                   f"{safe_error(exc, url)}"), None
+                                   f"cannot read queue {spec.get('queue')} at {where}: {detail}"), None
 
     def _refresh_locked(self, state: PolicyState) -> Problem | None:
         body, outcome = state.body, state.outcome
