@@ -47,6 +47,18 @@ OPERATOR_RULES = [
 ]
 
 
+def read_deployment(apps, namespace: str, name: str):
+    """The Deployment, or None when there is none."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return apps.read_namespaced_deployment(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.25):
     deadline = time.monotonic() + timeout
     last = None

@@ -9,25 +9,16 @@ import time
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from stalledpolicy.controller.drift import DRIFT_MAX_REVERTS, DRIFT_REVERTS_ANNOTATION
 from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
-                                         operator_kubeconfig, policy_manifest, redis_secret, wait_for)
+                                         operator_kubeconfig, policy_manifest, read_deployment,
+                                         redis_secret, wait_for)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
 RIVAL = "rival-operator"
-
-
-def read_deployment(apps, namespace, name):
-    try:
-        return apps.read_namespaced_deployment(name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def rival_scales_to_zero(apps, namespace, name):

@@ -18,7 +18,7 @@ from stalledpolicy.controller.wiring import build_controller
 from stalledpolicy.devenv.ports import free_port
 from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply_crd, condition,
                                          events_for, operator_kubeconfig, policy_manifest,
-                                         redis_secret, wait_for)
+                                         read_deployment, redis_secret, wait_for)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
@@ -72,15 +72,6 @@ def pods(kube_api, kube_namespace, tmp_path):
 
 def get_policy(custom, namespace, name):
     return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-
-
-def read_deployment(apps, namespace, name):
-    try:
-        return apps.read_namespaced_deployment(name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def env_of(deployment) -> dict:

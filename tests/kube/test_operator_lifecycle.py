@@ -8,24 +8,14 @@ import time
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from stalledpolicy.keyspace import QueueKeys
 from tests.kube.operator_harness import (OperatorProcess, apply_crd, operator_kubeconfig,
-                                         policy_manifest, redis_secret, wait_for)
+                                         policy_manifest, read_deployment, redis_secret, wait_for)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
-
-
-def read_deployment(apps, namespace, name):
-    try:
-        return apps.read_namespaced_deployment(name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def create_policy(custom, namespace, manifest):
