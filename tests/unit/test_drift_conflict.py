@@ -21,7 +21,7 @@ def started(apps, now, body=None):
     ctl.clock = lambda: now[0]
     body = body or policy_body()
     ctl.observe_policy(body, "ADDED")
-    reconcile(ctl, body)
+    reconcile(ctl, body, resume=True)
     return ctl
 
 
@@ -115,9 +115,19 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
 
     body = policy_body()
     body["status"] = copy.deepcopy(stored)
-    # Restarted: the status says there is a conflict. (kopf's resume handler applies
-    # the policy's spec once, as at any start.)
+    # Restarted: the status says there is a conflict. kopf's resume handler applies
+    # nothing: the other writer's change stays, and no revert goes uncounted.
+    applied = len(apps.applied)
     second = started(apps, now, body)
+    assert len(apps.applied) == applied and apps.stored["spec"]["replicas"] == 0
+    assert second.policies[KEY].outcome.ok
+    assert drift.drifted_policy(second, copy.deepcopy(apps.stored)) is None
+    apps.stored["status"] = {"observedGeneration": apps.stored["metadata"]["generation"], "replicas": 0}
+    second.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")  # the deployment controller's
+    second.refresh(KEY)
+    sweeper = condition_of(second.policies[KEY].status, "SweeperAvailable")
+    assert "stopped reverting" in sweeper["message"] and "re-applies" not in sweeper["message"]
+    assert len(apps.applied) == applied  # nor the status loop (no Secret change, conflict on)
     fight(second, apps, now, 1)
     assert apps.stored["spec"]["replicas"] == 0 and "DriftReverted" not in kinds(second)
     second.refresh(KEY)

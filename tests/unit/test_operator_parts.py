@@ -1202,3 +1202,32 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
     delay = ctl.refresh(("ns", "p"))  # the status loop's retry (its status write fails: no API server)
     assert apps.stored is not None, "the sweeper was not applied again"
     assert state.outcome.ok and state.reapply_failures == 0 and delay is not None
+
+
+def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
+    """spec.sweeper.replicas 0 -> 2 with requests above limits: the apply is refused and
+    the Deployment still asks for 0. SweeperAvailable must not say "0 of 0 available"."""
+    from stalledpolicy.controller.reconcile import RetryLater, reconcile
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, {("ns", "creds"): {"url": b64("redis://db:6379/0")}})
+    spec = {"queue": "orders", "redis": {"secretRef": {"name": "creds", "key": "url"}},
+            "sweeper": {"replicas": 0}}
+    body = policy_body(copy.deepcopy(spec))
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    apps.stored["status"] = {"observedGeneration": 1, "replicas": 0}
+    ctl.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")
+    spec["sweeper"] = {"replicas": 2, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+    edited = policy_body(spec, generation=2)
+    apps.refuse = api_error(422, "Unprocessable Entity", "requests must be less than or equal to cpu limit")
+    with pytest.raises(RetryLater):
+        reconcile(ctl, edited)
+    outcome = ctl.policies[("ns", "p")].outcome
+    assert (outcome.reason, outcome.replicas) == ("ApplyFailed", 2)
+    ctl.refresh(("ns", "p"))
+    status = ctl.policies[("ns", "p")].status
+    sweeper = [c for c in status["conditions"] if c["type"] == "SweeperAvailable"][0]
+    assert sweeper["status"] == "False", sweeper
+    assert "the policy for 2" in sweeper["message"]
+    assert [c for c in status["conditions"] if c["type"] == "Ready"][0]["reason"] == "ApplyFailed"

@@ -266,3 +266,59 @@ def test_the_status_json_patch_is_guarded_by_the_uid_and_sets_members_whole():
     # No status known on the server: its members could not be added, the status is set whole.
     assert status_json_patch("u-1", {}, {"pending": 2})[1:] == [
         {"op": "add", "path": "/status", "value": {"pending": 2}}]
+
+
+def test_a_failed_apply_judges_the_sweeper_against_the_replicas_the_policy_asks_for():
+    """The policy asks for 2 replicas, its apply is refused (requests above limits), the
+    Deployment left from before asks for 0: not "0 of 0 sweeper replicas available"."""
+    zero = DeploymentState(generation=3, observed_generation=3, replicas=0, updated=0, available=0, ready=0,
+                           total=0)
+    refused = ReconcileOutcome(4, False, "ApplyFailed", "applying Deployment ns/p-sweeper failed: HTTP 422",
+                               replicas=2)
+    condition = sweeper_condition(refused, zero, "p-sweeper")
+    assert (condition.status, condition.reason) == (FALSE, "Progressing")
+    assert "the policy for 2" in condition.message and "not applied" in condition.message
+    assert "re-applies" not in condition.message
+    # A failed reconcile that cannot tell the count (a spec that does not parse) never
+    # calls a Deployment at 0 available either.
+    invalid = ReconcileOutcome(4, False, "InvalidSpec", "spec.maxStalled: ...")
+    assert sweeper_condition(invalid, zero, "p-sweeper").status == FALSE
+    # Asked for 2, 2 run (the last applied spec): described as it is.
+    two = available(replicas=2)
+    assert sweeper_condition(refused, two, "p-sweeper").status == TRUE
+
+
+def test_during_a_drift_conflict_the_sweepers_message_does_not_promise_a_revert():
+    scaled = DeploymentState(generation=5, observed_generation=5, replicas=0, updated=0, available=0, ready=0)
+    outcome = ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=5, replicas=1)
+    assert "re-applies the policy's spec" in sweeper_condition(outcome, scaled, "p-sweeper").message
+    condition = sweeper_condition(outcome, scaled, "p-sweeper", drift_conflict="changed 4 times ...")
+    assert condition.reason == "Progressing"
+    assert "re-applies" not in condition.message and "stopped reverting" in condition.message
+    status = desired_status({}, outcome=outcome, deployment=scaled, deployment_name="p-sweeper",
+                            snapshot=snapshot(), now=T0, drift_conflict="changed 4 times ...")
+    assert "stopped reverting" in condition_of(status, SWEEPER_AVAILABLE)["message"]
+
+
+def test_the_hint_for_pods_not_created_follows_the_refusal():
+    def hint(message):
+        refused = DeploymentState.from_object(deployment_object([
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message}]))
+        condition = sweeper_condition(applied(), refused, "p-sweeper")
+        assert condition.reason == "PodsNotCreated" and message in condition.message
+        return condition.message.split(message, 1)[1]
+
+    priority = hint('pods "p-sweeper-7d9-" is forbidden: no PriorityClass with name urgent was found')
+    assert "spec.sweeper.priorityClassName" in priority
+    assert "ResourceQuota" not in priority and "spec.sweeper.resources" not in priority
+    quota = hint('pods "p-sweeper-7d9-x" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, '
+                 'limited: pods=1')
+    assert "ResourceQuota" in quota and "spec.sweeper.resources" in quota and "priorityClassName" not in quota
+    security = hint('pods "p-sweeper-7d9-x" is forbidden: violates PodSecurity "restricted:latest": '
+                    'seccompProfile (pod or container "sweeper" must set securityContext.seccompProfile.type)')
+    assert "pod-security.kubernetes.io/enforce" in security and "spec.sweeper.resources" not in security
+    limits = hint('pods "p-sweeper-7d9-x" is forbidden: maximum memory usage per Container is 128Mi, '
+                  'but limit is 256Mi')
+    assert "LimitRange" in limits and "spec.sweeper.resources" in limits
+    other = hint('pods "p-sweeper-7d9-x" is forbidden: something new')
+    assert "spec.sweeper.resources" in other

@@ -68,6 +68,9 @@ INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 DRIFT_REVERTED = "DriftReverted"
 DRIFT_CONFLICT = "DriftConflict"
+# An older policy of the operator's sweeps the same queue on the same Redis: this
+# one gets no sweeper (two sweepers of one queue race, neither budget holds).
+QUEUE_CLAIMED = "QueueClaimed"
 
 
 def _budget(value: int | None) -> str:

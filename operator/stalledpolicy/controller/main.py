@@ -112,11 +112,11 @@ def cleanup(**_) -> None:
         _metrics_server = None
 
 
-def _run_reconcile(body, retry: int, old_spec=None) -> None:
+def _run_reconcile(body, retry: int, old_spec=None, resume: bool = False) -> None:
     # API refusals (a 422, a 403) come back as RetryLater, already recorded as
     # the policy's condition and a Warning event.
     try:
-        reconcile(controller(), body, retry=retry, old_spec=old_spec)
+        reconcile(controller(), body, retry=retry, old_spec=old_spec, resume=resume)
     except InvalidPolicy as exc:
         raise kopf.PermanentError(str(exc)) from None
     except RetryLater as exc:
@@ -126,10 +126,15 @@ def _run_reconcile(body, retry: int, old_spec=None) -> None:
         raise kopf.TemporaryError(message, delay=exc.delay) from None
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
-def on_create_or_resume(body, retry, **_) -> None:
+def on_create(body, retry, **_) -> None:
     _run_reconcile(body, retry)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
+def on_resume(body, retry, **_) -> None:
+    # At a start: no apply while the policy's status records a DriftConflict.
+    _run_reconcile(body, retry, resume=True)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")

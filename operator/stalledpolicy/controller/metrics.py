@@ -25,6 +25,7 @@ RECONCILE_RESULTS = {
     events.APPLY_FAILED: "apply_failed",
     events.NAME_CONFLICT: "conflict",
     events.OLD_SWEEPER_DELETING: "waiting",
+    events.QUEUE_CLAIMED: "queue_claimed",
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
 REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", "SecretNotFound",
@@ -48,7 +49,8 @@ class OperatorMetrics:
             "Reconciles (applies of a policy's sweeper Deployment) by result: ok, invalid_spec, "
             "apply_failed (the API refused or was unreachable), conflict (a Deployment of that name "
             "owned by someone else), waiting (the sweeper of a deleted policy of the same name is "
-            "not garbage-collected yet)", ["result"], registry=r)
+            "not garbage-collected yet), queue_claimed (an older policy sweeps the same queue on the "
+            "same Redis: no sweeper)", ["result"], registry=r)
         self.drift_reverts = Counter(
             "stalledpolicy_operator_drift_reverts",
             "Sweeper Deployments changed outside their policy and put back", registry=r)

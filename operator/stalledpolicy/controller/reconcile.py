@@ -58,17 +58,19 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
-              old_spec: Mapping[str, Any] | None = None) -> ReconcileOutcome | None:
+              old_spec: Mapping[str, Any] | None = None, resume: bool = False) -> ReconcileOutcome | None:
     """Apply the policy's sweeper Deployment. One reconcile of a policy at a time
     (kopf's handlers and the re-applies after drift, deletion or a Secret change).
-    None when there is nothing to do: the namespace is being deleted."""
+    None when there is nothing to do: the namespace is being deleted.
+    ``resume``: kopf's resume handler (an operator start), which applies nothing
+    while the policy's status records a DriftConflict (see ``_hold_for_conflict``)."""
     body = plain(body)
     with ctl.state(body).apply_lock:
-        return _reconcile(ctl, body, retry, old_spec)
+        return _reconcile(ctl, body, retry, old_spec, resume)
 
 
 def _reconcile(ctl: Controller, body: dict, retry: int,
-               old_spec: Mapping[str, Any] | None) -> ReconcileOutcome | None:
+               old_spec: Mapping[str, Any] | None, resume: bool = False) -> ReconcileOutcome | None:
     from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
     meta = body.get("metadata") or {}
@@ -85,14 +87,23 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         _refuse_image(ctl, body, generation, retry, spec.sweeper.image)
 
     deployment_name = sweeper_name(name)
+    wanted = 0 if spec.suspend else int(spec.sweeper.replicas)
     try:
         existing = read_deployment(ctl.apps, namespace, deployment_name)
     except _api_errors() as exc:
         _apply_failed(ctl, body, generation, retry,
-                      f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}")
+                      f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}", wanted)
     if existing is not None:
         ctl.observe_deployment(existing, read=True)
     _wait_unless_ours(ctl, body, generation, retry, existing, deployment_name)
+
+    claimed = _queue_claimed(ctl, body, generation, retry, existing, deployment_name)
+    if claimed is not None:
+        return claimed
+    if resume and existing is not None:
+        held = _hold_for_conflict(ctl, body, generation, spec, existing, wanted)
+        if held is not None:
+            return held
 
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
@@ -106,7 +117,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                 "namespace": namespace, "policy": name, "deployment": deployment_name})
             return None
         _apply_failed(ctl, body, generation, retry,
-                      f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}")
+                      f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}",
+                      wanted)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
@@ -157,9 +169,86 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
         raise RetryLater(message, delay, events.NAME_CONFLICT)
 
 
-def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, message: str) -> NoReturn:
+def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, message: str,
+                  replicas: int | None = None) -> NoReturn:
     """The API refused (a 422 for requests above limits, a 403, ...): a condition and
-    a Warning event (once per distinct message), and a retry with a growing delay."""
-    ctl.record_outcome(body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
+    a Warning event (once per distinct message), and a retry with a growing delay.
+    ``replicas``: what the policy asks for, which the Deployment left from an earlier
+    apply is judged against (its own spec.replicas may be 0: never "0 of 0 available")."""
+    ctl.record_outcome(body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message,
+                                              replicas=replicas))
     raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff),
                      events.APPLY_FAILED)
+
+
+def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, existing: Mapping[str, Any],
+                       wanted: int) -> ReconcileOutcome | None:
+    """At an operator start (kopf's resume handler), a DriftConflict the policy's status
+    records (``Controller.state`` took it from SweeperInSync) means no apply: applying
+    would put the policy's spec back over the other writer's, a revert the conflict
+    exists to stop, and one counted nowhere. The Deployment is taken as it is (its
+    generation is the one "applied", so only a later change is drift, and that is not
+    reverted while the conflict lasts); the status loop applies the policy's spec once
+    the sweeper has been left alone for a whole window. None: no conflict, apply."""
+    from stalledpolicy.policy.builder import SECRET_DIGEST_ANNOTATION
+
+    state = ctl.state(body)
+    with state.lock:
+        conflict = state.drift_conflict
+    if not conflict:
+        return None
+    meta = body.get("metadata") or {}
+    existing_meta = existing.get("metadata") or {}
+    deployment_generation = int(existing_meta.get("generation") or 0) or None
+    template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    with state.lock:
+        state.drift_seen_generation = max(state.drift_seen_generation, deployment_generation or 0)
+    log.info("drift conflict recorded in the policy's status: the sweeper Deployment is not applied at start; "
+             "the policy's spec is applied once the sweeper is left alone", extra={
+                 "namespace": meta.get("namespace"), "policy": meta.get("name"),
+                 "deployment": existing_meta.get("name"), "generation": generation})
+    outcome = ReconcileOutcome(
+        generation, True, "Applied",
+        f"sweeper Deployment {existing_meta.get('name')} left as another writer set it (DriftConflict)",
+        suspended=spec.suspend, deployment_generation=deployment_generation, replicas=wanted,
+        secret_digest=(template.get("annotations") or {}).get(SECRET_DIGEST_ANNOTATION))
+    ctl.record_outcome(body, outcome)
+    return outcome
+
+
+def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
+                   existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
+    """When an older policy the operator knows sweeps the same queue on the same Redis
+    (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if
+    it exists (this policy swept the queue before the older one was seen), is scaled
+    to 0 replicas, kept so that the policy's spec comes back whole when the claim
+    ends. QueueClaimed (a Warning event, Ready=False); the status loop looks again
+    at each refresh. None: the queue is this policy's."""
+    from stalledpolicy.controller.queue_claims import claimant, claimed_message
+    from stalledpolicy.controller.sweeper_image import _scale_to_zero
+
+    found = claimant(ctl, body)
+    if found is None:
+        return None
+    owner, _ = found
+    meta = body.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    note = ""
+    if existing is not None:
+        note = f" (its Deployment {deployment_name} is scaled to 0 replicas)"
+        if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
+            try:
+                _scale_to_zero(ctl.apps, namespace, deployment_name)
+            except _api_errors() as exc:
+                _apply_failed(ctl, body, generation, retry,
+                              f"queue {(body.get('spec') or {}).get('queue')} is claimed by the older StalledPolicy "
+                              f"{owner[0]}/{owner[1]}, and scaling Deployment {namespace}/{deployment_name} to 0 "
+                              f"failed: {describe_api_error(exc)}", 0)
+            log.warning("queue claimed by an older policy: sweeper Deployment scaled to 0", extra={
+                "namespace": namespace, "policy": name, "deployment": deployment_name,
+                "claimed_by": f"{owner[0]}/{owner[1]}"})
+    message = claimed_message((namespace, name), (body.get("spec") or {}).get("queue"), owner, note)
+    outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, message, replicas=0,
+                               claimed_by=tuple(owner))
+    ctl.record_outcome(body, outcome)
+    return outcome

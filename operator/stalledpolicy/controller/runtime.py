@@ -136,17 +136,32 @@ class Controller(StatusLoop):
 
     def observe_policy(self, body: Mapping[str, Any], event_type: str | None) -> None:
         key = policy_key(body)
+        queue = (body.get("spec") or {}).get("queue")
         if event_type == "DELETED":
             self.forget(key, (body.get("metadata") or {}).get("uid"))
+            self._kick_queue_waiters(queue)  # a policy it held back may take the queue over
             return
         state = self.state(body)
         with state.lock:
+            before = _generation(state.body)
             self._take_body(state, snapshot(body))
+            respecified = _generation(state.body) != before
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
             token = annotations.get(f"{GROUP}/replay")
             wants_replay = token is not None and token != state.served_token
         if wants_replay and state.outcome is not None:
             self._kick(key)
+        if respecified:
+            self._kick_queue_waiters(queue)  # it may name another Redis now
+
+    def _kick_queue_waiters(self, queue: str | None) -> None:
+        """Refresh now the policies held back (QueueClaimed) by a policy of ``queue``:
+        their refresh looks at the claim again (StatusLoop._reapply_reason)."""
+        from stalledpolicy.controller.queue_claims import claimed_queue_waiters
+
+        if queue:
+            for key in claimed_queue_waiters(self, queue):
+                self._kick(key)
 
     def _take_body(self, state: PolicyState, fresh: dict) -> bool:
         """Make ``fresh`` (this policy, same uid) the body we know, unless it is older

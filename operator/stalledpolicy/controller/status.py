@@ -43,6 +43,8 @@ class ReconcileOutcome:
     replicas: int | None = None
     # Digest of the spec.redis.secretRef value the applied pod template names.
     secret_digest: str | None = None
+    # QueueClaimed: the (namespace, name) of the older policy that holds the queue.
+    claimed_by: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,41 @@ class Condition:
     message: str
 
 
+def pods_refused_hint(refusal: str) -> str:
+    """What to fix for pods the cluster refuses to create, from the ReplicaSet's
+    FailedCreate message (the ReplicaFailure condition): the admission plugin that
+    refused names its cause, so the hint names the policy field or the namespace's
+    object that settles it."""
+    text = refusal.lower()
+    if "priorityclass" in text or "priority class" in text:
+        return ("the PriorityClass spec.sweeper.priorityClassName names must exist: create it "
+                "(kubectl get priorityclass) or fix or remove spec.sweeper.priorityClassName")
+    if "podsecurity" in text or "pod security" in text:
+        return ("the namespace's Pod Security level refuses the sweeper's pods: relax the namespace's "
+                "pod-security.kubernetes.io/enforce label (kubectl label namespace ... "
+                "pod-security.kubernetes.io/enforce=baseline --overwrite)")
+    if "quota" in text:
+        return ("a ResourceQuota of the namespace refuses them: raise that quota (kubectl describe "
+                "resourcequota) or lower the policy's spec.sweeper.resources (or spec.sweeper.replicas)")
+    if ("per container" in text or "per pod" in text or "limitrange" in text
+            or "limit range" in text or "limit to request ratio" in text):
+        return ("a LimitRange of the namespace refuses them: fit the policy's spec.sweeper.resources to "
+                "it (kubectl describe limitrange) or change that LimitRange")
+    if "serviceaccount" in text or "service account" in text:
+        return "the pods' ServiceAccount is missing: check the namespace's ServiceAccounts"
+    return ("fix what the message names (a ResourceQuota, the namespace's PodSecurity level, a LimitRange, "
+            "a PriorityClass: spec.sweeper.priorityClassName) or the policy's spec.sweeper.resources")
+
+
 def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | None,
-                      deployment_name: str) -> Condition:
+                      deployment_name: str, drift_conflict: str | None = None) -> Condition:
+    """SweeperAvailable. Availability is judged against the replicas the policy asks
+    for (``outcome.replicas``), also when its last apply failed: the Deployment then
+    runs an earlier spec, maybe with fewer replicas. ``drift_conflict``: another
+    writer keeps changing the sweeper and the operator has stopped reverting it."""
     if not outcome.ok:
-        if outcome.reason in (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING):  # that Deployment is not ours
+        if outcome.reason in (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING,
+                              events.QUEUE_CLAIMED):  # that Deployment is not ours, or no sweeper may run
             return Condition(FALSE, outcome.reason, outcome.message)
         if deployment is None:
             return Condition(FALSE, outcome.reason, outcome.message)
@@ -134,12 +167,16 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
     if not rolled:
         return Condition(FALSE, "RollingOut",
                          f"Deployment {deployment_name} has not observed its latest change yet")
+    # A failed reconcile that could not tell what the policy asks for (a spec that
+    # does not parse) judges the sweeper that runs, its last applied spec, by its count.
     want = deployment.replicas if outcome.replicas is None else outcome.replicas
+    if not outcome.ok and want == 0:
+        # Nothing runs and the policy's spec is not applied: never "0 of 0 available".
+        return Condition(FALSE, outcome.reason, outcome.message)
     if deployment.pods_refused and want > 0:
         return Condition(FALSE, "PodsNotCreated",
                          f"the cluster refuses to create the pods of Deployment {deployment_name}: "
-                         f"{deployment.pods_refused}; fix that (a ResourceQuota, the namespace's "
-                         "PodSecurity level, a LimitRange) or the policy's spec.sweeper.resources")
+                         f"{deployment.pods_refused}; {pods_refused_hint(deployment.pods_refused)}")
     if deployment.stuck and want > 0:
         return Condition(FALSE, "ProgressDeadlineExceeded",
                          f"Deployment {deployment_name} made no progress: {deployment.stuck}; "
@@ -148,10 +185,18 @@ def sweeper_condition(outcome: ReconcileOutcome, deployment: DeploymentState | N
                          "spec.sweeper.imagePullSecrets; pods that cannot be scheduled: "
                          "spec.sweeper.resources, nodeSelector, tolerations)")
     if deployment.replicas != want:
-        # Scaled by hand (kubectl scale): not the policy's sweeper, even when "0 of 0" are up.
+        # Scaled by hand (kubectl scale), or the policy's new count not applied: not
+        # the policy's sweeper, even when "0 of 0" are up.
+        if not outcome.ok:
+            then = f"the policy's spec is not applied ({outcome.reason}: see the Ready condition)"
+        elif drift_conflict:
+            then = ("the operator has stopped reverting it: another writer keeps changing it "
+                    "(DriftConflict, see the SweeperInSync condition)")
+        else:
+            then = "the operator re-applies the policy's spec"
         return Condition(FALSE, "Progressing",
                          f"Deployment {deployment_name} asks for {deployment.replicas} replicas, "
-                         f"the policy for {want}; the operator re-applies the policy's spec")
+                         f"the policy for {want}; {then}")
     if deployment.total > deployment.updated:
         # kubectl rollout status' rule: old pods still run, the new ones may not be ready yet.
         return Condition(FALSE, "RollingOut",
@@ -244,7 +289,7 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
     now = now or utc_now()
     generation = outcome.generation
     redis = redis_condition(problem)
-    sweeper = sweeper_condition(outcome, deployment, deployment_name)
+    sweeper = sweeper_condition(outcome, deployment, deployment_name, drift_conflict)
     in_sync = None
     if drift_conflict or condition_of(previous, SWEEPER_IN_SYNC) is not None:
         in_sync = in_sync_condition(drift_conflict, deployment_name)

@@ -90,6 +90,9 @@ class StatusLoop:
             state.drift_resume = False
             return "the drift conflict is over: the sweeper was left alone"
         outcome = state.outcome
+        claim = self._claim_reason(state)
+        if claim is not None:
+            return claim
         if outcome is None or not outcome.ok:
             return None  # kopf's handler retries its own failures
         if problem is not None and problem.reason in CONFIGURATION_REASONS:
@@ -103,6 +106,33 @@ class StatusLoop:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
                 f"(digest {outcome.secret_digest} -> {digest})")
+
+    def _claim_reason(self, state: PolicyState) -> str | None:
+        """Why the sweeper must be reconciled again for the one-sweeper-per-queue rule
+        (queue_claims.py), or None: a policy held back (QueueClaimed) whose claim is
+        over (the older policy deleted, or on another Redis now) or held by another
+        policy now, or whose sweeper was scaled up again; a policy that sweeps a
+        queue an older one claims (an operator start sees policies in any order, a
+        Secret's URL may change)."""
+        from stalledpolicy.controller.queue_claims import claimant
+
+        outcome = state.outcome
+        if outcome is None or not (outcome.ok or outcome.reason == events.QUEUE_CLAIMED):
+            return None
+        found = claimant(self, state.body)
+        queue = (state.body.get("spec") or {}).get("queue")
+        if outcome.ok:
+            if found is None:
+                return None
+            return f"queue {queue} is claimed by the older StalledPolicy {found[0][0]}/{found[0][1]}"
+        if found is None:
+            return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
+        if found[0] != outcome.claimed_by:
+            return f"queue {queue} is claimed by the StalledPolicy {found[0][0]}/{found[0][1]} now"
+        deployment = self.deployments.get((state.key[0], sweeper_name(state.key[1])))
+        if deployment is not None and int((deployment.get("spec") or {}).get("replicas", 1) or 0) != 0:
+            return f"the sweeper of a policy whose queue {queue} is claimed runs again: scaling it to 0"
+        return None
 
     def _read_queue(self, state: PolicyState, spec: Mapping[str, Any]):
         """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
