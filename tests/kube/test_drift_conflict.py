@@ -42,7 +42,9 @@ def left_alone(apps, namespace, name):
 def started(kubeconfig, log, namespace, apps, custom, queue, marker):
     """An operator process, once it watches: a policy created now got its sweeper."""
     process = OperatorProcess(kubeconfig, log, "--namespace", namespace)
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, policy_manifest(marker, queue))
+    # A queue of its own: a second policy of the fought one's queue and Redis would be QueueClaimed.
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                           policy_manifest(marker, f"{queue}-{marker}"))
     wait_for(lambda: read_deployment(apps, namespace, f"{marker}-sweeper"), f"the operator up ({marker})")
     return process
 
@@ -93,13 +95,18 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
     finally:
         assert second.stop() == 0, second.log()[-2000:]
 
-    # Restarted during the conflict: it holds (kopf's resume handler applies the
-    # policy's spec once, as at every start; the rival's next change stays).
+    # Restarted during the conflict: it holds. kopf's resume handler applies nothing
+    # while the status records the conflict (it would put the policy's spec back, a
+    # revert counted nowhere), and the rival's next change stays too.
     third = started(kubeconfig, tmp_path / "third.log", ns, apps, custom, queue_name, "marker-3")
     try:
-        reverted(apps, ns, name)
+        wait_for(lambda: "is not applied at start" in third.log(), "the resume to hold the sweeper", timeout=30)
+        left_alone(apps, ns, name)
         rival_scales_to_zero(apps, ns, name)
         left_alone(apps, ns, name)
         assert condition(policy(), "SweeperInSync")["reason"] == "DriftConflict"
+        sweeper = wait_for(lambda: (lambda c: c if c and "stopped reverting" in c["message"] else None)(
+            condition(policy(), "SweeperAvailable")), "SweeperAvailable to say reverts are stopped")
+        assert "re-applies" not in sweeper["message"], sweeper
     finally:
         assert third.stop() == 0, third.log()[-2000:]

@@ -77,7 +77,8 @@ def test_restart_resumes_without_rewriting_or_replaying_again(control_plane, kub
 
     before = read_deployment(apps, ns, "kept-sweeper")
     dead_letter(r, queue_name, "JOB0002")
-    create_policy(custom, ns, policy_manifest("while-down", queue_name))
+    # Another queue: a second policy of "kept"'s queue and Redis would be QueueClaimed.
+    create_policy(custom, ns, policy_manifest("while-down", f"{queue_name}-b"))
 
     second = OperatorProcess(kubeconfig, tmp_path / "second.log", "--all-namespaces")
     try:

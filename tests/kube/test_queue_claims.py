@@ -1,0 +1,66 @@
+"""Two policies of one queue on one Redis, on the real control plane: the older
+keeps the queue, the newer is QueueClaimed (Ready=False, a Warning event, no
+sweeper Deployment) and takes the queue over once the older is deleted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+
+from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
+                                         operator_kubeconfig, policy_manifest, read_deployment,
+                                         redis_secret, wait_for)
+
+pytestmark = [pytest.mark.kube, pytest.mark.redis]
+
+GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
+
+
+def test_the_newer_policy_of_a_queue_gets_no_sweeper_until_the_older_goes(
+        control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
+    ns = kube_namespace
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    custom = client.CustomObjectsApi(kube_api)
+    apply_crd(control_plane)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api)
+    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+    # The same server and database, spelt differently, in a Secret of its own.
+    core.create_namespaced_secret(ns, redis_secret("redis-dup", f"redis://127.0.0.1:{redis_server.port}"))
+
+    def policy(name):
+        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    process = OperatorProcess(kubeconfig, tmp_path / "operator.log", "--namespace", ns)
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                               policy_manifest("emails", queue_name, max_stalled=3))
+        wait_for(lambda: read_deployment(apps, ns, "emails-sweeper"), "the older policy's sweeper", timeout=90)
+        time.sleep(1.1)  # creationTimestamp has seconds: the second policy is the newer
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL,
+            policy_manifest("emails-dup", queue_name, secret="redis-dup", max_stalled=10))
+        ready = wait_for(lambda: (lambda c: c if c and c["reason"] == "QueueClaimed" else None)(
+            condition(policy("emails-dup"), "Ready")), "emails-dup Ready=False QueueClaimed")
+        assert ready["status"] == "False" and f"{ns}/emails" in ready["message"], ready
+        sweeper = condition(policy("emails-dup"), "SweeperAvailable")
+        assert (sweeper["status"], sweeper["reason"]) == ("False", "QueueClaimed")
+        warnings = wait_for(lambda: [e for e in events_for(kube_api, ns, "emails-dup")
+                                     if e.reason == "QueueClaimed"], "a QueueClaimed event")
+        assert warnings[0].type == "Warning"
+        time.sleep(3)  # a few status refreshes: still no sweeper for it
+        assert read_deployment(apps, ns, "emails-dup-sweeper") is None
+        assert condition(policy("emails"), "Ready")["reason"] != "QueueClaimed"
+        assert read_deployment(apps, ns, "emails-sweeper").spec.replicas == 1
+
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "emails")
+        taken = wait_for(lambda: read_deployment(apps, ns, "emails-dup-sweeper"),
+                         "the newer policy to take the queue over", timeout=60)
+        assert taken.spec.replicas == 1
+        env = {e.name: e.value for e in taken.spec.template.spec.containers[0].env if e.value is not None}
+        assert "10" in env.values(), env  # its own budget
+        wait_for(lambda: condition(policy("emails-dup"), "Ready")["reason"] != "QueueClaimed",
+                 "Ready no longer QueueClaimed")
+    finally:
+        assert process.stop() == 0, process.log()[-3000:]
