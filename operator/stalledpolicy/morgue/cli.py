@@ -20,7 +20,7 @@ from stalledpolicy.morgue.exit_codes import (
     EXIT_USAGE,
 )
 from stalledpolicy.morgue.render import jobs_phrase
-from stalledpolicy.morgue.report import report_unfinished
+from stalledpolicy.morgue.report import PAST_TENSE, report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
@@ -91,7 +91,8 @@ def is_slot_migrating(exc: BaseException) -> bool:
 
 
 def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: str, exc: BaseException,
-                      changing: bool, run: ChangeRun) -> None:
+                      changing: bool, run: ChangeRun) -> str:
+    """Says on stderr why nothing (more) could be done; returns the one-line error of the JSON document."""
     err.write(f"{prog}: the slot of queue {args.queue} is being migrated between Redis Cluster nodes "
               f"(resharding), so the morgue cannot be {'changed' if changing else 'read'} safely now; run "
               f"the command again once the slot has moved (Redis: {scrub(str(exc), url)})\n")
@@ -99,6 +100,8 @@ def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: st
         err.write("nothing was changed\n" if not run.answered else
                   "the script calls before this one were applied, this one changed nothing; check with "
                   "'stalledpolicy morgue stats' and 'list'\n")
+    return (f"the slot of queue {args.queue} is being migrated between Redis Cluster nodes; run the "
+            f"command again once it has moved ({scrub(str(exc), url)})")
 
 
 def may_have_run(exc: BaseException) -> bool:
@@ -121,7 +124,7 @@ def _report_outcome_unknown(err: IO[str], prog: str, args: argparse.Namespace, w
     import redis
 
     verb = args.morgue_action
-    past = "replayed" if verb == "replay" else "purged"
+    past = PAST_TENSE[verb]
     if isinstance(exc, TimeoutError | redis.TimeoutError):
         err.write(f"{prog}: a {verb} call got no answer from Redis at {where} within {_timeout_s(url, exc):g} s\n")
     else:
@@ -242,9 +245,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             return failed(EXIT_OUTCOME_UNKNOWN, "outcome unknown: a call was sent and got no answer "
                           f"({scrub(str(exc), url) or type(exc).__name__})", outcome_unknown=True)
         if is_slot_migrating(exc):
-            _report_migration(err, prog, args, url, exc, changing, run)
-            return failed(EXIT_FAILED, f"the slot of queue {args.queue} is being migrated between Redis "
-                          f"Cluster nodes; run the command again once it has moved ({scrub(str(exc), url)})")
+            return failed(EXIT_FAILED, _report_migration(err, prog, args, url, exc, changing, run))
         if is_missing_database(exc):
             # SELECT refused when the connection is made: the URL is wrong, not the server
             err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
@@ -283,9 +284,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         return failed(EXIT_UNREACHABLE, message)
     except redis.RedisError as exc:
         if is_slot_migrating(exc):
-            _report_migration(err, prog, args, url, exc, changing, run)
-            return failed(EXIT_FAILED, f"the slot of queue {args.queue} is being migrated between Redis "
-                          f"Cluster nodes; run the command again once it has moved ({scrub(str(exc), url)})")
+            return failed(EXIT_FAILED, _report_migration(err, prog, args, url, exc, changing, run))
         err.write(f"{prog}: failed: {scrub(str(exc), url)}\n")
         return failed(EXIT_FAILED, f"failed: {scrub(str(exc), url)}")
     finally:

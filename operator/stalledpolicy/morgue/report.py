@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # change imports this module to report its outcomes
     from stalledpolicy.morgue.change import Outcome
 
 
+PAST_TENSE = {"replay": "replayed", "purge": "purged"}  # of the morgue CLI's changes
+
 # why an entry whose row is missing or not a hash outlives every age purge
 _UNDATABLE = ("such an entry has no time of death and cannot be given one, so no --older-than purge "
               "removes it; purge it by --id (or with --all), without --older-than")
@@ -85,7 +87,7 @@ def report_unfinished(args: argparse.Namespace, out: IO[str], outcome: Outcome, 
     if args.output != "json":
         return
     verb = args.morgue_action
-    past = "replayed" if verb == "replay" else "purged"
+    past = PAST_TENSE[verb]
     emit_json(_document(args, outcome, dry_run=args.dry_run, verb=verb, past=past, error=error,
                         outcome_unknown=outcome_unknown), out)
 
