@@ -180,7 +180,7 @@ def test_the_controllers_status_loop_observes_its_lag():
     _, ctl, _ = reconciled_policy(dict(SECRET))
     ctl.start()
     try:
-        ctl._kick(("ns", "p"))
+        ctl.kick(("ns", "p"))
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and ctl.metrics.value(REFRESHES) < 1:
             time.sleep(0.01)

@@ -8,7 +8,7 @@ from typing import Mapping
 from stalledpolicy.controller.status import api_text
 
 
-def _api_errors() -> tuple[type[BaseException], ...]:
+def api_error_types() -> tuple[type[BaseException], ...]:
     import urllib3
     from kubernetes.client.exceptions import ApiException
 

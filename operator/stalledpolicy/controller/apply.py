@@ -83,3 +83,10 @@ def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
         _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
     )
     return _json(response)
+
+
+def scale_to_zero(apps, namespace: str, name: str) -> None:
+    """Scale a sweeper Deployment of ours to 0 replicas (kept: the operator may not delete it)."""
+    apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": 0}},
+                                     field_manager=FIELD_MANAGER,
+                                     _content_type="application/merge-patch+json")

@@ -15,8 +15,8 @@ import time
 from typing import Any, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
-from stalledpolicy.controller.api_errors import _api_errors, describe_api_error
-from stalledpolicy.controller.reapply import _current, _deleting, _owned_policy_state, _reconcile_again
+from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
+from stalledpolicy.controller.reapply import is_current, is_deleting, owned_policy_state, reconcile_again
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.runtime import Controller
 
@@ -40,7 +40,7 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
     meta = deployment.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    owned = _owned_policy_state(ctl, deployment)
+    owned = owned_policy_state(ctl, deployment)
     if owned is None:
         return None
     key, state, _ = owned
@@ -53,8 +53,6 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
 def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
     """The field managers of the Deployment's spec and metadata other than ours,
     most recent first (the status writers, the deployment controller, change no spec)."""
-    from stalledpolicy.controller import FIELD_MANAGER
-
     entries = [e for e in (deployment.get("metadata") or {}).get("managedFields") or []
                if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER
                and e.get("subresource") != "status"]
@@ -104,7 +102,7 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
             deployment_name, namespace, {"metadata": {"annotations": {DRIFT_REVERTS_ANNOTATION: value}}},
             field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json", _preload_content=False)
         written = json.loads(response.data)
-    except _api_errors() as exc:
+    except api_error_types() as exc:
         log.warning("could not record the drift reverts on the sweeper Deployment: %s", describe_api_error(exc),
                     extra={"namespace": namespace, "policy": state.key[1], "deployment": deployment_name})
         return
@@ -149,7 +147,7 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
                                 "reason": events.DRIFT_CONFLICT})
     ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
-    ctl._kick(state.key)  # the condition
+    ctl.kick(state.key)  # the condition
     return False
 
 
@@ -182,7 +180,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
     with state.apply_lock:
         # A reconcile of ours may have made this generation while we waited, or the
         # policy may be gone (or on its way out).
-        if drifted_policy(ctl, deployment) != key or not _current(ctl, key, state):
+        if drifted_policy(ctl, deployment) != key or not is_current(ctl, key, state):
             return
         now = (clock or ctl.clock)()
         if not _drift_allowed(ctl, state, deployment, now):
@@ -191,11 +189,11 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         seen = int(meta.get("generation") or 0)
         log.info("sweeper Deployment changed outside the policy; re-applying", extra={
             "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
-        outcome = _reconcile_again(ctl, key, state.body)
+        outcome = reconcile_again(ctl, key, state.body)
         # Only an apply that changed the spec reverted something: a change to a
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
-        if outcome is not None and (outcome.deployment_generation or 0) > seen and not _deleting(state.body):
+        if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
             state.drift_reverts.append(now)
             _record_reverts(ctl, state, meta.get("name"), state.drift_reverts)
             ctl.metrics.drift_reverts.inc()

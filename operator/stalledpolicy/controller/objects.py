@@ -47,29 +47,29 @@ WRITE_ECHO_TIMEOUT = 30.0
 RETIRED_UIDS = 4096
 
 
-def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+def metadata_of(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (obj or {}).get("metadata") or {}
 
 
-def _version(obj: Mapping[str, Any] | None) -> str | None:
-    return _meta(obj).get("resourceVersion")
+def resource_version(obj: Mapping[str, Any] | None) -> str | None:
+    return metadata_of(obj).get("resourceVersion")
 
 
-def _generation(obj: Mapping[str, Any] | None) -> int:
-    return int(_meta(obj).get("generation") or 0)
+def generation_of(obj: Mapping[str, Any] | None) -> int:
+    return int(metadata_of(obj).get("generation") or 0)
 
 
-def _created_before(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool | None:
+def created_before(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool | None:
     """Whether ``one`` was created before ``other`` (two objects that held the same
     name, one after the other); None when their creation times cannot tell
     (missing, or within the same second: the API keeps seconds)."""
-    a, b = _meta(one).get("creationTimestamp"), _meta(other).get("creationTimestamp")
+    a, b = metadata_of(one).get("creationTimestamp"), metadata_of(other).get("creationTimestamp")
     if not a or not b or a == b:
         return None
     return str(a) < str(b)  # RFC 3339 UTC, one format: text order is time order
 
 
-class _Retired:
+class RetiredUids:
     """Uids of deleted objects, the most recent RETIRED_UIDS (uids are never reused)."""
 
     def __init__(self, size: int = RETIRED_UIDS) -> None:
@@ -87,24 +87,29 @@ class _Retired:
         return uid in self._uids
 
 
-def _newer_deployment(body: Mapping[str, Any], known: Mapping[str, Any] | None, read: bool,
-                      retired: _Retired) -> bool:
+def newer_deployment(body: Mapping[str, Any], known: Mapping[str, Any] | None, read: bool,
+                      retired: RetiredUids) -> bool:
     """Whether ``body`` tells more about a sweeper Deployment than ``known`` (the
     one remembered under its name). One object: its watch events arrive in order,
     a read or apply of ours is newer only with a newer ``metadata.generation`` (its
     equal is no newer than the watch, which goes on from there; a status seen
     since would be lost). Another object of that name: not a deleted one, nor
     one created before ``known``."""
-    uid = _meta(body).get("uid")
+    uid = metadata_of(body).get("uid")
     if known is None:
         return read or uid not in retired
-    if _meta(known).get("uid") == uid:
+    if metadata_of(known).get("uid") == uid:
         if read:
-            return _generation(body) > _generation(known)
-        return _generation(body) >= _generation(known)
+            return generation_of(body) > generation_of(known)
+        return generation_of(body) >= generation_of(known)
     if read:
         return True  # what the API server holds now
-    return uid not in retired and _created_before(body, known) is not True
+    return uid not in retired and created_before(body, known) is not True
+
+
+def asks_for_pods(deployment: Mapping[str, Any] | None) -> bool:
+    """Whether a Deployment asks for any pod (``spec.replicas``, 1 when unset, is not 0)."""
+    return int(((deployment or {}).get("spec") or {}).get("replicas", 1) or 0) != 0
 
 
 def sweeper_name(policy_name: str) -> str:

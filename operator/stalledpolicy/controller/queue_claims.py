@@ -18,7 +18,7 @@ import logging
 from typing import Any, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from stalledpolicy.controller.objects import _meta
+from stalledpolicy.controller.objects import metadata_of
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -62,7 +62,7 @@ def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> Endpoint | 
 def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:
     """Sort key: older first. A policy without a creation time (never from the
     API server) sorts after any that has one."""
-    meta = _meta(body)
+    meta = metadata_of(body)
     return (str(meta.get("creationTimestamp") or "~"), str(meta.get("name") or ""),
             str(meta.get("namespace") or ""))
 
@@ -72,7 +72,7 @@ def claimant(ctl, body: Mapping[str, Any]) -> tuple[PolicyKey, Mapping[str, Any]
     being deleted) that names the same queue on the same Redis endpoint as
     ``body`` and is older than it; None when ``body``'s policy is the oldest, or
     its endpoint cannot be told."""
-    meta = _meta(body)
+    meta = metadata_of(body)
     if meta.get("deletionTimestamp"):
         return None
     key = (meta.get("namespace") or "", meta.get("name") or "")
@@ -84,7 +84,7 @@ def claimant(ctl, body: Mapping[str, Any]) -> tuple[PolicyKey, Mapping[str, Any]
     rivals = []
     for other_key, state in list(ctl.policies.items()):
         other = state.body
-        other_meta = _meta(other)
+        other_meta = metadata_of(other)
         if other_key == key or other_meta.get("uid") == meta.get("uid") or other_meta.get("deletionTimestamp"):
             continue
         if (other.get("spec") or {}).get("queue") != queue or _age(other) >= mine:
@@ -109,11 +109,11 @@ def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey, deployment_not
             "the queue over")
 
 
-def claimed_queue_waiters(ctl, queue: str | None) -> list[PolicyKey]:
+def claimed_queue_waiters(ctl, queue: str) -> list[PolicyKey]:
     """Policies held back by a claim on ``queue`` (to look again at once when a
     policy of that queue is deleted or changed)."""
     from stalledpolicy.controller import events
 
     return [key for key, state in list(ctl.policies.items())
             if state.outcome is not None and state.outcome.reason == events.QUEUE_CLAIMED
-            and (queue is None or (state.body.get("spec") or {}).get("queue") == queue)]
+            and (state.body.get("spec") or {}).get("queue") == queue]

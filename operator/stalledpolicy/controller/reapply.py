@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from stalledpolicy.controller.api_errors import _api_errors, describe_api_error
+from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.apply import earlier_policy_uid, policy_owner
 from stalledpolicy.controller import events
 from stalledpolicy.controller.objects import sweeper_name
@@ -22,12 +22,12 @@ from stalledpolicy.controller.status import ReconcileOutcome
 log = logging.getLogger("stalledpolicy.operator")
 
 
-def _current(ctl: Controller, key: PolicyKey, state) -> bool:
+def is_current(ctl: Controller, key: PolicyKey, state) -> bool:
     """``state`` is still the policy's (not forgotten, not replaced by a new uid)."""
     return ctl.policies.get(key) is state
 
 
-def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
+def reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
     """Reconcile ``body`` for a reason kopf does not see; a failure is the
     policy's condition (and event) already, and the status loop retries it with
     a growing delay (``reapply_failures``). Never brings back the state of a
@@ -37,7 +37,7 @@ def _reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -
         return None
     uid = (body.get("metadata") or {}).get("uid")
     with state.apply_lock:
-        if not _current(ctl, key, state) or (state.body.get("metadata") or {}).get("uid") != uid:
+        if not is_current(ctl, key, state) or (state.body.get("metadata") or {}).get("uid") != uid:
             return None
         try:
             outcome = reconcile(ctl, body)
@@ -61,10 +61,10 @@ def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
     if state.reapply_failures == 0:  # once per streak of failures, not on every retry
         log.info("re-applying the sweeper Deployment", extra={
             "namespace": key[0], "policy": key[1], "why": why})
-    _reconcile_again(ctl, key, state.body)
+    reconcile_again(ctl, key, state.body)
 
 
-def _deleting(obj: Mapping[str, Any] | None) -> bool:
+def is_deleting(obj: Mapping[str, Any] | None) -> bool:
     return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
@@ -81,7 +81,7 @@ def _named_owner(deployment: Mapping[str, Any]):
     return key, owner
 
 
-def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
+def owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
     """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
     we know that policy (same uid), it is not being deleted, its last reconcile
     succeeded and the Deployment has its sweeper's name; else None. Memory only."""
@@ -94,7 +94,7 @@ def _owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
         return None
     if (state.body.get("metadata") or {}).get("uid") != owner.get("uid"):
         return None
-    if _deleting(state.body):
+    if is_deleting(state.body):
         return None
     return key, state, owner
 
@@ -122,7 +122,7 @@ def _recheck_later(ctl: Controller, key: PolicyKey, state, deployment: Mapping[s
     retried with a growing delay (``reapply_failures``). A policy deleted meanwhile
     is forgotten before that (its status write is refused), so it gets no sweeper."""
     with state.apply_lock:
-        if not _current(ctl, key, state):
+        if not is_current(ctl, key, state):
             return
         generation = int((state.body.get("metadata") or {}).get("generation") or 0)
         message = (f"Deployment {key[0]}/{(deployment.get('metadata') or {}).get('name')} was deleted and "
@@ -139,12 +139,12 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     waiting = _waiting_policy(ctl, deployment)
     if waiting is not None:
         state = ctl.policies.get(waiting)
-        if state is not None and not _deleting(state.body):
+        if state is not None and not is_deleting(state.body):
             log.info("old sweeper Deployment deleted; applying the policy's own", extra={
                 "namespace": waiting[0], "policy": waiting[1]})
-            _reconcile_again(ctl, waiting, state.body)
+            reconcile_again(ctl, waiting, state.body)
         return
-    owned = _owned_policy_state(ctl, deployment)
+    owned = owned_policy_state(ctl, deployment)
     if owned is None:
         return
     key, state, owner = owned
@@ -156,7 +156,7 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
 
     try:
         current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
-    except _api_errors() as exc:
+    except api_error_types() as exc:
         if isinstance(exc, ApiException) and exc.status == 404:
             return  # gone: its sweeper went with it
         _recheck_later(ctl, key, state, deployment, exc)
@@ -165,5 +165,5 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
             current.get("metadata") or {}).get("deletionTimestamp"):
         return
     log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
-    if _reconcile_again(ctl, key, current) is not None:
+    if reconcile_again(ctl, key, current) is not None:
         ctl.metrics.sweepers_recreated.inc()

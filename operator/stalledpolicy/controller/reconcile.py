@@ -16,15 +16,16 @@ import logging
 from typing import Any, Mapping, NoReturn
 
 from stalledpolicy.controller import events
-from stalledpolicy.controller.api_errors import _api_errors, describe_api_error, namespace_terminating
-from stalledpolicy.controller.apply import apply_deployment, conflict_reason, earlier_policy_uid, read_deployment
+from stalledpolicy.controller.api_errors import api_error_types, describe_api_error, namespace_terminating
+from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid, read_deployment,
+                                            scale_to_zero)
 from stalledpolicy.controller.config import backoff
-from stalledpolicy.controller.objects import plain, sweeper_name
+from stalledpolicy.controller.objects import asks_for_pods, plain, sweeper_name
 from stalledpolicy.controller.retry import (APPLY_FAILED_FIRST_RETRY, NAME_CONFLICT_FIRST_RETRY,
                                             OLD_SWEEPER_FIRST_RETRY, InvalidPolicy, RetryLater)
 from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome
-from stalledpolicy.controller.sweeper_image import _refuse_image, default_sweeper_image, sweeper_image_allowed
+from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -84,13 +85,13 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         raise InvalidPolicy(str(exc)) from None
 
     if spec.sweeper.image is not None and not sweeper_image_allowed(ctl, spec.sweeper.image):
-        _refuse_image(ctl, body, generation, retry, spec.sweeper.image)
+        refuse_image(ctl, body, generation, retry, spec.sweeper.image)
 
     deployment_name = sweeper_name(name)
     wanted = 0 if spec.suspend else int(spec.sweeper.replicas)
     try:
         existing = read_deployment(ctl.apps, namespace, deployment_name)
-    except _api_errors() as exc:
+    except api_error_types() as exc:
         _apply_failed(ctl, body, generation, retry,
                       f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}", wanted)
     if existing is not None:
@@ -109,7 +110,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
     try:
         applied = apply_deployment(ctl.apps, deployment)
-    except _api_errors() as exc:
+    except api_error_types() as exc:
         if namespace_terminating(exc):
             # The namespace deletion took the sweeper before its policy: nothing
             # can be created there any more, and the policy goes next. Not a failure.
@@ -225,7 +226,6 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
     ends. QueueClaimed (a Warning event, Ready=False); the status loop looks again
     at each refresh. None: the queue is this policy's."""
     from stalledpolicy.controller.queue_claims import claimant, claimed_message
-    from stalledpolicy.controller.sweeper_image import _scale_to_zero
 
     found = claimant(ctl, body)
     if found is None:
@@ -236,10 +236,10 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
     note = ""
     if existing is not None:
         note = f" (its Deployment {deployment_name} is scaled to 0 replicas)"
-        if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
+        if asks_for_pods(existing):
             try:
-                _scale_to_zero(ctl.apps, namespace, deployment_name)
-            except _api_errors() as exc:
+                scale_to_zero(ctl.apps, namespace, deployment_name)
+            except api_error_types() as exc:
                 _apply_failed(ctl, body, generation, retry,
                               f"queue {(body.get('spec') or {}).get('queue')} is claimed by the older StalledPolicy "
                               f"{owner[0]}/{owner[1]}, and scaling Deployment {namespace}/{deployment_name} to 0 "

@@ -18,8 +18,8 @@ from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import (WRITE_ECHO_TIMEOUT, _created_before, _generation, _meta,
-                                              _newer_deployment, _Retired, _version, policy_key, snapshot)
+from stalledpolicy.controller.objects import (WRITE_ECHO_TIMEOUT, created_before, generation_of, metadata_of,
+                                              newer_deployment, RetiredUids, resource_version, policy_key, snapshot)
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, SecretReader, resolve_url,
                                                     secret_value_digest)
@@ -48,8 +48,8 @@ class Controller(StatusLoop):
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
-        self._retired_policies = _Retired()
-        self._retired_deployments = _Retired()
+        self._retired_policies = RetiredUids()
+        self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         # The key the status loop is refreshing on this thread: a re-apply it runs
@@ -70,7 +70,7 @@ class Controller(StatusLoop):
             self.scheduler.stop()
         self.clients.close_all()
 
-    def _kick(self, key: PolicyKey) -> None:
+    def kick(self, key: PolicyKey) -> None:
         if getattr(self._local, "refreshing", None) == key:
             return  # the status loop's own re-apply: refresh() returns the next delay itself
         if self.scheduler is not None:
@@ -79,7 +79,7 @@ class Controller(StatusLoop):
     # -- what kopf tells us --------------------------------------------------
     def state(self, body: Mapping[str, Any]) -> PolicyState:
         key = policy_key(body)
-        uid = _meta(body).get("uid")
+        uid = metadata_of(body).get("uid")
         verdict = None  # (the state asked about, whether ``body`` came after its policy)
         while True:
             with self._lock:
@@ -89,11 +89,11 @@ class Controller(StatusLoop):
                     # its own, so its late events may come after its successor's): a
                     # state of its own, never the successor's, and never kept.
                     return PolicyState(key=key, body=snapshot(body))
-                if state is not None and _meta(state.body).get("uid") != uid:
+                if state is not None and metadata_of(state.body).get("uid") != uid:
                     if verdict is None or verdict[0] is not state:
                         pass  # ask below, outside the lock (it may ask the API server)
                     elif verdict[1]:
-                        self._retired_policies.add(_meta(state.body).get("uid"))
+                        self._retired_policies.add(metadata_of(state.body).get("uid"))
                         state = None  # deleted and created again under the same name
                     else:
                         self._retired_policies.add(uid)
@@ -111,7 +111,7 @@ class Controller(StatusLoop):
                         state.drift_last_seen = self.clock()
                     self.policies[key] = state
                     return state
-                if _meta(state.body).get("uid") == uid:
+                if metadata_of(state.body).get("uid") == uid:
                     return state
             verdict = (state, self._came_after(key, body, state.body))
 
@@ -124,7 +124,7 @@ class Controller(StatusLoop):
 
         try:
             current = self.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
-            return _meta(current).get("uid") == _meta(body).get("uid")
+            return metadata_of(current).get("uid") == metadata_of(body).get("uid")
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -132,7 +132,7 @@ class Controller(StatusLoop):
             pass
         # Created in the same second (or times missing): a uid never seen is most
         # likely the new one (the old one's state was made from its earlier events).
-        return _created_before(body, known) is not True
+        return created_before(body, known) is not True
 
     def observe_policy(self, body: Mapping[str, Any], event_type: str | None) -> None:
         key = policy_key(body)
@@ -143,14 +143,14 @@ class Controller(StatusLoop):
             return
         state = self.state(body)
         with state.lock:
-            before = _generation(state.body)
+            before = generation_of(state.body)
             self._take_body(state, snapshot(body))
-            respecified = _generation(state.body) != before
+            respecified = generation_of(state.body) != before
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
             token = annotations.get(f"{GROUP}/replay")
             wants_replay = token is not None and token != state.served_token
         if wants_replay and state.outcome is not None:
-            self._kick(key)
+            self.kick(key)
         if respecified:
             self._kick_queue_waiters(queue)  # it may name another Redis now
 
@@ -161,7 +161,7 @@ class Controller(StatusLoop):
 
         if queue:
             for key in claimed_queue_waiters(self, queue):
-                self._kick(key)
+                self.kick(key)
 
     def _take_body(self, state: PolicyState, fresh: dict) -> bool:
         """Make ``fresh`` (this policy, same uid) the body we know, unless it is older
@@ -170,11 +170,11 @@ class Controller(StatusLoop):
         the watch to deliver its version, the watch events before it are older than the
         body the write returned: their status would pass for the one the server holds
         and the whole status would be written again, the same. Equality of versions only."""
-        version = _version(fresh)
-        current = _version(state.body)
+        version = resource_version(fresh)
+        current = resource_version(state.body)
         if state.awaited_version is not None:
             caught_up = (version == state.awaited_version
-                         or _generation(fresh) > _generation(state.body)  # a spec change after our write
+                         or generation_of(fresh) > generation_of(state.body)  # a spec change after our write
                          or status_patch(fresh.get("status") or {}, state.stored_status or {}) is None
                          or time.monotonic() - state.awaited_since > WRITE_ECHO_TIMEOUT)
             if not caught_up:
@@ -213,18 +213,18 @@ class Controller(StatusLoop):
             known = self.deployments.get(dkey)
             if event_type == "DELETED":
                 self._retired_deployments.add(meta.get("uid"))
-                if known is None or _meta(known).get("uid") == meta.get("uid"):
+                if known is None or metadata_of(known).get("uid") == meta.get("uid"):
                     self.deployments.pop(dkey, None)
-            elif _newer_deployment(body, known, read, self._retired_deployments):
-                if read and known is not None and _meta(known).get("uid") != meta.get("uid"):
-                    self._retired_deployments.add(_meta(known).get("uid"))
+            elif newer_deployment(body, known, read, self._retired_deployments):
+                if read and known is not None and metadata_of(known).get("uid") != meta.get("uid"):
+                    self._retired_deployments.add(metadata_of(known).get("uid"))
                 self.deployments[dkey] = snapshot(body)
         owner = policy_owner(body)
         if owner is None:
             return None
         key = (dkey[0], owner.get("name"))
         if key in self.policies:
-            self._kick(key)
+            self.kick(key)
             return key
         return None
 
@@ -249,7 +249,7 @@ class Controller(StatusLoop):
             else:
                 log.warning(outcome.message, extra=extra)
                 self.recorder.post(state.body, events.WARNING, outcome.reason, outcome.message)
-        self._kick(state.key)
+        self.kick(state.key)
 
     def secret_digest(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
         """A digest of the value the sweeper reads from ``spec.redis.secretRef``

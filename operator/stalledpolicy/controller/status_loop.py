@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.config import backoff
-from stalledpolicy.controller.objects import _meta, _version, snapshot, sweeper_name
+from stalledpolicy.controller.objects import asks_for_pods, metadata_of, resource_version, snapshot, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
 from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
@@ -130,7 +130,7 @@ class StatusLoop:
         if found[0] != outcome.claimed_by:
             return f"queue {queue} is claimed by the StalledPolicy {found[0][0]}/{found[0][1]} now"
         deployment = self.deployments.get((state.key[0], sweeper_name(state.key[1])))
-        if deployment is not None and int((deployment.get("spec") or {}).get("replicas", 1) or 0) != 0:
+        if deployment is not None and asks_for_pods(deployment):
             return f"the sweeper of a policy whose queue {queue} is claimed runs again: scaling it to 0"
         return None
 
@@ -280,14 +280,14 @@ class StatusLoop:
             written = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
                 field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
-            if isinstance(written, Mapping) and _meta(written).get("uid") == uid and _version(written):
+            if isinstance(written, Mapping) and metadata_of(written).get("uid") == uid and resource_version(written):
                 # The policy as our write left it, newer than anything the watch has
                 # shown: the watch events until its own (kopf's annotation patch, sent
                 # just before the write, arrives after it) are older (_take_body).
-                if _version(written) != _version(state.body):
-                    state.seen_versions.append(_version(state.body))
+                if resource_version(written) != resource_version(state.body):
+                    state.seen_versions.append(resource_version(state.body))
                 state.body = snapshot(written)
-                state.awaited_version, state.awaited_since = _version(written), time.monotonic()
+                state.awaited_version, state.awaited_since = resource_version(written), time.monotonic()
             return True
         except ApiException as exc:
             if exc.status == 404:

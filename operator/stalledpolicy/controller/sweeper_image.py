@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, NoReturn
 
-from stalledpolicy.controller import FIELD_MANAGER, events
-from stalledpolicy.controller.api_errors import _api_errors, describe_api_error
-from stalledpolicy.controller.apply import conflict_reason, read_deployment
+from stalledpolicy.controller import events
+from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
+from stalledpolicy.controller.apply import conflict_reason, read_deployment, scale_to_zero
 from stalledpolicy.controller.config import backoff, image_allowed
-from stalledpolicy.controller.objects import sweeper_name
+from stalledpolicy.controller.objects import asks_for_pods, sweeper_name
 from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY, InvalidPolicy, RetryLater
 from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome
@@ -47,7 +47,7 @@ def _deployment_images(deployment: Mapping[str, Any]) -> list[str]:
             for c in pod.get(key) or [] if isinstance(c, Mapping)]
 
 
-def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, image: str) -> NoReturn:
+def refuse_image(ctl: Controller, body: dict, generation: int, retry: int, image: str) -> NoReturn:
     """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
     Redis URL from a Secret of the namespace, so an image of the policy author's
     choosing could read any Secret there. InvalidSpec, like any spec the operator
@@ -61,7 +61,7 @@ def _refuse_image(ctl: Controller, body: dict, generation: int, retry: int, imag
                "value sweeperAllowedImages (--allowed-sweeper-image)")
     try:
         message += _stop_refused_sweeper(ctl, meta)
-    except _api_errors() as exc:
+    except api_error_types() as exc:
         deployment_name = sweeper_name(meta.get("name"))
         message += (f"; Deployment {meta.get('namespace')}/{deployment_name} may still run a refused image, "
                     f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
@@ -86,14 +86,8 @@ def _stop_refused_sweeper(ctl: Controller, meta: Mapping[str, Any]) -> str:
     if not refused:
         return f"; Deployment {deployment_name} keeps running its last applied spec"
     # One message whether scaled now or before: one event, not one per reconcile.
-    if int((existing.get("spec") or {}).get("replicas", 1) or 0) != 0:
-        _scale_to_zero(ctl.apps, namespace, deployment_name)
+    if asks_for_pods(existing):
+        scale_to_zero(ctl.apps, namespace, deployment_name)
         log.warning("sweeper Deployment runs a refused image; scaled to 0", extra={
             "namespace": namespace, "policy": meta.get("name"), "deployment": deployment_name})
     return f"; Deployment {deployment_name} runs a refused image ({refused[0]!r}) and is scaled to 0 replicas"
-
-
-def _scale_to_zero(apps, namespace: str, name: str) -> None:
-    apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": 0}},
-                                     field_manager=FIELD_MANAGER,
-                                     _content_type="application/merge-patch+json")
