@@ -17,6 +17,7 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from stalledpolicy.controller import events
+from stalledpolicy.controller.status import CONFIGURATION_REASONS
 
 # ReconcileOutcome.reason -> the result label of a reconcile.
 RECONCILE_RESULTS = {
@@ -28,9 +29,7 @@ RECONCILE_RESULTS = {
     events.QUEUE_CLAIMED: "queue_claimed",
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
-REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", "SecretNotFound",
-                           "SecretKeyNotFound", "SecretValueEmpty", "SecretUnreadable", "InvalidRedisURL",
-                           "InvalidSpec")
+REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", *sorted(CONFIGURATION_REASONS))
 OTHER = "Other"
 REPLAY_RESULTS = ("done", "failed", "refused")
 
