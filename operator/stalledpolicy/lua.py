@@ -20,19 +20,39 @@ checks EVALSHA's keys as written to), and so may a read-only replica. Redis
 before 7 (the README names 6.2 as the oldest supported) knows neither the
 shebang nor EVALSHA_RO: when the server says the command is unknown, the same
 script is sent without its shebang line (a blank line instead, so line numbers
-in errors stay right) by EVALSHA / EVAL.
+in errors stay right) by EVALSHA / EVAL. A user whose ACL grants EVALSHA but
+not EVALSHA_RO / EVAL_RO (``+evalsha -evalsha_ro``, as grants written before we
+used them read) gets the same script, shebang kept, by EVALSHA / EVAL, which
+works against a primary. Either fallback is decided once per client (the
+client's first read-only call) and remembered for it, so later calls pay no
+refused EVALSHA_RO first.
+
+redis-py's RedisCluster routes EVAL/EVALSHA by their keys itself, but any
+other command through its command table and ``COMMAND GETKEYS`` (a round trip
+per call on Redis 7; a client-side ``RedisError`` on Redis 6.2, whose table has
+no EVALSHA_RO): the read-only commands are sent straight to the node of the
+first key's slot (``target_nodes``), MOVED and ASK still followed by redis-py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Sequence
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ConnectionError,
+    NoScriptError,
+    RedisError,
+    SlotNotCoveredError,
+    TimeoutError,
+)
 
 _PACKAGE = "stalledpolicy.scripts"
 LIBRARY_FOLDER = "lib"
@@ -48,10 +68,69 @@ class ScriptIncludeError(ValueError):
     """A script's ``-- @include`` line cannot be expanded."""
 
 
-def _is_unknown_command(exc: ResponseError) -> bool:
-    """Redis before 7 refusing EVALSHA_RO / EVAL_RO (it has no such command)."""
+#: how a read-only script is sent to a client whose server refused EVALSHA_RO
+_LEGACY = "legacy"  # Redis before 7: EVALSHA with the body without its shebang
+_PLAIN = "plain"    # the ACL refuses EVALSHA_RO / EVAL_RO: EVALSHA with the body as is
+# client -> _LEGACY or _PLAIN, once its first read-only call was refused
+_READ_ONLY_FALLBACK: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_RO_COMMAND_REFUSED = re.compile(r"no permissions to run the '(?:evalsha_ro|eval_ro)' command")
+
+
+def _read_only_refused(exc: RedisError) -> str | None:
+    """The fallback for ``exc``, raised by EVALSHA_RO / EVAL_RO, or None (not a
+    refusal of the command itself: raise it)."""
+    if isinstance(exc, NoScriptError):
+        return None
     text = str(exc).lower()
-    return text.startswith("unknown command") and "_ro" in text
+    # Redis before 7 has no such command
+    if text.startswith("unknown command") and "_ro" in text:
+        return _LEGACY
+    # redis-py's RedisCluster asks its command table (from COMMAND) before sending
+    # anything it does not route itself: Redis 6.2's has no EVALSHA_RO
+    if type(exc) is RedisError and "_ro command doesn't exist" in text:
+        return _LEGACY
+    # the user's ACL grants EVALSHA but not EVALSHA_RO / EVAL_RO (Redis 7)
+    if _RO_COMMAND_REFUSED.search(text):
+        return _PLAIN
+    return None
+
+
+def _fallback_of(client: Any) -> str | None:
+    try:
+        return _READ_ONLY_FALLBACK.get(client)
+    except TypeError:  # a client that cannot be weakly referenced: nothing remembered
+        return None
+
+
+def _remember(client: Any, fallback: str) -> None:
+    try:
+        _READ_ONLY_FALLBACK[client] = fallback
+    except TypeError:
+        pass
+
+
+# what RedisCluster retries itself, when it picks the node
+_CLUSTER_RETRY = (ConnectionError, TimeoutError, ClusterDownError, SlotNotCoveredError)
+
+
+def _read_only_call(client: Any, command: str, sha_or_body: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """EVALSHA_RO / EVAL_RO; on a RedisCluster sent to the node of the keys' slot
+    (all of a queue's keys share it), without the command table or COMMAND GETKEYS."""
+    if not (keys and isinstance(client, RedisCluster)):
+        return getattr(client, command)(sha_or_body, len(keys), *keys, *args)
+    # target_nodes turns off RedisCluster's retries after a node was lost: redo them
+    attempts = 1 + max(0, client.retry.get_retries())
+    for attempt in range(attempts):
+        try:
+            node = client.get_node_from_key(keys[0])
+            return client.execute_command(command.upper(), sha_or_body, len(keys), *keys, *args, target_nodes=node)
+        except _CLUSTER_RETRY as exc:
+            if attempt + 1 == attempts:
+                raise
+            # ConnectionError and TimeoutError already refreshed the slot table
+            if not isinstance(exc, (ConnectionError, TimeoutError)):
+                client.nodes_manager.initialize()
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -65,15 +144,21 @@ class LuaScript:
     legacy_body: str = ""
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
-        if self.read_only:
+        if not self.read_only:
+            return self._call(client, self.body, keys, args, self.sha)
+        fallback = _fallback_of(client)
+        if fallback is None:
             try:
                 try:
-                    return client.evalsha_ro(self.sha, len(keys), *keys, *args)
+                    return _read_only_call(client, "evalsha_ro", self.sha, keys, args)
                 except NoScriptError:
-                    return client.eval_ro(self.body, len(keys), *keys, *args)
-            except ResponseError as exc:
-                if isinstance(exc, NoScriptError) or not _is_unknown_command(exc):
+                    return _read_only_call(client, "eval_ro", self.body, keys, args)
+            except RedisError as exc:
+                fallback = _read_only_refused(exc)
+                if fallback is None:
                     raise
+            _remember(client, fallback)
+        if fallback == _LEGACY:
             # Redis < 7: no EVALSHA_RO and no shebang (nor read-only key permissions)
             return self._call(client, self.legacy_body, keys, args)
         return self._call(client, self.body, keys, args, self.sha)

@@ -460,3 +460,120 @@ def test_the_morgue_scan_never_takes_a_row_that_moved_for_a_missing_one(redis_cl
         (job_id, "g", None) for job_id in ids]
     assert engine.morgue_stats(client, queue).lanes == {"g": 3}
     client.close()
+
+
+# ------------------------------------------------------- read-only script calls
+
+
+class _NodeStats:
+    """INFO commandstats and errorstats summed over a cluster's nodes, through
+    connections opened once (a new connection's handshake itself adds errors)."""
+
+    def __init__(self, cluster) -> None:
+        self.direct = [_node_client(node.port) for node in cluster.nodes]
+
+    def reset(self) -> None:
+        for direct in self.direct:
+            direct.config_resetstat()
+
+    def __call__(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for direct in self.direct:
+            for section in ("commandstats", "errorstats"):
+                for name, value in direct.info(section).items():
+                    total[name] = total.get(name, 0) + int(value.get("calls", value.get("count", 0)))
+        return total
+
+    def close(self) -> None:
+        for direct in self.direct:
+            direct.close()
+
+
+def _dead_on_every_node(client) -> list[str]:
+    queues = [names[0] for names in queues_on_every_node(client).values()]
+    for queue in queues:
+        for job_id in ("JOB1", "JOB2"):
+            put_dead(client, QueueKeys(queue), job_id, group="g")
+    return queues
+
+
+def test_the_morgue_reads_go_to_their_slot_without_asking_the_server_for_keys(redis_cluster):
+    """redis-py's RedisCluster routes only EVAL/EVALSHA by their keys itself:
+    EVALSHA_RO cost two COMMAND GETKEYS round trips per call. The read-only
+    calls now go to the node of the queue's slot directly."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queues = _dead_on_every_node(client)
+    counted = _NodeStats(redis_cluster)
+    for direct in counted.direct:
+        direct.script_flush()  # earlier tests of the session cached the script
+    counted.reset()
+    for _ in range(3):
+        for queue in queues:
+            assert [job.id for job in engine.morgue_list(client, queue)] == ["JOB1", "JOB2"]
+            assert engine.morgue_stats(client, queue).lanes == {"g": 2}
+    stats = counted()
+    assert stats.get("cmdstat_command|getkeys", 0) == 0, stats
+    # one NOSCRIPT per node (the script loaded by EVAL_RO), then cached
+    assert stats.get("cmdstat_evalsha_ro", 0) == 2 * 3 * len(queues)
+    assert stats.get("cmdstat_eval_ro", 0) == len(queues)
+    assert stats.get("cmdstat_evalsha", 0) == 0
+    # each read ran on the queue's own node
+    for queue in queues:
+        node = _node_client(client.get_node_from_key(QueueKeys(queue).dead).port)
+        assert node.info("commandstats")["cmdstat_evalsha_ro"]["calls"] == 6
+        node.close()
+    counted.close()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_without_read_only_eval():
+    """Redis 6.2 is not installed here: a real Redis 7 cluster whose nodes lack
+    EVALSHA_RO and EVAL_RO (rename-command to "") stands in for it. As on 6.2,
+    the server says "unknown command" and COMMAND does not list them, so
+    redis-py's RedisCluster refused EVALSHA_RO itself ("EVALSHA_RO command
+    doesn't exist in Redis commands", a plain RedisError). Unlike 6.2 these nodes
+    still read the shebang; the unit tests cover a body refused for it."""
+    import shutil
+
+    from stalledpolicy.devenv.redis_server import start_cluster
+
+    cluster = start_cluster(3, ["--rename-command", "EVALSHA_RO", "", "--rename-command", "EVAL_RO", ""])
+    yield cluster
+    cluster.stop()
+    for node in cluster.nodes:
+        shutil.rmtree(node.workdir, ignore_errors=True)
+
+
+def test_without_evalsha_ro_the_morgue_reads_fall_back_once_per_client(cluster_without_read_only_eval):
+    """Failed before: every list/stats on such a cluster raised redis-py's
+    RedisError, and `morgue list`/`stats` exited 1."""
+    cluster = cluster_without_read_only_eval
+    client = cluster.client(decode_responses=True)
+    client.flushall()
+    queues = _dead_on_every_node(client)  # also connects the client to every node
+    counted = _NodeStats(cluster)
+    counted.reset()
+    for _ in range(3):
+        for queue in queues:
+            assert [job.id for job in engine.morgue_list(client, queue)] == ["JOB1", "JOB2"]
+            assert engine.morgue_stats(client, queue).lanes == {"g": 2}
+    stats = counted()
+    # one refused EVALSHA_RO for this client (unknown command: an ERR), then EVALSHA only
+    assert stats.get("errorstat_ERR", 0) == 1, stats
+    assert stats.get("cmdstat_evalsha", 0) == 2 * 3 * len(queues)
+    assert stats.get("cmdstat_command|getkeys", 0) == 0, stats
+    # a new client decides again, once
+    other = cluster.client(decode_responses=True)
+    other.ping(target_nodes=other.ALL_NODES)
+    before = counted().get("errorstat_ERR", 0)
+    for queue in queues:
+        assert engine.morgue_stats(other, queue).size == 2
+    assert counted().get("errorstat_ERR", 0) == before + 1
+    other.close()
+    counted.close()
+    for action in ("list", "stats"):
+        result = _cli("morgue", action, "--redis-url", cluster.url, "--queue", queues[0], "-o", "json")
+        assert result.returncode == 0, (action, result.stderr)
+    client.close()

@@ -167,3 +167,35 @@ def test_the_sweeper_on_a_read_only_replica_names_it_and_the_fix(replica, queue_
     ok, reason = sweeper.health.ready()
     assert not ok and "read-only replica" in reason and "unreachable" not in reason
     assert sweeper.metrics.redis_up.labels(queue_name)._value.get() == 1  # Redis answered
+
+
+# ------------------------------------------------- a grant written before EVALSHA_RO
+
+
+def test_a_user_granted_evalsha_but_not_evalsha_ro_still_lists_and_shows_stats(r, acl_user, redis_server,
+                                                                               queue_name):
+    """+evalsha without +evalsha_ro (and eval_ro) was refused: NOPERM, exit 3.
+    EVALSHA_RO is refused once per client, then the script goes by EVALSHA."""
+    import redis as redis_py
+
+    from stalledpolicy import engine
+
+    standard_morgue(r, queue_name)
+    url = acl_user("legacy-grant", f"~emq:{{{queue_name}}}:*", "-evalsha_ro", "-eval_ro")
+    listed = morgue(url, "list", "--queue", queue_name, "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [job["id"] for job in json.loads(listed.stdout)["jobs"]] == [f"JOB00{i}" for i in range(1, 7)]
+    stats = morgue(url, "stats", "--queue", queue_name, "-o", "json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["lanes"] == {"": 2, "tenant-a": 3, "tenant-b": 1}
+
+    def refused() -> int:
+        return int(r.info("commandstats").get("cmdstat_evalsha_ro", {}).get("rejected_calls", 0))
+
+    client = redis_py.Redis.from_url(url, decode_responses=True)
+    before = refused()
+    for _ in range(3):
+        assert engine.morgue_stats(client, queue_name).size == 6
+        assert len(engine.morgue_list(client, queue_name)) == 6
+    assert refused() == before + 1
+    client.close()

@@ -107,11 +107,12 @@ class RedisCluster:
             node.stop()
 
 
-def start_cluster(masters: int = 3) -> RedisCluster:
-    """``masters`` real cluster-enabled servers, slots split evenly, no replicas."""
+def start_cluster(masters: int = 3, extra_args: list[str] | None = None) -> RedisCluster:
+    """``masters`` real cluster-enabled servers, slots split evenly, no replicas;
+    ``extra_args`` are given to each."""
     nodes = [
         start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "5000"])
+                     "--cluster-node-timeout", "5000", *(extra_args or [])])
         for _ in range(masters)
     ]
     try:
