@@ -43,12 +43,41 @@ NEWER = policy("emails-dup", "u-2", "2026-12-01T10:05:00Z", {"secretRef": {"name
                max_stalled=10)
 
 
+class Secrets(dict):
+    """The Secrets the API server holds; ``down``: the names whose read fails (the
+    API server down or refusing)."""
+
+    down: set = set()
+
+    def get(self, key, default=None):
+        if key[1] in self.down or "*" in self.down:
+            raise ConnectionError("API server unreachable")
+        return super().get(key, default)
+
+
 def start(*bodies):
     apps = ManyApps()
-    ctl = fake_controller(apps, dict(SECRETS))
+    ctl = fake_controller(apps, Secrets(SECRETS))
+    ctl.store = ctl.secrets._read.__closure__[0].cell_contents  # the Secrets fake_controller reads
     for body in bodies:
         ctl.observe_policy(copy.deepcopy(body), "ADDED")
     return apps, ctl
+
+
+def sweeping(ctl, body):
+    """Reconcile ``body`` and read its queue once: a policy that sweeps, as far as
+    the operator can tell (its Redis read by a refresh of this process)."""
+    outcome = reconcile(ctl, copy.deepcopy(body))
+    ctl.refresh(key_of(body))
+    return outcome
+
+
+def key_of(body):
+    return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def newer_state(ctl):
+    return ctl.policies[key_of(NEWER)].outcome
 
 
 def test_redis_endpoint_is_host_port_and_database():
@@ -60,7 +89,7 @@ def test_redis_endpoint_is_host_port_and_database():
 
 def test_the_newer_policy_of_a_claimed_queue_gets_no_sweeper_and_says_why():
     apps, ctl = start(OLDER, NEWER)
-    assert reconcile(ctl, copy.deepcopy(OLDER)).ok
+    assert sweeping(ctl, OLDER).ok
     outcome = reconcile(ctl, copy.deepcopy(NEWER))
     assert (outcome.ok, outcome.reason) == (False, "QueueClaimed")
     assert "ns/emails" in outcome.message and "older" in outcome.message
@@ -82,7 +111,7 @@ def test_the_newer_policy_of_a_claimed_queue_gets_no_sweeper_and_says_why():
 
 def test_the_newer_policy_takes_the_queue_over_when_the_older_is_deleted():
     apps, ctl = start(OLDER, NEWER)
-    reconcile(ctl, copy.deepcopy(OLDER))
+    sweeping(ctl, OLDER)
     reconcile(ctl, copy.deepcopy(NEWER))
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
     ctl.refresh(("ns", "emails-dup"))
@@ -94,7 +123,7 @@ def test_the_newer_policy_takes_the_queue_over_when_the_older_is_deleted():
 
 def test_the_newer_policy_takes_the_queue_over_when_the_older_moves_to_another_redis():
     apps, ctl = start(OLDER, NEWER)
-    reconcile(ctl, copy.deepcopy(OLDER))
+    sweeping(ctl, OLDER)
     reconcile(ctl, copy.deepcopy(NEWER))
     moved = copy.deepcopy(OLDER)
     moved["spec"]["redis"] = {"url": "redis://redis.example:6379/1"}
@@ -112,7 +141,7 @@ def test_a_sweeper_running_before_the_older_policy_was_seen_is_scaled_to_zero():
     assert reconcile(ctl, copy.deepcopy(NEWER)).ok
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
     ctl.observe_policy(copy.deepcopy(OLDER), "ADDED")
-    reconcile(ctl, copy.deepcopy(OLDER))
+    sweeping(ctl, OLDER)
     ctl.refresh(("ns", "emails-dup"))
     outcome = ctl.policies[("ns", "emails-dup")].outcome
     assert outcome.reason == "QueueClaimed" and "scaled to 0" in outcome.message
@@ -151,15 +180,248 @@ def test_another_queue_on_the_same_redis_and_a_tie_broken_by_name():
     b = copy.deepcopy(other_queue)
     b["metadata"]["creationTimestamp"] = a["metadata"]["creationTimestamp"]
     apps, ctl = start(a, b)
-    assert reconcile(ctl, copy.deepcopy(a)).ok
+    assert sweeping(ctl, a).ok
     assert reconcile(ctl, copy.deepcopy(b)).reason == "QueueClaimed"
 
 
-def test_a_policy_in_another_namespace_claims_the_queue_too():
+def test_a_policy_in_another_namespace_claims_the_queue_too_and_is_not_named():
+    """The claim's message is in team-b's status and events: it does not name a
+    policy of another namespace (its readers may not see that namespace)."""
     newer = copy.deepcopy(NEWER)
     newer["metadata"]["namespace"] = "team-b"
     newer["spec"]["redis"] = {"url": "redis://redis.example/0"}
     apps, ctl = start(OLDER, newer)
-    reconcile(ctl, copy.deepcopy(OLDER))
+    sweeping(ctl, OLDER)
+    apps.of("emails-dup-sweeper").stored = None
+    ctl.observe_deployment(copy.deepcopy(apps.of("emails-sweeper").stored), "ADDED")
     outcome = reconcile(ctl, copy.deepcopy(newer))
-    assert outcome.reason == "QueueClaimed" and "ns/emails" in outcome.message
+    assert outcome.reason == "QueueClaimed"
+    assert "an older StalledPolicy in another namespace (kubectl get stalledpolicies -A)" in outcome.message
+    assert "ns/" not in outcome.message and "emails " not in outcome.message.replace("queue emails ", "")
+    ctl.refresh(key_of(newer))
+    status = ctl.policies[key_of(newer)].status
+    assert "ns/emails" not in str(status)
+    assert all("ns/emails" not in e[3] for e in ctl.recorder.events if e[0] == "emails-dup")
+
+
+# -- an unknown claim moves nothing ------------------------------------------
+
+OLDER_BY_SECRET = policy("emails", "u-1", "2026-12-01T10:00:00Z", {"secretRef": {"name": "old-creds", "key": "url"}})
+
+
+@pytest.mark.parametrize("down", ["creds", "old-creds", "*"])
+def test_an_api_blip_keeps_a_claimed_policy_claimed(down):
+    """The endpoint of either policy cannot be read (the API server down, a Secret
+    unreadable): unknown, not "no longer claimed". Before, the newer policy's
+    sweeper was applied (a second sweeper with another budget) and scaled to 0 again
+    at the next refresh, on every blip."""
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    store = ctl.store
+    store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    store.down = {down}
+    for _ in range(3):
+        ctl.refresh(key_of(NEWER))
+        assert newer_state(ctl).reason == "QueueClaimed"
+        assert newer_state(ctl).claimed_by == ("ns", "emails")
+    assert apps.of("emails-dup-sweeper").stored is None, "no sweeper started on a blip"
+    # A kopf retry or update while it cannot be told: still held back.
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored is None
+    store.down = set()
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+
+
+def test_an_unknown_claim_keeps_a_running_sweeper_and_starts_none():
+    apps, ctl = start(NEWER)
+    assert sweeping(ctl, NEWER).ok
+    store = ctl.store
+    store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    ctl.observe_policy(copy.deepcopy(OLDER_BY_SECRET), "ADDED")
+    store.down = {"old-creds"}
+    sweeping(ctl, OLDER_BY_SECRET)
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+    # A policy the operator has not reconciled a sweeper for yet starts none.
+    third = policy("emails-3", "u-3", "2026-12-01T10:09:00Z", {"secretRef": {"name": "creds", "key": "url"}})
+    ctl.observe_policy(copy.deepcopy(third), "ADDED")
+    store.down = {"creds"}
+    outcome = reconcile(ctl, copy.deepcopy(third))
+    assert outcome.reason == "QueueClaimed" and "cannot be told" in outcome.message
+    assert apps.of("emails-3-sweeper").stored is None
+
+
+def test_an_older_policy_not_yet_refreshed_since_start_holds_back_a_new_sweeper():
+    """An operator start: the older policy is reconciled, its queue not read yet."""
+    apps, ctl = start(OLDER, NEWER)
+    assert reconcile(ctl, copy.deepcopy(OLDER)).ok
+    outcome = reconcile(ctl, copy.deepcopy(NEWER))
+    assert outcome.reason == "QueueClaimed" and outcome.claimed_by is None
+    assert apps.of("emails-dup-sweeper").stored is None
+    ctl.refresh(key_of(OLDER))
+    ctl.refresh(key_of(NEWER))  # known now: held back by the older policy
+    assert newer_state(ctl).claimed_by == ("ns", "emails") and "ns/emails" in newer_state(ctl).message
+
+
+# -- only a policy that sweeps holds a claim ----------------------------------
+
+def changed(body, generation, **spec):
+    body = copy.deepcopy(body)
+    body["spec"].update(spec)
+    body["metadata"].update(generation=generation, resourceVersion=str(100 + generation))
+    return body
+
+
+def test_a_suspended_older_policy_gives_the_queue_up_and_takes_it_back_when_resumed():
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    suspended = changed(OLDER, 2, suspend=True)
+    ctl.observe_policy(copy.deepcopy(suspended), "MODIFIED")
+    assert reconcile(ctl, copy.deepcopy(suspended)).ok
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).ok, newer_state(ctl)
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+    assert apps.of("emails-sweeper").stored["spec"]["replicas"] == 0
+    ctl.refresh(key_of(NEWER))  # stays so
+    assert newer_state(ctl).ok
+    # Resumed: the older policy sweeps again and takes the queue back.
+    resumed = changed(OLDER, 3, suspend=False)
+    ctl.observe_policy(copy.deepcopy(resumed), "MODIFIED")
+    assert reconcile(ctl, copy.deepcopy(resumed)).ok
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
+    assert apps.of("emails-sweeper").stored["spec"]["replicas"] == 1
+
+
+def test_an_older_policy_with_no_replicas_holds_no_claim():
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, changed(OLDER, 1, sweeper={"replicas": 0}))
+    assert reconcile(ctl, copy.deepcopy(NEWER)).ok
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+
+
+def test_an_older_policy_with_an_invalid_spec_holds_a_claim_only_while_its_last_sweeper_runs():
+    from stalledpolicy.controller.retry import InvalidPolicy
+
+    invalid = changed(OLDER, 1, maxStalled=-1)
+    apps, ctl = start(invalid, NEWER)
+    with pytest.raises(InvalidPolicy):
+        reconcile(ctl, copy.deepcopy(invalid))
+    ctl.refresh(key_of(OLDER))
+    assert reconcile(ctl, copy.deepcopy(NEWER)).ok, "no sweeper of the older policy: the queue is free"
+    # An older policy whose spec turned invalid keeps its last applied sweeper running:
+    # that one sweeps, so the queue stays its own.
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    broken = changed(OLDER, 2, maxStalled=-1)
+    ctl.observe_policy(copy.deepcopy(broken), "MODIFIED")
+    with pytest.raises(InvalidPolicy):
+        reconcile(ctl, copy.deepcopy(broken))
+    ctl.refresh(key_of(OLDER))
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+
+
+def refusing(ctl, urls):
+    """Redis refuses the clients of ``urls`` (a wrong password, say)."""
+    import redis
+
+    ok = ctl.__dict__.setdefault("readable_snapshot_fn", ctl.snapshot_fn)
+
+    def snapshot(client, queue, lanes):
+        if client.url in urls:
+            raise redis.AuthenticationError("invalid username-password pair")
+        return ok(client, queue, lanes)
+
+    ctl.snapshot_fn = snapshot
+
+
+def test_an_older_policy_whose_redis_refuses_it_gives_the_queue_up_after_three_refreshes():
+    from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER
+
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    refusing(ctl, {OLDER["spec"]["redis"]["url"]})
+    for _ in range(CLAIM_LOST_AFTER - 1):  # a blip moves nothing
+        ctl.refresh(key_of(OLDER))
+        ctl.refresh(key_of(NEWER))
+        assert newer_state(ctl).reason == "QueueClaimed"
+    ctl.refresh(key_of(OLDER))
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+    # Read again: the older policy takes its queue back at once.
+    refusing(ctl, set())
+    ctl.refresh(key_of(OLDER))
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
+
+
+def test_a_redis_both_policies_cannot_read_moves_nothing():
+    from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER
+
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    refusing(ctl, {OLDER["spec"]["redis"]["url"], "redis://:s3cret@Redis.Example:6379/0"})
+    for _ in range(CLAIM_LOST_AFTER + 2):
+        ctl.refresh(key_of(OLDER))
+        ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored is None
+
+
+# -- the claim checks' cost -----------------------------------------------------
+
+def test_claims_look_only_at_the_queue_s_policies_and_read_secrets_outside_the_status_lock():
+    import threading
+
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    ctl.store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    reconcile(ctl, copy.deepcopy(NEWER))
+
+    class Untouchable(dict):
+        def get(self, *args):
+            raise AssertionError("a policy of another queue was looked at")
+
+    for i in range(50):
+        other = policy(f"other-{i}", f"u-o{i}", "2026-12-01T09:00:00Z", OLDER["spec"]["redis"], queue=f"q{i}")
+        ctl.observe_policy(other, "ADDED")
+        ctl.policies[key_of(other)].body = Untouchable(other)
+    assert [s.key for s in ctl.queue_policies("emails")] in ([("ns", "emails"), ("ns", "emails-dup")],
+                                                             [("ns", "emails-dup"), ("ns", "emails")])
+    lock = ctl.policies[key_of(NEWER)].lock
+    held = []
+    reader = ctl.secrets._read
+
+    def read(namespace, name):
+        if name != "old-creds":
+            return reader(namespace, name)
+        grabbed = []
+
+        def grab():
+            grabbed.append(lock.acquire(timeout=0.5))
+            if grabbed[0]:
+                lock.release()
+
+        t = threading.Thread(target=grab)
+        t.start()
+        t.join()
+        held.append(not grabbed[0])
+        return reader(namespace, name)
+
+    ctl.secrets._read = read
+    ctl.refresh(key_of(NEWER))
+    assert held and not any(held), "a Secret was read holding the policy's status lock"
+    assert newer_state(ctl).reason == "QueueClaimed"
+    ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
+    assert [s.key for s in ctl.queue_policies("emails")] == [("ns", "emails-dup")]
+
+
+def b64_url(url):
+    return {"url": b64(url)}

@@ -49,3 +49,8 @@ class PolicyState:
     drift_last_seen: float | None = None
     drift_seen_generation: int = 0
     drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
+    # One sweeper per queue (queue_claims.py): whether a refresh of this process has
+    # read (or failed to read) the queue yet, and how many refreshes in a row could
+    # not (Redis unreachable or refusing, the URL or Secret unusable).
+    refreshed: bool = False
+    queue_failures: int = 0

@@ -1,29 +1,64 @@
 """One sweeper per queue: two policies the operator watches that name the same
 queue on the same Redis (host, port, database) would run two sweepers with two
-budgets over one queue. They race, so neither budget holds. The older policy
-(``metadata.creationTimestamp``, then name, then namespace) keeps the queue; each
-newer one is ``QueueClaimed``: no sweeper is created for it, and one it already
-has is scaled to 0 replicas (kept, not deleted: the operator may not delete
-Deployments, and it comes back with the policy's spec once the claim ends).
+budgets over one queue. They race, so neither budget holds. Of the policies of
+a queue and Redis that sweep, the oldest (``metadata.creationTimestamp``, then
+name, then namespace) keeps the queue; each newer one is ``QueueClaimed``: no
+sweeper is created for it, and one it already has is scaled to 0 replicas (kept,
+not deleted: the operator may not delete Deployments, and it comes back with the
+policy's spec once the claim ends).
 
-The claim ends when the older policy is deleted or names another Redis (its URL
-or Secret value changed): the status loop checks each refresh
-(``StatusLoop._reapply_reason``) and applies the newer policy's sweeper. Memory
-only: the policies compared are those this operator has seen.
+Only a policy that sweeps holds a claim (``sweeps``): reconciled with a sweeper
+that asks for pods (not suspended, spec.sweeper.replicas above 0; after a failed
+reconcile, its last applied sweeper still running), and its queue read by the
+last refreshes (CLAIM_LOST_AFTER in a row that cannot read it end the claim). The
+claim ends when the older policy stops sweeping, is deleted or names another
+Redis: the status loop checks each refresh (``StatusLoop._claim_reason``). When
+the older one sweeps again it takes the queue back: a policy's claim depends only
+on older policies, never on newer ones, so there is no loop to flap in; the claim
+moves only when the older policy's own state changes, and a Redis outage shorter
+than CLAIM_LOST_AFTER refreshes moves nothing.
+
+Each verdict is one of three (``Claim``): the queue is free, claimed by a known
+older policy, or unknown (an endpoint that cannot be resolved now, an older
+policy not yet reconciled or refreshed by this process): then whatever holds
+stays (a claimed policy stays claimed, a running sweeper runs) and no sweeper is
+started. Memory only: the policies compared are those this operator has seen.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from stalledpolicy.controller.objects import metadata_of
+from stalledpolicy.controller import events
+from stalledpolicy.controller.apply import policy_owner
+from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
+from stalledpolicy.controller.status import CONFIGURATION_REASONS
 
 log = logging.getLogger("stalledpolicy.operator")
 
 Endpoint = tuple[str, int, int]  # host (lower case), port, database
+
+# Refreshes in a row that cannot read a policy's queue before it holds no claim
+# (a blip of a Redis both policies share moves nothing).
+CLAIM_LOST_AFTER = 3
+# Refresh problems that mean a policy's sweeper cannot sweep either.
+UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"}) | CONFIGURATION_REASONS
+
+FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``verdict``: FREE (no older policy sweeps the queue on this Redis), CLAIMED
+    (``owner`` does), UNKNOWN (cannot be told now; ``owner``: the older policy
+    that could not be judged)."""
+
+    verdict: str
+    owner: PolicyKey | None = None
 
 
 def redis_endpoint(url: str) -> Endpoint | None:
@@ -49,7 +84,8 @@ def redis_endpoint(url: str) -> Endpoint | None:
 def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> Endpoint | None:
     """The Redis endpoint of a policy's ``spec.redis`` (the Secret's URL through the
     controller's cached reader); None when it cannot be told now (the Secret
-    missing, a URL that does not parse, the API down)."""
+    missing, a URL that does not parse, the API down): unknown, never "another
+    Redis"."""
     try:
         url = resolve_url(namespace, spec.get("redis") or {}, ctl.secrets)
     except RedisConfigError:
@@ -67,53 +103,95 @@ def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:
             str(meta.get("namespace") or ""))
 
 
-def claimant(ctl, body: Mapping[str, Any]) -> tuple[PolicyKey, Mapping[str, Any]] | None:
-    """``(key, body)`` of the oldest other policy (of those the operator knows, not
-    being deleted) that names the same queue on the same Redis endpoint as
-    ``body`` and is older than it; None when ``body``'s policy is the oldest, or
-    its endpoint cannot be told."""
+def sweeps(ctl, state) -> bool | None:
+    """Whether the policy of ``state`` sweeps its queue, as last seen: None when this
+    process cannot tell yet (not reconciled, or its queue not read, since start)."""
+    outcome = state.outcome
+    if outcome is None:
+        return None
+    if outcome.ok:
+        if outcome.suspended or outcome.replicas == 0:
+            return False
+    elif outcome.reason == events.QUEUE_CLAIMED:
+        return False
+    else:
+        # Not applied (InvalidSpec, ApplyFailed, ...): its last applied sweeper, if it
+        # still runs, sweeps on.
+        namespace, name = state.key
+        deployment = ctl.deployments.get((namespace, sweeper_name(name)))
+        owner = policy_owner(deployment) if deployment is not None else None
+        if (owner is None or owner.get("uid") != metadata_of(state.body).get("uid")
+                or not asks_for_pods(deployment)):
+            return False
+    if state.queue_failures >= CLAIM_LOST_AFTER:
+        return False
+    if not state.refreshed:
+        return None
+    return True
+
+
+_UNSET: Any = object()
+
+
+def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
+    """Whether an older policy (of those the operator knows, not being deleted) that
+    sweeps (``sweeps``) names the same queue on the same Redis endpoint as
+    ``body``: the oldest such one is the ``owner``. Reads Secrets (cached, maybe
+    the API): never call it holding a policy's status lock."""
     meta = metadata_of(body)
     if meta.get("deletionTimestamp"):
-        return None
+        return Claim(FREE)
     key = (meta.get("namespace") or "", meta.get("name") or "")
     spec = body.get("spec") or {}
     queue = spec.get("queue")
     if not queue:
-        return None
+        return Claim(FREE)
     mine = _age(body)
     rivals = []
-    for other_key, state in list(ctl.policies.items()):
+    for state in ctl.queue_policies(queue):
         other = state.body
         other_meta = metadata_of(other)
-        if other_key == key or other_meta.get("uid") == meta.get("uid") or other_meta.get("deletionTimestamp"):
+        if state.key == key or other_meta.get("uid") == meta.get("uid") or other_meta.get("deletionTimestamp"):
             continue
         if (other.get("spec") or {}).get("queue") != queue or _age(other) >= mine:
             continue
-        rivals.append((_age(other), other_key, other))
-    if not rivals:
-        return None
-    endpoint = policy_endpoint(ctl, key[0], spec)
-    if endpoint is None:
-        return None
-    for _, other_key, other in sorted(rivals, key=lambda r: r[0]):
-        if policy_endpoint(ctl, other_key[0], other.get("spec") or {}) == endpoint:
-            return other_key, other
-    return None
+        rivals.append((_age(other), state))
+    unknown = None
+    endpoint = _UNSET
+    for _, state in sorted(rivals, key=lambda r: r[0]):
+        sweeping = sweeps(ctl, state)
+        if sweeping is False:
+            continue
+        if endpoint is _UNSET:
+            endpoint = policy_endpoint(ctl, key[0], spec)
+        theirs = None if endpoint is None else policy_endpoint(ctl, state.key[0], state.body.get("spec") or {})
+        if endpoint is not None and theirs is not None and theirs != endpoint:
+            continue  # another Redis
+        if endpoint is None or theirs is None or sweeping is None:
+            unknown = unknown or state.key
+            continue
+        return Claim(CLAIMED, state.key)
+    return Claim(FREE) if unknown is None else Claim(UNKNOWN, unknown)
 
 
-def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey, deployment_note: str) -> str:
-    return (f"queue {queue} on this Redis (same host, port and database) is already swept for the older "
-            f"StalledPolicy {owner[0]}/{owner[1]}: two sweepers of one queue race and neither budget "
-            f"holds, so this policy gets no sweeper{deployment_note}; delete one of the two policies "
-            f"(or point one at another Redis). If {owner[0]}/{owner[1]} is deleted, this policy takes "
-            "the queue over")
+def owner_text(key: PolicyKey, owner: PolicyKey | None) -> str:
+    """The older policy as a condition or event of ``key``'s policy may name it:
+    never by name from another namespace (whose policies its readers may not see)."""
+    if owner is None:
+        return "an older StalledPolicy"
+    if owner[0] != key[0]:
+        return "an older StalledPolicy in another namespace (kubectl get stalledpolicies -A)"
+    return f"the older StalledPolicy {owner[0]}/{owner[1]}"
 
 
-def claimed_queue_waiters(ctl, queue: str) -> list[PolicyKey]:
-    """Policies held back by a claim on ``queue`` (to look again at once when a
-    policy of that queue is deleted or changed)."""
-    from stalledpolicy.controller import events
-
-    return [key for key, state in list(ctl.policies.items())
-            if state.outcome is not None and state.outcome.reason == events.QUEUE_CLAIMED
-            and (state.body.get("spec") or {}).get("queue") == queue]
+def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey | None, deployment_note: str) -> str:
+    if owner is None:  # Claim UNKNOWN, and no claim recorded before
+        return (f"queue {queue} may be swept for an older StalledPolicy on this Redis, which cannot be told "
+                "now (that policy's state or Redis is not known yet: an operator start, the API server or a "
+                f"Secret unreadable): this policy gets no sweeper{deployment_note} until it can be told")
+    return (f"queue {queue} on this Redis (same host, port and database) is already swept for "
+            f"{owner_text(key, owner)}: two sweepers of one queue race and neither budget holds, so this "
+            f"policy gets no sweeper{deployment_note}; delete one of the two policies (or point one at another "
+            "Redis). This policy takes the queue over when that one stops sweeping (deleted, suspended, "
+            "spec.sweeper.replicas 0, no sweeper running, or its queue unreadable "
+            f"{CLAIM_LOST_AFTER} refreshes in a row)")

@@ -221,18 +221,30 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
                    existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
     """When an older policy the operator knows sweeps the same queue on the same Redis
     (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if
-    it exists (this policy swept the queue before the older one was seen), is scaled
-    to 0 replicas, kept so that the policy's spec comes back whole when the claim
-    ends. QueueClaimed (a Warning event, Ready=False); the status loop looks again
-    at each refresh. None: the queue is this policy's."""
-    from stalledpolicy.controller.queue_claims import claimant, claimed_message
+    it exists (this policy swept the queue before the older one was seen, or while
+    the older one did not sweep), is scaled to 0 replicas, kept so that the policy's
+    spec comes back whole when the claim ends. When the claim cannot be told now
+    (UNKNOWN), what holds stays: a policy held back stays so, a sweeper that asks
+    for pods is applied as usual, and none is started. QueueClaimed (a Warning
+    event, Ready=False); the status loop looks again at each refresh. None: the
+    queue is this policy's."""
+    from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
 
-    found = claimant(ctl, body)
-    if found is None:
+    claim = claim_of(ctl, body)
+    if claim.verdict == FREE:
         return None
-    owner, _ = found
+    owner = claim.owner
+    if claim.verdict == UNKNOWN:
+        current = ctl.state(body).outcome
+        if current is not None and current.reason == events.QUEUE_CLAIMED:
+            owner = current.claimed_by  # held back before: stays so, by the same policy
+        elif existing is not None and asks_for_pods(existing):
+            return None  # a sweeper runs now: it goes on
+        else:
+            owner = None
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
+    queue = (body.get("spec") or {}).get("queue")
     note = ""
     if existing is not None:
         note = f" (its Deployment {deployment_name} is scaled to 0 replicas)"
@@ -241,14 +253,13 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
                 scale_to_zero(ctl.apps, namespace, deployment_name)
             except api_error_types() as exc:
                 _apply_failed(ctl, body, generation, retry,
-                              f"queue {(body.get('spec') or {}).get('queue')} is claimed by the older StalledPolicy "
-                              f"{owner[0]}/{owner[1]}, and scaling Deployment {namespace}/{deployment_name} to 0 "
-                              f"failed: {describe_api_error(exc)}", 0)
+                              f"queue {queue} is claimed by {owner_text((namespace, name), owner)}, and scaling "
+                              f"Deployment {namespace}/{deployment_name} to 0 failed: {describe_api_error(exc)}", 0)
             log.warning("queue claimed by an older policy: sweeper Deployment scaled to 0", extra={
                 "namespace": namespace, "policy": name, "deployment": deployment_name,
-                "claimed_by": f"{owner[0]}/{owner[1]}"})
-    message = claimed_message((namespace, name), (body.get("spec") or {}).get("queue"), owner, note)
+                "claimed_by": f"{owner[0]}/{owner[1]}" if owner else "(cannot be told now)"})
+    message = claimed_message((namespace, name), queue, owner, note)
     outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, message, replicas=0,
-                               claimed_by=tuple(owner))
+                               claimed_by=tuple(owner) if owner else None)
     ctl.record_outcome(body, outcome)
     return outcome

@@ -48,6 +48,9 @@ class Controller(StatusLoop):
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
+        # The keys of self.policies by spec.queue (immutable), under self._lock: the
+        # one-sweeper-per-queue checks look at a queue's policies, not at every one.
+        self._queues: dict[str, set[PolicyKey]] = {}
         self._retired_policies = RetiredUids()
         self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
@@ -109,7 +112,11 @@ class Controller(StatusLoop):
                         # has been left alone for a whole window from now.
                         state.drift_conflict = in_sync.get("message") or events.DRIFT_CONFLICT
                         state.drift_last_seen = self.clock()
+                    replaced = self.policies.get(key)
+                    if replaced is not None:
+                        self._unindex(replaced)
                     self.policies[key] = state
+                    self._queues.setdefault(_queue_of(first), set()).add(key)
                     return state
                 if metadata_of(state.body).get("uid") == uid:
                     return state
@@ -139,7 +146,7 @@ class Controller(StatusLoop):
         queue = (body.get("spec") or {}).get("queue")
         if event_type == "DELETED":
             self.forget(key, (body.get("metadata") or {}).get("uid"))
-            self._kick_queue_waiters(queue)  # a policy it held back may take the queue over
+            self.kick_queue(queue, key)  # a policy it held back may take the queue over
             return
         state = self.state(body)
         with state.lock:
@@ -152,16 +159,29 @@ class Controller(StatusLoop):
         if wants_replay and state.outcome is not None:
             self.kick(key)
         if respecified:
-            self._kick_queue_waiters(queue)  # it may name another Redis now
+            self.kick_queue(queue, key)  # it may name another Redis now, or stop sweeping
 
-    def _kick_queue_waiters(self, queue: str | None) -> None:
-        """Refresh now the policies held back (QueueClaimed) by a policy of ``queue``:
-        their refresh looks at the claim again (StatusLoop._reapply_reason)."""
-        from stalledpolicy.controller.queue_claims import claimed_queue_waiters
+    def _unindex(self, state: PolicyState) -> None:
+        """Drop ``state``'s key from the queue index (under self._lock)."""
+        keys = self._queues.get(_queue_of(state.body))
+        if keys is not None:
+            keys.discard(state.key)
+            if not keys:
+                self._queues.pop(_queue_of(state.body), None)
 
+    def queue_policies(self, queue: str) -> list[PolicyState]:
+        """The states of the policies of ``queue``."""
+        with self._lock:
+            return [self.policies[key] for key in self._queues.get(queue, ()) if key in self.policies]
+
+    def kick_queue(self, queue: str | None, but: PolicyKey | None = None) -> None:
+        """Refresh now the other policies of ``queue``: a change of one policy (deleted,
+        another Redis, sweeping or not) may give its queue to another or take it back
+        (their refresh looks at the claim again: StatusLoop._claim_reason)."""
         if queue:
-            for key in claimed_queue_waiters(self, queue):
-                self.kick(key)
+            for state in self.queue_policies(queue):
+                if state.key != but:
+                    self.kick(state.key)
 
     def _take_body(self, state: PolicyState, fresh: dict) -> bool:
         """Make ``fresh`` (this policy, same uid) the body we know, unless it is older
@@ -198,7 +218,9 @@ class Controller(StatusLoop):
             state = self.policies.get(key)
             if uid is not None and state is not None and (state.body.get("metadata") or {}).get("uid") != uid:
                 return
-            self.policies.pop(key, None)
+            popped = self.policies.pop(key, None)
+            if popped is not None:
+                self._unindex(popped)
         if self.scheduler is not None:
             self.scheduler.remove(key)
         self.clients.drop(key)
@@ -237,6 +259,9 @@ class Controller(StatusLoop):
             self._take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)
+        if before is None or changed or (before.suspended, before.replicas) != (outcome.suspended, outcome.replicas):
+            # Sweeping or not may have changed: the queue may move to or from another policy.
+            self.kick_queue(_queue_of(state.body), state.key)
         if changed:
             extra = {"namespace": state.key[0], "policy": state.key[1],
                      "generation": outcome.generation, "reason": outcome.reason}
@@ -264,3 +289,7 @@ class Controller(StatusLoop):
             return None
         return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url,
                                    getattr(secret, "uid", None))
+
+
+def _queue_of(body: Mapping[str, Any]) -> str:
+    return str((body.get("spec") or {}).get("queue") or "")

@@ -55,6 +55,7 @@ class StatusLoop:
             if self.policies.get(key) is not state:
                 return None
             self.metrics.count_refresh(problem)
+            queue_moves = self._note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
             if problem is None:
                 state.failures = 0
@@ -62,6 +63,10 @@ class StatusLoop:
             else:
                 state.failures += 1
                 delay = backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
+        if queue_moves:
+            self.kick_queue((state.body.get("spec") or {}).get("queue"), key)
+        if why is None:
+            why = self._claim_reason(state)  # outside the status lock: it may read other policies' Secrets
         if why is not None:
             from stalledpolicy.controller.reapply import reapply
             from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY
@@ -78,21 +83,33 @@ class StatusLoop:
             return min(delay, 1.0)  # applied: show the new outcome in status soon
         return delay
 
+    def _note_queue_read(self, state: PolicyState, problem: Problem | None) -> bool:
+        """Count the refreshes in a row that could not read the queue (under the status
+        lock); True when that may move the queue to or from another policy (the
+        policy's first refresh, its claim lost or regained: queue_claims.sweeps)."""
+        from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER, UNREADABLE_REASONS
+
+        before = (state.refreshed, state.queue_failures >= CLAIM_LOST_AFTER)
+        state.refreshed = True
+        unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
+        state.queue_failures = state.queue_failures + 1 if unreadable else 0
+        return before != (True, state.queue_failures >= CLAIM_LOST_AFTER)
+
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
-        """Why the sweeper must be applied again now, or None: the Secret of
-        ``spec.redis.secretRef`` holds a new value (a rotated password
-        reaches the pods only through a new pod template), or a re-apply failed.
-        A Secret that is missing or holds no valid URL rolls nothing: the running
-        pods keep the last good one, the condition says what is wrong."""
+        """Why the sweeper must be applied again now (under the status lock), or None:
+        an earlier re-apply failed; a drift conflict is over (``state.drift_resume``:
+        the policy's spec goes back over what the other writer left); the Secret of
+        ``spec.redis.secretRef`` holds a new value (a rotated password reaches the
+        pods only through a new pod template). A Secret that is missing or holds no
+        valid URL rolls nothing: the running pods keep the last good one, the
+        condition says what is wrong. The one-sweeper-per-queue checks are
+        ``_claim_reason``'s, made by ``refresh`` after the lock is released."""
         if state.reapply_failures:
             return "an earlier re-apply failed"
         if state.drift_resume:
             state.drift_resume = False
             return "the drift conflict is over: the sweeper was left alone"
         outcome = state.outcome
-        claim = self._claim_reason(state)
-        if claim is not None:
-            return claim
         if outcome is None or not outcome.ok:
             return None  # kopf's handler retries its own failures
         if problem is not None and problem.reason in CONFIGURATION_REASONS:
@@ -109,26 +126,30 @@ class StatusLoop:
 
     def _claim_reason(self, state: PolicyState) -> str | None:
         """Why the sweeper must be reconciled again for the one-sweeper-per-queue rule
-        (queue_claims.py), or None: a policy held back (QueueClaimed) whose claim is
-        over (the older policy deleted, or on another Redis now) or held by another
-        policy now, or whose sweeper was scaled up again; a policy that sweeps a
-        queue an older one claims (an operator start sees policies in any order, a
-        Secret's URL may change)."""
-        from stalledpolicy.controller.queue_claims import claimant
+        (queue_claims.py), or None. Not under the status lock (it may read Secrets).
+        A policy that sweeps a queue an older sweeping one holds (an operator start
+        sees policies in any order, a Secret's URL may change, the older one may
+        sweep again). A policy held back (QueueClaimed) whose claim is over (the
+        older policy deleted, stopped sweeping, or on another Redis now), unless its
+        own queue cannot be read now (nothing to take over); held by another policy
+        now; or whose sweeper asks for pods again. When the claim cannot be told
+        (UNKNOWN: an endpoint or an older policy's state not known), nothing moves:
+        a sweeper that runs keeps running and a claimed one is never started."""
+        from stalledpolicy.controller.queue_claims import CLAIMED, FREE, claim_of
 
         outcome = state.outcome
         if outcome is None or not (outcome.ok or outcome.reason == events.QUEUE_CLAIMED):
             return None
-        found = claimant(self, state.body)
+        claim = claim_of(self, state.body)
         queue = (state.body.get("spec") or {}).get("queue")
         if outcome.ok:
-            if found is None:
+            if claim.verdict != CLAIMED:
                 return None
-            return f"queue {queue} is claimed by the older StalledPolicy {found[0][0]}/{found[0][1]}"
-        if found is None:
+            return f"queue {queue} is claimed by the older StalledPolicy {claim.owner[0]}/{claim.owner[1]}"
+        if claim.verdict == FREE and not state.queue_failures:
             return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
-        if found[0] != outcome.claimed_by:
-            return f"queue {queue} is claimed by the StalledPolicy {found[0][0]}/{found[0][1]} now"
+        if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
+            return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"
         deployment = self.deployments.get((state.key[0], sweeper_name(state.key[1])))
         if deployment is not None and asks_for_pods(deployment):
             return f"the sweeper of a policy whose queue {queue} is claimed runs again: scaling it to 0"
