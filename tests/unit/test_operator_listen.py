@@ -130,6 +130,8 @@ def test_the_liveness_url_reaches_the_startup_handler_through_the_env(monkeypatc
     # the env the command line left behind is what the startup handler serves
     assert os.environ["STALLEDPOLICY_OPERATOR_LIVENESS"] == url
 
+    monkeypatch.setattr(main, "_started", True)  # as after startup (tested below)
+
     async def start_probe_stop():
         await main.serve_liveness()
         try:
@@ -139,6 +141,138 @@ def test_the_liveness_url_reaches_the_startup_handler_through_the_env(monkeypatc
 
     assert asyncio.run(start_probe_stop()) == (200, "{}")
     assert get(url) is None  # stopped at cleanup
+
+
+def _startup_with(monkeypatch, build):
+    """main's startup handlers as kopf runs them, the controller built by ``build``."""
+    import kopf
+
+    from stalledpolicy.controller import main, wiring
+
+    monkeypatch.setattr(wiring, "build_controller", build)
+    monkeypatch.setattr(main, "_controller", None)
+    monkeypatch.setattr(main, "_started", False)
+    monkeypatch.setattr(main, "_startup_problem", main._startup_problem)
+    return lambda: main.startup(settings=kopf.OperatorSettings())
+
+
+def _liveness_while(monkeypatch, steps):
+    """Serve /healthz through main.serve_liveness on a real listener; run each of
+    ``steps`` (in a thread, as kopf runs sync handlers) and probe after it."""
+    from stalledpolicy.controller import main
+
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/healthz"
+    monkeypatch.setenv("STALLEDPOLICY_OPERATOR_LIVENESS", url)
+
+    async def run():
+        await main.serve_liveness()
+        answers = []
+        try:
+            for step in steps:
+                try:
+                    await asyncio.to_thread(step)
+                except Exception as exc:
+                    answers.append(type(exc).__name__)
+                answers.append(await asyncio.to_thread(get, url))
+        finally:
+            await main.stop_liveness()
+            main.cleanup()
+        return answers
+
+    return asyncio.run(run())
+
+
+def test_liveness_answers_503_until_the_controller_is_built_and_started(monkeypatch):
+    """It answered 200 as soon as kopf's loop ran: a startup failing again and
+    again, or hanging, looked healthy and the pod was never restarted."""
+    import threading
+
+    building = threading.Event()
+    release = threading.Event()
+
+    def slow_build(config):
+        building.set()
+        release.wait(10)
+        return fake_controller(FakeApps())
+
+    startup = _startup_with(monkeypatch, slow_build)
+    holder = {}
+
+    def start_in_background():
+        holder["thread"] = threading.Thread(target=startup)
+        holder["thread"].start()
+        building.wait(5)
+
+    def finish():
+        release.set()
+        holder["thread"].join(10)
+
+    before, while_building, after = _liveness_while(monkeypatch, [lambda: None, start_in_background, finish])
+    for answer in (before, while_building):
+        assert answer[0] == 503, answer
+        assert json.loads(answer[1]) == {
+            "ready": False, "reason": "the operator is starting: the controller is not built and started yet"}
+    assert after == (200, "{}")
+
+
+def test_liveness_says_a_failed_startup_until_a_retry_succeeds(monkeypatch):
+    attempts = []
+
+    def build(config):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("the API server is unreachable")
+        return fake_controller(FakeApps())
+
+    startup = _startup_with(monkeypatch, build)
+    failed, first, second = _liveness_while(monkeypatch, [startup, startup])
+    assert failed == "RuntimeError"
+    assert first[0] == 503 and json.loads(first[1])["reason"] == (
+        "the operator's startup failed (RuntimeError); it is retried")
+    assert second == (200, "{}")
+
+
+def test_a_liveness_port_taken_after_the_check_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
+    """The race after the CLI's check: the server's own bind failed at kopf's
+    startup, and the operator ended with kopf's ActivityError and a traceback.
+    Real kopf.run, real listener; the check is made to pass as if the port were
+    taken just after it."""
+    from stalledpolicy.cli import main as cli_main
+    from stalledpolicy.controller import cli, main, wiring
+
+    import os
+
+    for name in ("_controller", "_started", "_startup_problem", "_metrics_server"):
+        monkeypatch.setattr(main, name, getattr(main, name))  # restored after the test
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # run() writes its settings there
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({  # an API server nobody serves: kopf's watchers only retry
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    # read at import time by the kubernetes client (imported by earlier tests)
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    monkeypatch.setattr(cli, "liveness_problem", lambda url: None)
+    monkeypatch.setattr(wiring, "build_controller", lambda config: fake_controller(FakeApps()))
+    monkeypatch.setattr("stalledpolicy.logs.configure", lambda *a: None)
+    monkeypatch.setattr("stalledpolicy.controller.logfilter.install", lambda: None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli_main(["operator", "-A", "--kubeconfig", str(kubeconfig),
+                         "--liveness", f"http://127.0.0.1:{port}/healthz"])
+    main.cleanup()  # the other startup handler built (a fake) controller
+    assert code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("stalledpolicy operator:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"stalledpolicy operator: --liveness http://127.0.0.1:{port}/healthz: "
+                               "cannot listen there (")
 
 
 @pytest.mark.parametrize("url, words", [

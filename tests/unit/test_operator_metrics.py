@@ -227,7 +227,8 @@ def test_a_metrics_port_in_use_stops_the_operator_at_start():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(kopf.PermanentError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+        with pytest.raises(kopf.PermanentError, match=f"--metrics-port {port} / --metrics-address 127.0.0.1: "
+                                                      "cannot listen there"):
             serve_metrics(OperatorConfig(metrics_port=port, metrics_address="127.0.0.1"),
                           fake_controller(FakeApps()))
 

@@ -126,7 +126,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
 def metrics_listen_problem(address: str, port: int) -> str | None:
     """Why the metrics server could not listen on ``address:port``, or None. Checked
     before kopf starts, so a port in use is one line and exit 2 (the server itself
-    binds at kopf's startup, where a failure stops the operator with a traceback)."""
+    binds at kopf's startup: a port taken in between is the same line and exit 2,
+    see _listen_failure)."""
     from stalledpolicy.listen import listening_socket
 
     try:
@@ -239,12 +240,29 @@ def run(args: argparse.Namespace) -> int:
 
     import stalledpolicy.controller.main  # noqa: F401 - registers the handlers
 
-    kopf.run(
-        standalone=args.peering is None,
-        peering_name=args.peering,
-        clusterwide=bool(args.all_namespaces),
-        namespaces=tuple(args.namespace),
-        # No liveness_endpoint: main.serve_liveness serves config.liveness (kopf's own
-        # server would make "::" IPv6 only).
-    )
+    try:
+        kopf.run(
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            clusterwide=bool(args.all_namespaces),
+            namespaces=tuple(args.namespace),
+            # No liveness_endpoint: main.serve_liveness serves config.liveness (kopf's own
+            # server would make "::" IPv6 only).
+        )
+    except Exception as exc:
+        failed = _listen_failure(exc)
+        if failed is None:
+            raise
+        # the port was taken between the check above and the server's start
+        print(f"stalledpolicy operator: {failed}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
+
+
+def _listen_failure(exc: BaseException):
+    """The ListenFailed of a startup handler behind kopf's ActivityError, or None."""
+    from stalledpolicy.controller.main import ListenFailed
+
+    outcomes = getattr(exc, "outcomes", None) or {}
+    candidates = [exc, exc.__cause__, *(getattr(o, "exception", None) for o in outcomes.values())]
+    return next((c for c in candidates if isinstance(c, ListenFailed)), None)

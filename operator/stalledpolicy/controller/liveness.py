@@ -7,12 +7,17 @@ IPv6 only (``IPV6_V6ONLY`` on), and a kubelet probing the pod's IPv4 address
 found nothing there. ``::`` here is every address, IPv4 included (every IPv4
 address on a host without IPv6); any other address is taken as given.
 
-It answers 200 with ``{}`` while kopf's loop runs: what kopf's own endpoint
-answers for an operator without ``@kopf.on.probe`` handlers (this one has none).
+It answers 503 with ``{"ready": false, "reason": ...}`` until the operator's
+startup has built and started the controller, then 200 with ``{}`` while kopf's
+loop runs (what kopf's own endpoint answers for an operator without
+``@kopf.on.probe`` handlers; kopf starts its own only once every startup handler
+succeeded). Served from the first startup handler, before that: a startup that
+keeps failing or hangs is a failing probe, and the kubelet restarts the pod.
 """
 
 from __future__ import annotations
 
+from typing import Callable
 from urllib.parse import urlsplit
 
 from stalledpolicy.listen import listening_socket
@@ -38,7 +43,9 @@ def parse_endpoint(url: str) -> tuple[str, int, str]:
 class LivenessServer:
     """``await LivenessServer(url).start()`` in kopf's loop; ``await stop()`` at cleanup."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, not_ready: Callable[[], str | None] = lambda: None) -> None:
+        """``not_ready()``: why the operator is not live yet (a 503 with it), or None (200)."""
+        self._not_ready = not_ready
         self.address, requested_port, self.path = parse_endpoint(url)
         self._socket = listening_socket(self.address, requested_port)  # OSError: cannot listen
         self.port = self._socket.getsockname()[1]
@@ -48,6 +55,9 @@ class LivenessServer:
         import aiohttp.web
 
         async def healthy(_request):
+            reason = self._not_ready()
+            if reason is not None:
+                return aiohttp.web.json_response({"ready": False, "reason": reason}, status=503)
             return aiohttp.web.json_response({})
 
         app = aiohttp.web.Application()

@@ -27,6 +27,18 @@ SWEEPER_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 _controller = None
 _metrics_server = None
 _liveness_server = None
+_started = False
+_startup_problem = "the operator is starting: the controller is not built and started yet"
+
+
+class ListenFailed(kopf.PermanentError):
+    """An endpoint could not listen at startup (its port taken after the CLI's check):
+    ``stalledpolicy operator`` says the message on one line and exits 2."""
+
+
+def not_ready() -> str | None:
+    """Why /healthz answers 503, or None once startup built and started the controller."""
+    return None if _started else _startup_problem
 
 
 def controller():
@@ -46,10 +58,12 @@ async def serve_liveness(**_) -> None:
     from stalledpolicy.controller.liveness import LivenessServer
 
     try:
-        _liveness_server = await LivenessServer(url).start()
-    except (OSError, ValueError) as exc:
-        raise kopf.PermanentError(f"cannot serve the liveness endpoint {url} (--liveness): "
-                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+        _liveness_server = await LivenessServer(url, not_ready).start()
+    except ValueError as exc:
+        raise ListenFailed(f"--liveness {exc}") from None
+    except OSError as exc:
+        raise ListenFailed(f"--liveness {url}: cannot listen there ({exc.strerror or exc}); "
+                           "choose another address or port") from None
 
 
 @kopf.on.cleanup()
@@ -79,11 +93,17 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.process.ultimate_exiting_timeout = 10
     from stalledpolicy.controller.wiring import build_controller
 
-    controller = build_controller(config)
-    if config.metrics_port:
-        _metrics_server = serve_metrics(config, controller)
-    _controller = controller
-    _controller.start()
+    global _started, _startup_problem
+    try:
+        controller = build_controller(config)
+        if config.metrics_port:
+            _metrics_server = serve_metrics(config, controller)
+        _controller = controller
+        _controller.start()
+    except BaseException as exc:  # /healthz says so until a retry succeeds
+        _startup_problem = f"the operator's startup failed ({type(exc).__name__}); it is retried"
+        raise
+    _started = True
 
 
 def serve_metrics(config: OperatorConfig, controller):
@@ -94,9 +114,9 @@ def serve_metrics(config: OperatorConfig, controller):
     try:
         server = StatusServer(config.metrics_address, config.metrics_port, controller.metrics)
     except OSError as exc:
-        raise kopf.PermanentError(
-            f"cannot serve metrics on {config.metrics_address}:{config.metrics_port} "
-            f"(--metrics-port, --metrics-address): {exc.strerror or exc}") from None
+        raise ListenFailed(
+            f"--metrics-port {config.metrics_port} / --metrics-address {config.metrics_address}: cannot "
+            f"listen there ({exc.strerror or exc}); choose another port, or 0 for no metrics") from None
     log.info("serving metrics", extra={"address": config.metrics_address, "port": server.port,
                                        "path": "/metrics"})
     return server.start()
@@ -104,7 +124,8 @@ def serve_metrics(config: OperatorConfig, controller):
 
 @kopf.on.cleanup()
 def cleanup(**_) -> None:
-    global _metrics_server
+    global _metrics_server, _started, _startup_problem
+    _started, _startup_problem = False, "the operator is stopping"
     if _controller is not None:
         _controller.stop()
     if _metrics_server is not None:
