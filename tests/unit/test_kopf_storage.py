@@ -242,3 +242,56 @@ def test_the_progress_storage_still_clears_our_annotations_from_essences(diffbas
     raw = stored_progress(handled(policy(), diffbase), progress)
     essence = progress.clear(essence=diffbase.build(body=kopf.Body(raw)))
     assert essence == {"spec": {"queue": "nc", "maxStalled": 1}}
+
+
+# -- a value the previous version wrote is bound to its uid at the resume -----------
+
+def test_a_trusted_old_value_is_bound_to_its_uid_once_essence_unchanged(diffbase, progress):
+    old = legacy(policy(), diffbase)
+    patch = kopf.Patch()
+    assert diffbase.bind_uid(body=kopf.Body(old), patch=patch) is True
+    assert set(patch["metadata"]["annotations"]) <= {DIFFBASE_KEY, MARKER}
+    bound = applied(old, patch)
+    stored = json.loads(bound["metadata"]["annotations"][DIFFBASE_KEY])
+    assert stored["metadata"]["annotations"] == {f"{PREFIX}/handled-uid": UID_A}
+    assert diffbase.fetch(body=kopf.Body(bound)) == diffbase.fetch(body=kopf.Body(old))
+    assert cause_reason(bound, diffbase, progress) == causes.Reason.NOOP  # no handler runs for it
+    # once: the bound value is left alone
+    again = kopf.Patch()
+    assert diffbase.bind_uid(body=kopf.Body(bound), patch=again) is False and not again
+
+
+def test_an_old_policy_exported_with_its_managed_fields_after_the_resume_is_a_creation(diffbase, progress):
+    """The uid-less value stayed for ever (kopf stores the diff base only on a
+    change), and managed fields naming kopf kept it trusted: such an export,
+    created again, was a no-op: no sweeper until a restart."""
+    old = legacy(policy(), diffbase)
+    patch = kopf.Patch()
+    diffbase.bind_uid(body=kopf.Body(old), patch=patch)
+    copy_of = applied(old, patch)
+    copy_of["metadata"]["uid"] = UID_B  # restored with its managed fields as they were (kopf's)
+    assert cause_reason(copy_of, diffbase, progress) == causes.Reason.CREATE
+
+
+@pytest.mark.parametrize("case", ["bound", "copied", "absent", "no-uid"])
+def test_nothing_else_is_rewritten(diffbase, case):
+    raw = {"bound": lambda: handled(policy(), diffbase),
+           "copied": lambda: exported(legacy(policy(), diffbase), UID_B),
+           "absent": lambda: policy(),
+           "no-uid": lambda: legacy(policy(uid=""), diffbase)}[case]()
+    patch = kopf.Patch()
+    assert diffbase.bind_uid(body=kopf.Body(raw), patch=patch) is False
+    assert not patch
+
+
+def test_the_resume_handler_binds_the_old_value_in_its_patch(monkeypatch, diffbase):
+    from stalledpolicy.controller import main
+
+    resumed = []
+    monkeypatch.setattr(main, "_diffbase_storage", diffbase)
+    monkeypatch.setattr(main, "_run_reconcile", lambda body, retry, **kw: resumed.append(kw))
+    old = legacy(policy(), diffbase)
+    patch = kopf.Patch()
+    main.on_resume(body=kopf.Body(old), retry=0, patch=patch)
+    assert resumed == [{"resume": True}]
+    assert UID_A in patch["metadata"]["annotations"][DIFFBASE_KEY]

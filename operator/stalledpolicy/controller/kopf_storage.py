@@ -17,7 +17,14 @@ them, so an upgrade changes nothing for existing policies (a resume, no create,
 no write), unless the API server's managed fields say the annotation was set by
 someone other than kopf (``kubectl create``, Velero, a GitOps tool: a copy made
 before the upgrade). Managed fields say nothing (stripped, or a server without
-them): trusted.
+them): trusted. kopf stores the diff base again only when the spec changes, so
+a trusted uid-less value would stay forever, and with it the trust: an export
+of such a policy that kept its managed fields (kopf named as the annotation's
+manager), created again, was taken for the same object and got no sweeper. The
+resume handler therefore rewrites a trusted uid-less diff base once with the
+object's uid (:meth:`UidDiffBaseStorage.bind_uid`: the stored essence
+unchanged, the uid added; one annotation in the resume's own patch, no handler
+runs for it).
 
 Where the uid goes, so an older operator still reads the values (a rollback):
 
@@ -129,6 +136,26 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             metadata = essence.setdefault("metadata", {})
             metadata.setdefault("annotations", {})[self.uid_annotation] = uid
         super().store(body=body, patch=patch, essence=essence)
+
+    def bind_uid(self, *, body: kopf.Body, patch: kopf.Patch) -> bool:
+        """Put into ``patch`` the diff base of ``body`` written before uids (no uid,
+        trusted by :meth:`fetch`) with ``body``'s uid added, the essence unchanged.
+        False, and nothing patched, for any other value (bound, copied, absent)."""
+        uid = body.metadata.uid
+        if not uid:
+            return False
+        for full_key in self.make_keys(self.key, body=body):
+            encoded = body.metadata.annotations.get(full_key, None)
+            decoded = json.loads(encoded) if encoded is not None else None
+            if decoded is None:
+                continue
+            if self._pop_uid(decoded) is not None or self._binding.copied(body, full_key, None):
+                return False
+            self.store(body=body, patch=patch, essence=decoded)
+            log.info(f"kopf state {full_key} written before uids were recorded: bound to this policy's uid",
+                     extra={"namespace": body.metadata.namespace, "policy": body.metadata.name, "uid": uid})
+            return True
+        return False
 
     def _pop_uid(self, essence: dict) -> str | None:
         annotations = (essence.get("metadata") or {}).get("annotations") or {}

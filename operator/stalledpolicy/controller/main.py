@@ -28,6 +28,7 @@ _controller = None
 _metrics_server = None
 _liveness_server = None
 _started = False
+_diffbase_storage = None
 _startup_problem = "the operator is starting: the controller is not built and started yet"
 
 
@@ -76,11 +77,11 @@ async def stop_liveness(**_) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_) -> None:
-    global _controller, _metrics_server
+    global _controller, _metrics_server, _diffbase_storage
     # kopf's annotations, each bound to the uid it was written for: a policy created
     # again from an export (its annotations copied) is handled as new (kopf_storage.py).
     settings.persistence.progress_storage = UidProgressStorage(prefix=STORAGE_PREFIX)
-    settings.persistence.diffbase_storage = UidDiffBaseStorage(
+    settings.persistence.diffbase_storage = _diffbase_storage = UidDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration")
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
@@ -153,7 +154,10 @@ def on_create(body, retry, **_) -> None:
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
-def on_resume(body, retry, **_) -> None:
+def on_resume(body, retry, patch, **_) -> None:
+    # A diff base the previous version wrote (no uid) gets this policy's uid, once.
+    if _diffbase_storage is not None:
+        _diffbase_storage.bind_uid(body=body, patch=patch)
     # At a start: no apply while the policy's status records a DriftConflict.
     _run_reconcile(body, retry, resume=True)
 
