@@ -47,12 +47,14 @@ def get_policy(control_plane, ns, name, *, managed=False) -> dict:
     return kubectl_json(control_plane, "get", "stp", name, "-n", ns, *extra)
 
 
-def export(control_plane, ns, name, path: Path) -> Path:
+def export(control_plane, ns, name, path: Path, *, keep_managed_fields: bool = False) -> Path:
     """`kubectl get stp NAME -o json`, uid/resourceVersion/creationTimestamp/
-    managedFields/status stripped, annotations kept."""
-    body = get_policy(control_plane, ns, name)
+    managedFields/status stripped, annotations kept (managedFields too, as a
+    backup tool may keep them, with ``keep_managed_fields``)."""
+    body = get_policy(control_plane, ns, name, managed=keep_managed_fields)
     for key in DROPPED:
-        body["metadata"].pop(key, None)
+        if not (keep_managed_fields and key == "managedFields"):
+            body["metadata"].pop(key, None)
     body.pop("status", None)
     assert DIFFBASE in body["metadata"]["annotations"], body["metadata"]
     path.write_text(json.dumps(body))
@@ -137,12 +139,14 @@ def test_a_policy_created_again_from_its_own_export_is_reconciled_as_new(
         assert operator.stop() == 0, operator.log()[-3000:]
 
 
-def test_upgrade_old_values_resume_without_a_write_and_an_old_copy_is_new(
+def test_upgrade_old_values_resume_bound_once_and_an_old_copy_is_new(
         control_plane, kube_api, kube_namespace, env, tmp_path, queue_name):
     """A policy the previous version handled (its diff base has no uid, set by
-    kopf): the upgraded operator resumes it, creates nothing and writes no
-    annotation. A copy of it made before the upgrade (set by kubectl create)
-    is a new policy."""
+    kopf): the upgraded operator resumes it and creates nothing; its only write
+    is that diff base again with the policy's uid (once). A copy of it made
+    before the upgrade (set by kubectl create) is a new policy, and so is, now,
+    an export made after the upgrade with its managed fields kept (before: no
+    sweeper until a restart, kopf named as the annotation's manager)."""
     ns, apps = kube_namespace, client.AppsV1Api(kube_api)
     custom = client.CustomObjectsApi(kube_api)
     first = OperatorProcess(env, tmp_path / "first.log", "--all-namespaces")
@@ -161,27 +165,53 @@ def test_upgrade_old_values_resume_without_a_write_and_an_old_copy_is_new(
                                           field_manager="kopf")
     before = get_policy(control_plane, ns, "kept", managed=True)
     sweeper_before = apps.read_namespaced_deployment("kept-sweeper", ns)
+    # An export made before the upgrade (the previous version's value).
+    exported = export(control_plane, ns, "kept", tmp_path / "kept.json")
+    assert json.loads(exported.read_text())["metadata"]["annotations"][DIFFBASE] == old_value
 
     second = OperatorProcess(env, tmp_path / "second.log", "--all-namespaces")
     try:
         wait_for(lambda: any("Resuming is processed" in line for line in kopf_lines(second, ns, "kept")),
                  "the resume of the old policy")
-        time.sleep(3)  # status refreshes, and any write kopf would make
+        uid = before["metadata"]["uid"]
+        wait_for(lambda: handled_uid(get_policy(control_plane, ns, "kept")) == uid,
+                 "the old diff base bound to the policy's uid")
+        bound = get_policy(control_plane, ns, "kept", managed=True)
+        time.sleep(3)  # status refreshes, and any further write kopf would make
         after = get_policy(control_plane, ns, "kept", managed=True)
-        assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
-        kopf_entries = lambda body: [m for m in body["metadata"]["managedFields"] if m["manager"] == "kopf"]  # noqa: E731
-        assert kopf_entries(after) == kopf_entries(before), "kopf wrote the policy's annotations"
+        # once: nothing wrote the annotations after the binding
+        assert after["metadata"]["annotations"] == bound["metadata"]["annotations"]
+        changed = {key for key in set(before["metadata"]["annotations"]) | set(after["metadata"]["annotations"])
+                   if before["metadata"]["annotations"].get(key) != after["metadata"]["annotations"].get(key)}
+        assert changed == {DIFFBASE}, changed
+        rebound = json.loads(after["metadata"]["annotations"][DIFFBASE])
+        assert rebound.pop("metadata") == {"annotations": {UID_MARK: uid}}
+        assert rebound == stored  # the essence itself unchanged
         lines = kopf_lines(second, ns, "kept")
-        assert not [line for line in lines if "Creation" in line or "handled as a new one" in line], lines
+        assert not [line for line in lines if "Creation" in line or "Updating" in line
+                    or "handled as a new one" in line], lines
+        assert sum("bound to this policy's uid" in line for line in lines) == 1, lines
         sweeper_after = apps.read_namespaced_deployment("kept-sweeper", ns)
         assert sweeper_after.metadata.generation == sweeper_before.metadata.generation
 
-        # An export of it (the previous version's value): created again, it is new.
-        exported = export(control_plane, ns, "kept", tmp_path / "kept.json")
-        assert json.loads(exported.read_text())["metadata"]["annotations"][DIFFBASE] == old_value
+        # Exported now, managed fields kept (kopf named as the diff base's manager), created again: new.
+        with_fields = export(control_plane, ns, "kept", tmp_path / "kept-fields.json", keep_managed_fields=True)
+        recreate_from_export(control_plane, ns, "kept", with_fields)
+        restored = get_policy(control_plane, ns, "kept", managed=True)
+        assert restored["metadata"]["uid"] != uid
+        assert "kopf" in {entry["manager"] for entry in restored["metadata"]["managedFields"]
+                          if f"f:{DIFFBASE}" in ((entry.get("fieldsV1") or {}).get("f:metadata") or {})
+                          .get("f:annotations", {})}, restored["metadata"]["managedFields"]
+        wait_for(lambda: reconciled(control_plane, apps, ns, "kept"),
+                 "the policy restored with its managed fields reconciled", timeout=60)
+        wait_for(lambda: handled_uid(get_policy(control_plane, ns, "kept")) == restored["metadata"]["uid"],
+                 "kopf's diff base written for the restored uid")
+        uid = restored["metadata"]["uid"]
+
+        # The export made before the upgrade, created again: new.
         recreate_from_export(control_plane, ns, "kept", exported)
         copy = get_policy(control_plane, ns, "kept")
-        assert copy["metadata"]["uid"] != before["metadata"]["uid"]
+        assert copy["metadata"]["uid"] != uid
         wait_for(lambda: reconciled(control_plane, apps, ns, "kept"),
                  "the re-created policy reconciled: its sweeper and status", timeout=60)
         wait_for(lambda: handled_uid(get_policy(control_plane, ns, "kept")) == copy["metadata"]["uid"],
