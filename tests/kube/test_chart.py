@@ -193,6 +193,10 @@ def test_operator_deployment_shape(helm):
     assert "--metrics-port=8081" in container["args"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"healthz": 8080, "metrics": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    # /healthz is 503 until the startup is done: a slow start gets 5 minutes, not the liveness probe's ~75 s
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]["memory"]
 
