@@ -332,7 +332,8 @@ def single_attempt() -> Any:
 
 def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     """A client for ``url``: a ``RedisCluster`` when the server has cluster mode
-    on, else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)
+    on (:func:`cluster_mode`: INFO, else HELLO; a user allowed neither is
+    refused with ``EMQNOPERM``), else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)
     go to either; ``retry`` only to the plain client, because a RedisCluster's
     own retry also rides out failovers and MOVED storms, and cutting it to the
     plain client's one quick retry would turn every failover into an error.
@@ -346,14 +347,7 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
         plain_options["retry"] = retry
     client = redis.Redis.from_url(url, **plain_options)
     try:
-        cluster_enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.ResponseError as exc:
-        if is_missing_database(exc):
-            # SELECT refused as the connection was made, not INFO: the URL is wrong
-            client.close()
-            raise
-        # INFO refused (a proxy, a managed server's restricted ACL user): treat as a plain server
-        cluster_enabled = False
+        cluster_enabled = cluster_mode(client)
     except BaseException:
         client.close()
         raise
@@ -364,6 +358,67 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
             cluster_options["retry"] = retry
         return RedisCluster.from_url(url, **cluster_options)
     return client
+
+
+CLUSTER_MODE_UNKNOWN = (
+    "EMQNOPERM the Redis user may run neither INFO nor HELLO (ACL), so whether the server is a Redis "
+    "Cluster cannot be told (a cluster taken for a single server would fail on every queue whose slot "
+    "lives on another node): grant it INFO (ACL SETUSER <user> +info) or HELLO (+hello, which -@dangerous "
+    "leaves allowed); nothing was read or changed")
+
+
+def cluster_mode(client: Any) -> bool:
+    """Whether the server of the plain ``client`` has cluster mode on.
+
+    Asked with ``INFO cluster``; a user the ACL refuses INFO (it is in
+    ``@dangerous``, which restricted users are often denied) is asked with
+    ``HELLO`` instead (Redis 6+; its ``mode`` is ``cluster`` or ``standalone``),
+    on a connection of its own that is closed afterwards. When neither answers,
+    raises ``NoPermissionError`` (``EMQNOPERM ...`` naming INFO): taking a
+    cluster for a single server would fail later, queue by queue, with MOVED.
+    A database the server lacks (or any database but 0 on a cluster) is
+    refused as the connection is made: that ``ResponseError`` is raised as is."""
+    import redis
+    from redis.exceptions import NoPermissionError
+
+    try:
+        return str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.ResponseError as exc:
+        if is_missing_database(exc):
+            raise
+        # refused (the ACL), unknown (renamed away) or not served (a proxy): ask HELLO
+    mode = _hello_mode(client)
+    if mode is None:
+        raise NoPermissionError(CLUSTER_MODE_UNKNOWN)
+    return mode == "cluster"
+
+
+def _hello_mode(client: Any) -> str | None:
+    """The ``mode`` of the server's HELLO answer ("cluster", "standalone",
+    "sentinel"), or None when HELLO is refused or does not say."""
+    import redis
+
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        # the connection's own protocol: HELLO changes nothing but answers
+        connection.send_command("HELLO", getattr(connection, "protocol", None) or 2)
+        reply = connection.read_response()
+    except redis.ResponseError as exc:
+        if is_missing_database(exc):
+            raise
+        return None
+    finally:
+        connection.disconnect()  # nothing of the probe stays on a pooled connection
+        pool.release(connection)
+    if isinstance(reply, list):
+        reply = dict(zip(reply[::2], reply[1::2]))
+    if not isinstance(reply, dict):
+        return None
+    for key, value in reply.items():
+        if (key.decode() if isinstance(key, bytes) else key) == "mode":
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
 
 
 def _says(exc: BaseException, refusals: tuple[str, ...]) -> bool:
@@ -403,16 +458,32 @@ def is_read_only_refusal(exc: BaseException) -> bool:
 
 
 def is_missing_database(exc: BaseException) -> bool:
-    """SELECT refused as a connection is made: the URL names a database the server lacks."""
-    return "DB index is out of range" in str(exc)
+    """SELECT refused as a connection is made: the URL names a database the
+    server lacks (also any database but 0 on a Redis Cluster node)."""
+    return "DB index is out of range" in str(exc) or is_cluster_database(exc)
 
 
-def missing_database_problem(url: str, databases: int | None = None) -> str:
+def is_cluster_database(exc: BaseException) -> bool:
+    """A Redis Cluster node refused the URL's database: a cluster has only database 0."""
+    return "SELECT is not allowed in cluster mode" in str(exc)
+
+
+class ClusterDatabases(int):
+    """What :func:`server_databases` says of a Redis Cluster node: one
+    database, 0, whatever its ``databases`` setting."""
+
+
+def missing_database_problem(url: str, databases: int | None = None,
+                             exc: BaseException | None = None) -> str:
     """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`);
-    ``databases``: the server's own count, when known (:func:`server_databases`)."""
+    ``databases``: the server's own count, when known (:func:`server_databases`);
+    ``exc``: the server's refusal, when at hand (it tells a cluster node's)."""
     from redis.connection import parse_url
 
     db = int(parse_url(url).get("db", 0))
+    if isinstance(databases, ClusterDatabases) or (exc is not None and is_cluster_database(exc)):
+        return (f"names database {db}, but the server is a Redis Cluster node and a Redis Cluster has only "
+                "database 0; write /0 after the host (or no path)")
     if databases is not None and databases > 0:
         return (f"the database {db} does not exist on this server: it has {databases} "
                 f"('databases {databases}' in its configuration), numbered 0 to {databases - 1}; "
@@ -431,6 +502,11 @@ def server_databases(url: str, **client_options: Any) -> int | None:
     pool.connection_kwargs["db"] = 0  # the URL's database is the one that is missing
     client = redis.Redis(connection_pool=pool)
     try:
+        try:
+            if cluster_mode(client):
+                return ClusterDatabases(1)
+        except redis.ResponseError:
+            pass  # neither INFO nor HELLO: CONFIG may still tell
         value = client.config_get("databases").get("databases")
         return int(value) if value is not None else None
     except (redis.RedisError, OSError, ValueError, TypeError, AttributeError):
@@ -502,7 +578,7 @@ def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
     if is_credentials_refusal(exc):
         return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
     if is_missing_database(exc):
-        return missing_database_problem(url)
+        return missing_database_problem(url, exc=exc)
     if is_read_only_refusal(exc):
         return f"Redis is a read-only replica and refused a write: {READ_ONLY_ADVICE}"
     return tls_mismatch_problem(exc, url)

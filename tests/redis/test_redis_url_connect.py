@@ -79,3 +79,44 @@ def test_a_database_the_server_lacks_is_raised_not_taken_for_a_refused_info(redi
         connect(url, decode_responses=True, socket_timeout=3.0)
     assert is_missing_database(caught.value)
     assert server_databases(url, socket_timeout=3.0) == 16
+
+
+def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_path):
+    """No INFO and no HELLO (renamed away here; a proxy may serve neither):
+    whether it is a cluster cannot be told, so the client is refused with
+    EMQNOPERM naming INFO instead of being taken for a single server (a
+    cluster taken so fails with MOVED on every queue of another node)."""
+    import subprocess
+    import sys
+
+    import time
+
+    from stalledpolicy.devenv.ports import free_port
+    from stalledpolicy.devenv.redis_server import _spawn
+
+    # redis-py sends HELLO as it connects unless the URL asks for RESP2
+    port = free_port()
+    process = _spawn(port, tmp_path, ["--rename-command", "INFO", "info-hidden",
+                                      "--rename-command", "HELLO", "hello-hidden"])
+    try:
+        url = f"redis://127.0.0.1:{port}/0?protocol=2"
+        probe = redis.Redis.from_url(url, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                assert probe.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.05)
+        probe.close()
+        with pytest.raises(redis.exceptions.NoPermissionError, match="^EMQNOPERM .*INFO"):
+            connect(url)
+        stats = subprocess.run([sys.executable, "-m", "stalledpolicy", "morgue", "stats", "--redis-url", url,
+                                "--queue", "emails"], capture_output=True, text=True, timeout=60,
+                               stdin=subprocess.DEVNULL)
+        assert stats.returncode == 3, stats.stderr
+        assert "EMQNOPERM" in stats.stderr and "INFO" in stats.stderr
+    finally:
+        process.terminate()
+        process.wait(10)
