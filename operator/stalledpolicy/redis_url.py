@@ -584,6 +584,21 @@ def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
     return tls_mismatch_problem(exc, url)
 
 
+def is_slot_migrating(exc: BaseException) -> bool:
+    """Whether ``exc`` says the queue's slot is being moved between cluster
+    nodes (resharding): a script met a key already on the other node ('non
+    local key'), the importing node refused a key not there yet (TRYAGAIN), or
+    redis-py gave up following the redirections ('TTL exhausted'). Every
+    script (the sweep's and the morgue's) reads before it writes, so such a
+    call changed nothing. The one test the sweeper and the morgue CLI share."""
+    from redis.exceptions import ClusterError, TryAgainError
+
+    text = str(exc)
+    return (isinstance(exc, TryAgainError) or text.startswith("TRYAGAIN")
+            or "attempted to access a non local key" in text
+            or (isinstance(exc, ClusterError) and "TTL exhausted" in text))
+
+
 def unreachable_errors() -> tuple[type[BaseException], ...]:
     """Errors meaning "Redis cannot serve us now" (an outage, wrong credentials,
     a cluster mid-failover), as opposed to "this call is wrong"."""

@@ -25,8 +25,8 @@ from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
 from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
                                      is_read_only_refusal, missing_database_problem, redact_url, scrub,
-                                     is_tls_handshake_timeout, single_attempt, tls_mismatch_problem,
-                                     unreachable_errors)
+                                     is_slot_migrating, is_tls_handshake_timeout, single_attempt,
+                                     tls_mismatch_problem, unreachable_errors)
 from stalledpolicy.streams import ReaderMayLeave
 
 __all__ = ["add_arguments", "run"]
@@ -74,20 +74,6 @@ def _timeout_s(url: str, exc: BaseException) -> float:
     if "connect" in str(exc).lower() and not is_tls_handshake_timeout(exc):
         return float(options.get("socket_connect_timeout", CONNECT_TIMEOUT_S))
     return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
-
-
-def is_slot_migrating(exc: BaseException) -> bool:
-    """Whether ``exc`` says the queue's slot is being moved between cluster
-    nodes (resharding): a script met a key already on the other node ('non
-    local key'), the importing node refused a key not there yet (TRYAGAIN), or
-    redis-py gave up following the redirections ('TTL exhausted'). Every
-    morgue script reads before it writes, so such a call changed nothing."""
-    from redis.exceptions import ClusterError, TryAgainError
-
-    text = str(exc)
-    return (isinstance(exc, TryAgainError) or text.startswith("TRYAGAIN")
-            or "attempted to access a non local key" in text
-            or (isinstance(exc, ClusterError) and "TTL exhausted" in text))
 
 
 def _report_migration(err: IO[str], prog: str, args: argparse.Namespace, url: str, exc: BaseException,

@@ -10,6 +10,10 @@ Failure policy (the process must never crash-loop):
   /readyz answers 503 meanwhile.
 - Any other error of a pass (a script error, a bug): logged once per distinct
   message until a pass succeeds again, retried on the normal interval.
+- The queue's slot being moved between Redis Cluster nodes (a resharding:
+  TRYAGAIN, a script's 'non local key', redis-py's 'TTL exhausted'): Redis
+  answered, so no outage; one warning naming the migration, retried every
+  interval, /readyz 503 with that reason until a pass succeeds.
 - ``stalledpolicy_redis_up`` and the readiness's Redis half follow what Redis
   did, never a guess: a completed round trip (a script call, the snapshot, or
   an error reply from the server) sets them up, an outage sets them down, and
@@ -91,6 +95,7 @@ class Sweeper:
         self._down_since: float | None = None
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
+        self._calls_this_pass = 0
         self._reported_problems: set[str] = set()
         self.last_result: Any = None
         #: the last successful pass stopped at a stop request before draining
@@ -104,6 +109,7 @@ class Sweeper:
         """Drain once; False when the pass failed (the reason is logged)."""
         started = self._clock()
         self.health.beat()
+        self._calls_this_pass = 0
         try:
             client = self._client_or_connect()
             result = engine.drain(
@@ -125,13 +131,18 @@ class Sweeper:
                                              f"their last values): {self._scrub(exc)}")
                 self._redis_answered()
         except UNREACHABLE as exc:
-            if redis_url.is_read_only_refusal(exc):
+            if redis_url.is_slot_migrating(exc):
+                self._slot_migrating(exc)  # Redis answered: a resharding, not an outage
+            elif redis_url.is_read_only_refusal(exc):
                 self._read_only(exc)  # Redis answered: not an outage
             else:
                 self._outage(exc)
             return False
         except Exception as exc:  # noqa: BLE001 (a script error or a bug must not end the process)
-            self._pass_error(exc)
+            if redis_url.is_slot_migrating(exc):
+                self._slot_migrating(exc)
+            else:
+                self._pass_error(exc)
             return False
         seconds = self._clock() - started
         # drain stops only between calls: stopped early = work was left (more),
@@ -167,6 +178,7 @@ class Sweeper:
         return self._client
 
     def _on_call(self, result: Any, seconds: float) -> None:
+        self._calls_this_pass += 1
         self.metrics.count_call(result, seconds)
         self.health.beat()
         self._redis_answered()  # a script call came back: a round trip
@@ -244,6 +256,28 @@ class Sweeper:
                                           "retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                    "error_type": type(exc).__name__})
+
+    def _slot_migrating(self, exc: BaseException) -> None:
+        """The queue's slot is being moved between Redis Cluster nodes (a
+        resharding): Redis answered (it is up, no backoff), the call that met
+        the migration changed nothing (every script reads before it writes),
+        and the pass is retried every interval until the slot has moved.
+        Logged once until a pass succeeds."""
+        self._redis_answered()
+        moved = ("nothing was moved" if not self._calls_this_pass else
+                 "the script calls before it were applied, the one that met the migration moved nothing")
+        then = "--once exits 1" if self.config.once else "retrying next interval"
+        what = (f"the slot of queue {self.config.queue} is being migrated between Redis Cluster nodes "
+                f"(resharding); {moved}; {then}")
+        self.health.last_pass_ok = False
+        self.health.reason = f"last pass failed: {what}"
+        key = "slot migrating"
+        if key in self._logged_errors:
+            log.debug("sweep pass met the slot migration again", extra={"queue": self.config.queue})
+            return
+        self._logged_errors.add(key)
+        log.warning(what + ("" if self.config.once else " (logged once until a pass succeeds)"), extra={
+            "queue": self.config.queue, "error": self._scrub(exc), "error_type": type(exc).__name__})
 
     def _pass_error(self, exc: BaseException) -> None:
         # Only a completed round trip may say Redis is up. An error reply (a
