@@ -108,5 +108,22 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
         sweeper = wait_for(lambda: (lambda c: c if c and "stopped reverting" in c["message"] else None)(
             condition(policy(), "SweeperAvailable")), "SweeperAvailable to say reverts are stopped")
         assert "re-applies" not in sweeper["message"], sweeper
+
+        # An edit of the policy applies it at once and ends the conflict: SweeperInSync
+        # True, the revert budget refilled, Ready no longer DriftConflict, for the
+        # new generation (before, the conflict stayed ~5 minutes after the edit).
+        edited = custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "fought",
+                                                       {"spec": {"maxStalled": 2}})
+        generation = edited["metadata"]["generation"]
+        in_sync = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(
+            condition(policy(), "SweeperInSync")), "SweeperInSync=True after the edit", timeout=30)
+        assert in_sync["reason"] == "InSync" and in_sync["observedGeneration"] == generation
+        assert policy()["status"]["observedGeneration"] == generation
+        assert condition(policy(), "Ready")["reason"] != "DriftConflict"
+        deployment = read_deployment(apps, ns, name)
+        assert deployment.spec.replicas == 1
+        assert DRIFT_REVERTS_ANNOTATION not in (deployment.metadata.annotations or {})
+        rival_scales_to_zero(apps, ns, name)
+        reverted(apps, ns, name)  # a fresh budget: reverted again
     finally:
         assert third.stop() == 0, third.log()[-2000:]

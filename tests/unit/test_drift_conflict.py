@@ -150,3 +150,60 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
     assert condition_of(status, "Ready")["reason"] != "DriftConflict"
     fight(second, apps, now, 1)
     assert kinds(second) == ["DriftReverted"]
+
+
+def edited(body, generation, replicas):
+    body = copy.deepcopy(body)
+    body["metadata"].update(generation=generation, resourceVersion=str(generation))
+    body["spec"].setdefault("sweeper", {})["replicas"] = replicas
+    return body
+
+
+def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
+    """The README: "an edit of the policy applies it at once". Before, the edit was
+    applied but SweeperInSync stayed False (and Ready False, DriftConflict) for the
+    rest of the 5 minutes, with observedGeneration current: `kubectl wait
+    --for=condition=Ready` after the fix timed out. Now the applied edit ends the
+    conflict and refills the revert budget (the Deployment's annotation too)."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    ctl.refresh(KEY)
+    assert condition_of(ctl.policies[KEY].status, "Ready")["reason"] == "DriftConflict"
+    assert drift.DRIFT_REVERTS_ANNOTATION in apps.stored["metadata"]["annotations"]
+
+    # An annotation edit (no new generation) changes nothing.
+    reconcile(ctl, edited(policy_body(), 1, 1), old_spec=policy_body()["spec"])
+    assert ctl.policies[KEY].drift_conflict
+
+    body = edited(policy_body(), 2, 2)
+    ctl.observe_policy(body, "MODIFIED")
+    reconcile(ctl, body, old_spec=policy_body()["spec"])  # kopf's update handler
+    assert apps.stored["spec"]["replicas"] == 2
+    assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]
+    # our own annotation write is no drift
+    assert drift.drifted_policy(ctl, copy.deepcopy(apps.stored)) is None
+    apps.stored["status"] = {"observedGeneration": apps.stored["metadata"]["generation"], "replicas": 2,
+                             "updatedReplicas": 2, "availableReplicas": 2, "readyReplicas": 2}
+    ctl.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")
+    ctl.refresh(KEY)
+    status = ctl.policies[KEY].status
+    in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
+    assert (in_sync["status"], in_sync["reason"], in_sync["observedGeneration"]) == ("True", "InSync", 2)
+    assert (ready["status"], ready["reason"], status["observedGeneration"]) == ("True", "Ready", 2)
+
+    # A full budget again: the next changes are reverted, three times, before a new conflict.
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    assert kinds(ctl)[-drift.DRIFT_MAX_REVERTS - 1:] == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS + ["DriftConflict"]
+
+
+def test_an_edit_made_while_the_operator_was_down_during_a_conflict_is_applied_at_start():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    fight(first, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    first.refresh(KEY)
+    body = edited(policy_body(), 2, 2)
+    body["status"] = copy.deepcopy(first.policies[KEY].status)  # the conflict, at generation 1
+    second = started(apps, now, body)
+    assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift_conflict
+    assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]

@@ -572,8 +572,12 @@ class FakeApps:
         if "metadata" in body:
             assert list(body) == ["metadata"] and list(body["metadata"]) == ["annotations"]
             self.annotation_patches.append(copy.deepcopy(body))
-            self.patched_annotations.update(body["metadata"]["annotations"])
-            self.stored["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+            for name, value in body["metadata"]["annotations"].items():  # null: removed
+                for where in (self.patched_annotations, self.stored["metadata"].setdefault("annotations", {})):
+                    if value is None:
+                        where.pop(name, None)
+                    else:
+                        where[name] = value
             self.stored["metadata"]["generation"] += 1  # a Deployment's annotations are in its generation
             self.rv += 1
             self.stored["metadata"]["resourceVersion"] = str(self.rv)

@@ -96,7 +96,7 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
     unchanged, so no rollout. Failing, this process still counts the reverts; only
     a restart before the next write forgets them."""
     namespace = state.key[0]
-    value = ",".join(_format_time(t) for t in times)
+    value = ",".join(_format_time(t) for t in times) or None  # none: the annotation removed
     try:
         response = ctl.apps.patch_namespaced_deployment(
             deployment_name, namespace, {"metadata": {"annotations": {DRIFT_REVERTS_ANNOTATION: value}}},
@@ -144,11 +144,43 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
                f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
                "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
     state.drift_conflict = message
+    state.drift_conflict_generation = _applied_generation(state)
     log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
                                 "reason": events.DRIFT_CONFLICT})
     ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
     ctl.kick(state.key)  # the condition
     return False
+
+
+def _applied_generation(state) -> int:
+    """The policy generation the sweeper was last applied for (the body's, before any apply)."""
+    if state.outcome is not None and state.outcome.ok:
+        return int(state.outcome.generation or 0)
+    return int((state.body.get("metadata") or {}).get("generation") or 0)
+
+
+def end_conflict_by_edit(state, generation: int) -> bool:
+    """A reconcile that applied ``generation`` of the policy (under its apply_lock):
+    True, and the conflict ended with its revert budget refilled, when that is an
+    edit made since the conflict began (the README: "an edit of the policy applies
+    it at once"; so SweeperInSync turns True and Ready follows). The caller clears
+    the reverts recorded on the Deployment (``clear_recorded_reverts``)."""
+    with state.lock:
+        if not state.drift_conflict or generation <= state.drift_conflict_generation:
+            return False
+        _end_drift_conflict(state)
+        state.drift_resume = False
+    log.info("the policy was edited during a drift conflict: its spec is applied, the conflict is over", extra={
+        "namespace": state.key[0], "policy": state.key[1], "generation": generation})
+    return True
+
+
+def clear_recorded_reverts(ctl: Controller, state, deployment: Mapping[str, Any]) -> None:
+    """Remove the drift reverts annotation from the sweeper Deployment (a new revert
+    budget), if it has one."""
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    if DRIFT_REVERTS_ANNOTATION in annotations:
+        _record_reverts(ctl, state, (deployment.get("metadata") or {}).get("name"), [])
 
 
 def _end_drift_conflict(state) -> None:

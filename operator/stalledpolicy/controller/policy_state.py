@@ -48,6 +48,9 @@ class PolicyState:
     drift_conflict: str | None = None
     drift_last_seen: float | None = None
     drift_seen_generation: int = 0
+    # The policy generation applied when the conflict began: a newer generation
+    # applied (an edit of the policy) ends the conflict.
+    drift_conflict_generation: int = 0
     drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
     # One sweeper per queue (queue_claims.py): whether a refresh of this process has
     # read (or failed to read) the queue yet, and how many refreshes in a row could

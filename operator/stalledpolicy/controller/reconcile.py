@@ -121,6 +121,10 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                       f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}",
                       wanted)
     ctl.observe_deployment(applied, read=True)
+    from stalledpolicy.controller.drift import clear_recorded_reverts, end_conflict_by_edit
+
+    state = ctl.state(body)
+    edit_ended_conflict = end_conflict_by_edit(state, generation)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
     if changed:
@@ -137,6 +141,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None,
         replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
     ctl.record_outcome(body, outcome)
+    if edit_ended_conflict:
+        clear_recorded_reverts(ctl, state, applied)
     return outcome
 
 
@@ -195,9 +201,9 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
 
     state = ctl.state(body)
     with state.lock:
-        conflict = state.drift_conflict
+        conflict = state.drift_conflict and generation <= state.drift_conflict_generation
     if not conflict:
-        return None
+        return None  # none, or the policy was edited since it began: apply (that ends it)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None

@@ -112,6 +112,9 @@ class Controller(StatusLoop):
                         # has been left alone for a whole window from now.
                         state.drift_conflict = in_sync.get("message") or events.DRIFT_CONFLICT
                         state.drift_last_seen = self.clock()
+                        # the generation it was declared for (conditions carry the applied one)
+                        state.drift_conflict_generation = int(
+                            in_sync.get("observedGeneration") or generation_of(first) or 0)
                     replaced = self.policies.get(key)
                     if replaced is not None:
                         self._unindex(replaced)
