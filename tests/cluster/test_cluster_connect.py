@@ -76,3 +76,32 @@ def test_a_user_denied_info_still_gets_a_cluster_client(redis_cluster):
         assert json.loads(swept.stdout)["dead_lettered"] == len(seeded.at_budget)
         assert set(read_state(client, queue).dead) == seeded.at_budget
     client.close()
+
+
+CLUSTER_DB_FIX = ("names database 1, but the server is a Redis Cluster node and a Redis Cluster has only "
+                  "database 0; write /0 after the host (or no path)")
+
+
+def test_a_cluster_url_with_a_database_is_a_usage_error_naming_the_fix(redis_cluster):
+    """A cluster has only database 0: /1 is the URL's fault (exit 2 in both
+    CLIs, InvalidRedisURL in the operator), not a failed call."""
+    from stalledpolicy.controller.redis_clients import RedisConfigError
+    from stalledpolicy.controller.redis_clients import connect as operator_connect
+
+    client, entry, queue = _queue_elsewhere(redis_cluster)
+    client.close()
+    url = f"redis://127.0.0.1:{entry.port}/1"
+    stats = _cli("morgue", "stats", "--redis-url", url, "--queue", queue)
+    assert stats.returncode == 2, stats.stderr
+    assert f"--redis-url {url}: {CLUSTER_DB_FIX}" in stats.stderr
+    swept = _cli("sweep", "--once", "--redis-url", url, "--queue", queue)
+    assert swept.returncode == 2, swept.stderr
+    assert f"--redis-url (STALLEDPOLICY_REDIS_URL) {url}: {CLUSTER_DB_FIX}" in swept.stderr
+    assert swept.stdout == ""
+    with pytest.raises(RedisConfigError) as refused:
+        operator_connect(url, 2.0)
+    assert refused.value.reason == "InvalidRedisURL"
+    assert refused.value.message == f"spec.redis: {CLUSTER_DB_FIX}"
+    # with /0 (or no path) all is well
+    for good in (f"redis://127.0.0.1:{entry.port}/0", f"redis://127.0.0.1:{entry.port}"):
+        assert _cli("morgue", "stats", "--redis-url", good, "--queue", queue).returncode == 0

@@ -120,3 +120,16 @@ def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_pa
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_sweep_once_with_a_database_the_server_lacks_exits_2(redis_server):
+    """A bad setting, as for the morgue CLI: exit 2 naming the database."""
+    import subprocess
+    import sys
+
+    url = redis_server.url.removesuffix("/0") + "/16"
+    swept = subprocess.run([sys.executable, "-m", "stalledpolicy", "sweep", "--once", "--redis-url", url,
+                            "--queue", "emails"], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+    assert swept.returncode == 2, swept.stderr
+    assert "the database 16 does not exist on this server" in swept.stderr

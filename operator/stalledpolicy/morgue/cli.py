@@ -233,8 +233,9 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         if is_slot_migrating(exc):
             return failed(EXIT_FAILED, _report_migration(err, prog, args, url, exc, changing, run))
         if is_missing_database(exc):
-            # SELECT refused when the connection is made: the URL is wrong, not the server
-            err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url)}\n")
+            # SELECT refused when the connection is made (a database the server lacks, or
+            # any but 0 on a Redis Cluster): the URL is wrong, not the server
+            err.write(f"{prog}: error: --redis-url {where}: {missing_database_problem(url, exc=exc)}\n")
             return EXIT_USAGE
         if engine.is_acl_refusal(exc):
             # the user of the URL lacks a key or command: a credentials problem (exit 3)

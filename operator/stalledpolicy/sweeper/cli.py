@@ -136,6 +136,10 @@ def _serve(config) -> int:
             log.info("sweeping once", extra=_start_fields(config))
             ok = sweeper.sweep_pass()
             sweeper.close()
+            if not ok and sweeper.bad_setting:
+                print(f"stalledpolicy sweep: error: {SETTINGS['redis_url'].names} {config.redis_url_redacted}: "
+                      f"{sweeper.bad_setting}", file=sys.stderr)
+                return EXIT_USAGE
             if not ok:
                 return EXIT_FAILED
             interrupted = bool(received) and sweeper.last_stopped_early

@@ -97,6 +97,9 @@ class Sweeper:
         self._logged_errors: set[str] = set()
         self._calls_this_pass = 0
         self._reported_problems: set[str] = set()
+        #: what is wrong with the Redis URL when the last pass failed for it (a
+        #: database the server does not have), in our words; else None
+        self.bad_setting: str | None = None
         self.last_result: Any = None
         #: the last successful pass stopped at a stop request before draining
         #: everything expired (or before its first call)
@@ -110,6 +113,7 @@ class Sweeper:
         started = self._clock()
         self.health.beat()
         self._calls_this_pass = 0
+        self.bad_setting = None
         try:
             client = self._client_or_connect()
             result = engine.drain(
@@ -142,6 +146,10 @@ class Sweeper:
             if redis_url.is_slot_migrating(exc):
                 self._slot_migrating(exc)
             else:
+                if redis_url.is_missing_database(exc):
+                    # the URL names a database the server lacks (any but 0 on a
+                    # Redis Cluster): a bad setting, which --once exits 2 for
+                    self.bad_setting = self._scrub(exc)
                 self._pass_error(exc)
             return False
         seconds = self._clock() - started
