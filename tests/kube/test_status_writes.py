@@ -69,3 +69,43 @@ def test_a_status_write_for_a_deleted_policy_never_lands_on_its_successor(contro
         assert status["observedGeneration"] == 1 and status["sweeperDeployment"] == "p-sweeper"
     finally:
         ctl.stop()
+
+
+def test_another_redis_drops_the_old_figures_from_the_stored_status(control_plane, kube_api, kube_namespace,
+                                                                    redis_server):
+    """spec.redis.url changed to a Redis that does not answer: the figures read from
+    the old Redis are removed from the stored status (JSON patch ``remove``), not
+    shown for the new generation (before: DEAD 1 stayed)."""
+    import redis
+
+    from stalledpolicy.keyspace import QueueKeys
+
+    apply_crd(control_plane)
+    custom = client.CustomObjectsApi(kube_api)
+    r = redis.Redis.from_url(redis_server.url)
+    r.zadd(QueueKeys("emails").dead, {"job-1": 1})
+    ctl = build_controller(OperatorConfig(), api_client=kube_api)
+    key = (kube_namespace, "p")
+    try:
+        first = custom.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                       manifest(redis_server.url))
+        ctl.observe_policy(first, "ADDED")
+        ctl.record_outcome(first, ReconcileOutcome(1, True, "Applied", "applied"))
+        ctl.refresh(key)
+        seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
+        assert seen["status"]["deadLetters"] == 1
+
+        edited = custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p",
+                                                       {"spec": {"redis": {"url": "redis://127.0.0.1:1/0"}}})
+        ctl.observe_policy(edited, "MODIFIED")
+        ctl.record_outcome(edited, ReconcileOutcome(2, True, "Applied", "applied"))
+        ctl.refresh(key)
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")["status"]
+        assert status["observedGeneration"] == 2
+        assert condition_of(status, "RedisReachable")["reason"] == "RedisUnreachable"
+        assert not {"deadLetters", "pending", "active", "recoveredTotal", "lanes"} & set(status), status
+        printed = control_plane.kubectl("-n", kube_namespace, "get", "stalledpolicy", "p").stdout
+        assert printed.splitlines()[1].split()[4] != "1", printed  # the DEAD column
+    finally:
+        ctl.stop()
+        r.delete(QueueKeys("emails").dead)

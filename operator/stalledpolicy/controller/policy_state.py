@@ -57,3 +57,7 @@ class PolicyState:
     # not (Redis unreachable or refusing, the URL or Secret unusable).
     refreshed: bool = False
     queue_failures: int = 0
+    # The Redis endpoint the queue figures in status were read from, as
+    # (spec.redis as JSON, digest of the resolved URL or None when it cannot be
+    # resolved now); None until the first refresh of this process.
+    redis_endpoint: tuple | None = None

@@ -277,6 +277,26 @@ def snapshot_numbers(snapshot) -> dict:
     }
 
 
+# The status fields read from the queue's Redis: dropped when the policy names
+# another Redis (spec.redis, or the URL its Secret holds), until the new one is read.
+QUEUE_FIGURES = ("deadLetters", "pending", "active", "recoveredTotal", "deadLetteredTotal",
+                 "orphansTotal", "quarantinedTotal", "lanes")
+
+
+class _Removed:
+    """A member of a status patch to remove from the stored status."""
+
+    def __repr__(self) -> str:
+        return "REMOVED"
+
+
+REMOVED = _Removed()
+
+
+def without_queue_figures(status: Mapping[str, Any] | None) -> dict:
+    return {k: v for k, v in (status or {}).items() if k not in QUEUE_FIGURES}
+
+
 def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutcome,
                    deployment: DeploymentState | None, deployment_name: str,
                    snapshot=None, problem: Problem | None = None,
@@ -334,6 +354,8 @@ def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any])
     previous = previous or {}
     patch = {key: value for key, value in desired.items()
              if key != "lastUpdateTime" and _stored_form(previous.get(key)) != _stored_form(value)}
+    # queue figures of another Redis (``without_queue_figures``) are removed
+    patch.update({key: REMOVED for key in QUEUE_FIGURES if key in previous and key not in desired})
     if not patch:
         return None
     if "lastUpdateTime" in desired:
@@ -359,8 +381,10 @@ def status_json_patch(uid: str | None, stored: Mapping[str, Any] | None, patch: 
     if uid:
         ops.append({"op": "test", "path": "/metadata/uid", "value": uid})
     if not stored:
-        ops.append({"op": "add", "path": "/status", "value": _stored_form(dict(patch))})
+        ops.append({"op": "add", "path": "/status",
+                    "value": _stored_form({k: v for k, v in patch.items() if v is not REMOVED})})
     else:
-        ops.extend({"op": "add", "path": f"/status/{_pointer(key)}", "value": _stored_form(value)}
+        ops.extend({"op": "remove", "path": f"/status/{_pointer(key)}"} if value is REMOVED else
+                   {"op": "add", "path": f"/status/{_pointer(key)}", "value": _stored_form(value)}
                    for key, value in patch.items())
     return ops

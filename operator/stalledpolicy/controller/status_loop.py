@@ -23,7 +23,7 @@ from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_messag
                                              served_replay)
 from stalledpolicy.controller.status import (CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE,
                                              DeploymentState, Problem, condition_of, desired_status,
-                                             status_json_patch, status_patch, utc_now)
+                                             status_json_patch, status_patch, utc_now, without_queue_figures)
 from stalledpolicy.redis_url import is_credentials_refusal, redact_url, refusal_in_our_words, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -208,6 +208,10 @@ class StatusLoop:
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
+        if self._endpoint_changed(state, spec):
+            # Another Redis: the figures in status are the old one's. Dropped until the
+            # new one is read, and no DeadLettered for its morgue's first reading.
+            state.status = without_queue_figures(state.status)
         client, snapshot, problem, url = self._read_queue(state, spec)
         now = utc_now()
 
@@ -232,6 +236,34 @@ class StatusLoop:
             self._announce_changes(state, previous, desired, spec)
         self._log_problem(state, problem)
         return problem
+
+    def _endpoint_changed(self, state: PolicyState, spec: Mapping[str, Any]) -> bool:
+        """Whether the policy names another Redis than the one its status figures were
+        read from (under the status lock): another URL (spec.redis.url, or the value of
+        the Secret spec.redis.secretRef names), or another spec.redis whose URL cannot be
+        resolved now. The same spec.redis with a Secret unreadable for now is no change."""
+        import json
+
+        from stalledpolicy.controller.redis_clients import url_digest
+
+        redis_spec = spec.get("redis") or {}
+        described = json.dumps(redis_spec, sort_keys=True, default=str)
+        try:
+            url = resolve_url(state.key[0], redis_spec, self.secrets)
+            digest = url_digest(url)
+        except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
+            digest = None
+        known = state.redis_endpoint
+        if known is None:
+            state.redis_endpoint = (described, digest)
+            return False
+        if digest is not None and known[1] is not None:
+            changed = digest != known[1]
+        else:
+            changed = described != known[0]
+        if changed or digest is not None:
+            state.redis_endpoint = (described, digest)
+        return changed
 
     def _replay_client(self, url: str):
         """A bytes client for one replay (replays are rare): job ids and errors
