@@ -74,6 +74,7 @@ def test_a_user_denied_info_still_gets_a_cluster_client(redis_cluster):
         swept = _cli("sweep", "--once", "--redis-url", url, "--queue", queue, "--max-stalled", "2")
         assert swept.returncode == 0, swept.stderr
         assert json.loads(swept.stdout)["dead_lettered"] == len(seeded.at_budget)
+        assert json.loads(swept.stdout)["error"] is None
         assert set(read_state(client, queue).dead) == seeded.at_budget
     client.close()
 

@@ -57,3 +57,32 @@ def test_a_sweeper_pass_during_a_resharding_is_no_outage(redis_cluster, caplog, 
     finally:
         sweeper.close()
         client.close()
+
+
+def test_sweep_once_failing_part_way_prints_the_error_and_the_counts_so_far(redis_cluster):
+    """Batch size 1: the first call recovers JOB1, the second meets JOB2's row
+    already on the importing node. Exit 1 with the one JSON line (for `| jq`):
+    the error naming the migration and the job the first call moved."""
+    import json
+
+    from tests.cluster.test_cluster import _cli
+
+    queue = "resharding-once"
+    client, keys, ids = _three_stalled_jobs(redis_cluster, queue)
+    try:
+        with slot_migrating(client, queue, [keys.job("JOB2")]):
+            swept = _cli("sweep", "--once", "--redis-url", redis_cluster.url, "--queue", queue,
+                         "--max-stalled", "5", "--batch-size", "1")
+        assert swept.returncode == 1, swept.stderr
+        lines = swept.stdout.splitlines()
+        assert len(lines) == 1, swept.stdout
+        summary = json.loads(lines[0])
+        assert summary["error"].startswith(f"last pass failed: the slot of queue {queue} is being migrated")
+        assert "the script calls before it were applied" in summary["error"]
+        assert (summary["recovered"], summary["dead_lettered"], summary["calls"]) == (1, 0, 1)
+        assert summary["lanes"] == {"": {"recovered": 1, "dead_lettered": 0}}
+        assert summary["stopped_early"] is False
+        assert "metrics_port" not in swept.stderr  # --once serves no metrics
+        assert client.zrange(keys.pending, 0, -1) == ["JOB-waiting", "JOB1"]
+    finally:
+        client.close()

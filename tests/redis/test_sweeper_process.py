@@ -210,7 +210,9 @@ def test_once_exits_1_when_redis_is_unreachable(queue_name, sweepers):
     assert sweeper.wait(60) == 1
     assert len(sweeper.lines_with(ONCE_OUTAGE_LINE)) == 1
     assert "retrying" not in sweeper.stderr
-    assert sweeper.stdout == ""
+    # the one JSON line on failure too (for `| jq`): the error, nothing moved
+    summary = json.loads(sweeper.stdout)
+    assert summary["error"].startswith("redis unreachable: ") and summary["calls"] == 0
 
 
 def test_once_logs_json_when_asked(redis_server, r, queue_name, sweepers):
@@ -232,7 +234,8 @@ def test_once_exits_1_on_a_script_error(redis_server, r, queue_name, sweepers):
     assert sweeper.wait(60) == 1
     assert len(sweeper.lines_with("sweep pass failed; --once exits 1")) == 1
     assert "retrying" not in sweeper.stderr
-    assert sweeper.stdout == ""
+    summary = json.loads(sweeper.stdout)
+    assert "EMQWRONGTYPE" in summary["error"] and (summary["recovered"], summary["dead_lettered"]) == (0, 0)
 
 
 def test_once_with_a_totals_hash_of_the_wrong_type_reports_what_moved_and_warns(redis_server, r, queue_name,

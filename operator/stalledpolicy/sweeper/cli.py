@@ -133,7 +133,8 @@ def _serve(config) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if config.once:
-            log.info("sweeping once", extra=_start_fields(config))
+            # --once serves no metrics: its start line names no port
+            log.info("sweeping once", extra={k: v for k, v in _start_fields(config).items() if k != "metrics_port"})
             ok = sweeper.sweep_pass()
             sweeper.close()
             if not ok and sweeper.bad_setting:
@@ -141,12 +142,12 @@ def _serve(config) -> int:
                       f"{sweeper.bad_setting}", file=sys.stderr)
                 return EXIT_USAGE
             if not ok:
+                # the one JSON line on failure too (`| jq` gets a document): the error, and
+                # what the calls answered before it moved
+                _print_line(result_summary(config.queue, sweeper.so_far, False, sweeper.last_error))
                 return EXIT_FAILED
             interrupted = bool(received) and sweeper.last_stopped_early
-            try:
-                print(result_summary(config.queue, sweeper.last_result, interrupted), flush=True)
-            except BrokenPipeError:
-                discard(sys.stdout)
+            _print_line(result_summary(config.queue, sweeper.last_result, interrupted))
             if interrupted:
                 code = EXIT_SIGNALLED_BASE + received[0]
                 log.warning("sweep --once stopped by a signal before the pass finished; jobs still "
@@ -177,6 +178,13 @@ def _serve(config) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _print_line(line: str) -> None:
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        discard(sys.stdout)
 
 
 def _start_fields(config) -> dict:

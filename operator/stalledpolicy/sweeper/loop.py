@@ -100,6 +100,11 @@ class Sweeper:
         #: what is wrong with the Redis URL when the last pass failed for it (a
         #: database the server does not have), in our words; else None
         self.bad_setting: str | None = None
+        #: why the last pass failed (what /readyz says), None after a pass that did not
+        self.last_error: str | None = None
+        #: what the script calls of the current (or last) pass answered so far:
+        #: the counts of a pass that failed part-way
+        self.so_far: Any = engine.SweepResult()
         self.last_result: Any = None
         #: the last successful pass stopped at a stop request before draining
         #: everything expired (or before its first call)
@@ -114,6 +119,8 @@ class Sweeper:
         self.health.beat()
         self._calls_this_pass = 0
         self.bad_setting = None
+        self.last_error = None
+        self.so_far = engine.SweepResult()
         try:
             client = self._client_or_connect()
             result = engine.drain(
@@ -141,6 +148,7 @@ class Sweeper:
                 self._read_only(exc)  # Redis answered: not an outage
             else:
                 self._outage(exc)
+            self.last_error = self.health.reason
             return False
         except Exception as exc:  # noqa: BLE001 (a script error or a bug must not end the process)
             if redis_url.is_slot_migrating(exc):
@@ -151,6 +159,7 @@ class Sweeper:
                     # Redis Cluster): a bad setting, which --once exits 2 for
                     self.bad_setting = self._scrub(exc)
                 self._pass_error(exc)
+            self.last_error = self.health.reason
             return False
         seconds = self._clock() - started
         # drain stops only between calls: stopped early = work was left (more),
@@ -187,6 +196,7 @@ class Sweeper:
 
     def _on_call(self, result: Any, seconds: float) -> None:
         self._calls_this_pass += 1
+        self.so_far = self.so_far.merge(result)
         self.metrics.count_call(result, seconds)
         self.health.beat()
         self._redis_answered()  # a script call came back: a round trip
@@ -375,11 +385,12 @@ class Sweeper:
             self._client = None
 
 
-def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
+def result_summary(queue: str, result: Any, stopped_early: bool = False, error: str | None = None) -> str:
     """One JSON line for ``--once``: what the pass did. ``lanes`` lists every
     lane that moved a job, the flat jobs under "" (as the metrics' ``lane``
     label and the morgue's JSON do), so its counts add up to ``recovered`` and
-    ``dead_lettered``."""
+    ``dead_lettered``. ``error``: why the pass failed (null when it did not);
+    the counts are then what the calls answered before the failure."""
     return json.dumps({
         "queue": queue,
         "recovered": result.recovered,
@@ -390,4 +401,5 @@ def result_summary(queue: str, result: Any, stopped_early: bool = False) -> str:
         "lanes": {name: {"recovered": recovered, "dead_lettered": dead_lettered}
                   for name, (recovered, dead_lettered) in sorted(per_lane(result).items())},
         "stopped_early": stopped_early,
+        "error": error,
     })
