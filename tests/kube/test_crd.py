@@ -438,7 +438,8 @@ def _status(generation: int) -> dict:
         "orphansTotal": 1,
         "quarantinedTotal": 0,
         "lanes": [{"name": "imports", "pending": 5, "deadLettered": 2, "recovered": 4}],
-        "lastReplay": {"token": "r1", "replayed": 2, "time": "2026-12-02T15:30:00Z", "lane": "imports"},
+        "lastReplay": {"token": "r1", "replayed": 2, "time": "2026-12-02T15:30:00Z", "lane": "imports",
+                       "servedTokens": ["r0", "r1"]},  # kept, not pruned: no earlier token replays again
         "lastUpdateTime": "2026-12-02T16:00:00Z",
         "sweeperDeployment": "tenants-sweeper",
     }

@@ -654,7 +654,7 @@ def test_an_operator_stopped_during_a_long_replay_does_not_run_it_again(redis_se
     assert runs == [], "the replay ran again"
     assert r.zcard(keys.dead) == 21 and r.zscore(keys.dead, "JOB99999") is not None
     last = next(p["lastReplay"] for p in reversed(again.custom.patches) if "lastReplay" in p)
-    assert last == {"token": "t1", "replayed": engine.MORGUE_BATCH, "time": last["time"]}
+    assert last == {"token": "t1", "replayed": engine.MORGUE_BATCH, "time": last["time"], "servedTokens": ["t1"]}
     [(_, kind, _, message)] = [e for e in again.recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning" and f"stopped after {engine.MORGUE_BATCH} jobs" in message
 
@@ -747,3 +747,47 @@ def test_an_unreachable_redis_is_a_failed_refresh(world):
     assert ctl.metrics.value(failures, reason="RedisUnreachable") == 1
     assert ctl.metrics.value("stalledpolicy_operator_status_refreshes_total") == 2
     assert "hunter2" not in ctl.metrics.exposition().decode()
+
+
+def test_an_earlier_replay_token_put_back_never_replays_again_even_after_a_restart(redis_server, r, queue_name):
+    """`kubectl annotate ... replay=r2`, then Argo CD's self-heal puts back the Git
+    value `r1`: before, r1 (no longer the last served) replayed the morgue a second
+    time, moving the jobs that died since. The tokens served are kept in
+    status.lastReplay.servedTokens; a new value still replays."""
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    sink = MergingStatus()
+    keys = QueueKeys(queue_name)
+    rv = [1]
+
+    def annotate(ctl, token):
+        rv[0] += 1
+        ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: token}, rv=str(rv[0]))
+                           | {"status": json.loads(json.dumps(sink.stored))}, "MODIFIED")
+        ctl.refresh(("ns", "p"))
+
+    dead_letter(r, queue_name, "JOB0001")
+    ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "r1"}), sink)
+    try:
+        ctl.refresh(("ns", "p"))
+        assert sink.stored["lastReplay"]["token"] == "r1" and r.zcard(keys.dead) == 0
+        dead_letter(r, queue_name, "JOB0002")
+        annotate(ctl, "r2")
+        assert sink.stored["lastReplay"]["replayed"] == 1 and r.zcard(keys.dead) == 0
+        assert sink.stored["lastReplay"]["servedTokens"] == ["r1", "r2"]
+        dead_letter(r, queue_name, "JOB0003")
+        annotate(ctl, "r1")  # the GitOps tool's self-heal
+        assert r.zcard(keys.dead) == 1, "an earlier token replayed the morgue again"
+        assert sink.stored["lastReplay"]["token"] == "r2"
+    finally:
+        ctl.stop()
+
+    # A new process knows them from the status (the Redis record names r2 only).
+    body = policy(queue_name, annotations={REPLAY_ANNOTATION: "r1"}) | {"status": json.loads(json.dumps(sink.stored))}
+    ctl = start(secrets, body, sink)
+    try:
+        ctl.refresh(("ns", "p"))
+        assert r.zcard(keys.dead) == 1
+        annotate(ctl, "r3")  # a new value replays
+        assert r.zcard(keys.dead) == 0 and sink.stored["lastReplay"]["servedTokens"] == ["r1", "r2", "r3"]
+    finally:
+        ctl.stop()

@@ -24,3 +24,20 @@ def test_a_good_or_empty_replay_lane_is_taken():
         ReplayRequest("t", "imports")
     # empty: no lane (the whole morgue), as before
     assert requested_replay({REPLAY_ANNOTATION: "t", REPLAY_LANE_ANNOTATION: ""}, None) == ReplayRequest("t", None)
+
+
+def test_a_token_served_before_never_replays_again_and_the_history_is_bounded():
+    from stalledpolicy.controller.replay import SERVED_HISTORY, served_tokens, with_served
+
+    assert requested_replay({REPLAY_ANNOTATION: "r1"}, ["r1", "r2"]) is None
+    assert requested_replay({REPLAY_ANNOTATION: "r3"}, ["r1", "r2"]) == ReplayRequest("r3", None)
+    assert requested_replay({REPLAY_ANNOTATION: "r1"}, "r1") is None  # the last one alone, as before
+    tokens = []
+    for n in range(SERVED_HISTORY + 4):
+        tokens = with_served(tokens, f"t{n}")
+    assert len(tokens) == SERVED_HISTORY and tokens[-1] == f"t{SERVED_HISTORY + 3}" and "t3" not in tokens
+    assert with_served(["a", "b", "c"], "a") == ["b", "c", "a"]
+    # a status written before servedTokens existed: its token; malformed entries ignored
+    assert served_tokens({"token": "r1"}) == ["r1"]
+    assert served_tokens({"token": "r2", "servedTokens": ["r1", 5, "r2"]}) == ["r1", "r2"]
+    assert served_tokens(None) == [] and served_tokens({"servedTokens": "x"}) == []

@@ -31,7 +31,9 @@ class PolicyState:
     awaited_since: float = 0.0
     failures: int = 0
     logged_problem: Problem | None = None
-    served_token: str | None = None
+    # replay tokens served, oldest first (the last SERVED_HISTORY): never replayed again
+    served_tokens: list = field(default_factory=list)
+    refused_token: str | None = None  # an invalid replay request, warned about once
     unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
     replay_warning: str | None = None  # what that replay left undone, announced with it
     # One reconcile (apply) of this policy at a time: kopf's handlers, the

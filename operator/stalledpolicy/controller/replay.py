@@ -2,8 +2,11 @@
 
 ``queues.emq.dev/replay: "<token>"`` asks for one replay of the queue's morgue
 (optionally only the lane in ``queues.emq.dev/replay-lane``). The token that
-was served is kept in ``status.lastReplay.token``; the same token never
-replays twice, a new one (any new string: a date, a commit id) replays again.
+was served is kept in ``status.lastReplay.token``, and the last SERVED_HISTORY
+tokens served in ``status.lastReplay.servedTokens``: a token served before never
+replays again (a GitOps tool putting back an earlier value of the annotation
+would otherwise replay the morgue a second time), a new one (any new string: a
+date, a commit id) replays.
 
 The served token and its result are also written to the queue's Redis
 (``emq:{q}:sweeper:last-replay``) right after the replay: an operator that
@@ -26,6 +29,8 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
 
 TOKEN_MAX = 253
+# Tokens served that never replay again (status.lastReplay.servedTokens, newest last).
+SERVED_HISTORY = 16
 # in the Redis record only (never in status): the replay was still running
 _INCOMPLETE = "incomplete"
 
@@ -40,11 +45,28 @@ class InvalidReplayRequest(ValueError):
     pass
 
 
+def served_tokens(last_replay: Mapping[str, Any] | None) -> list[str]:
+    """The tokens served, oldest first, as ``status.lastReplay`` records them
+    (``servedTokens``, and ``token``, the last one, for a status written before)."""
+    last_replay = last_replay if isinstance(last_replay, Mapping) else {}
+    listed = last_replay.get("servedTokens")
+    tokens = [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
+    token = last_replay.get("token")
+    return with_served(tokens, token) if isinstance(token, str) else tokens[-SERVED_HISTORY:]
+
+
+def with_served(tokens: list[str], token: str) -> list[str]:
+    """``tokens`` with ``token`` served last, at most SERVED_HISTORY of them."""
+    return ([t for t in tokens if t != token] + [token])[-SERVED_HISTORY:]
+
+
 def requested_replay(annotations: Mapping[str, str] | None,
-                     last_token: str | None) -> ReplayRequest | None:
-    """The replay the annotations ask for and that was not served yet, or None."""
+                     served: str | list[str] | tuple[str, ...] | None) -> ReplayRequest | None:
+    """The replay the annotations ask for and that was not served yet (``served``:
+    the token served last, or those served lately), or None."""
     token = (annotations or {}).get(REPLAY_ANNOTATION)
-    if token is None or token.strip() == "" or token == last_token:
+    served = [served] if isinstance(served, str) else list(served or ())
+    if token is None or token.strip() == "" or token in served:
         return None
     if len(token) > TOKEN_MAX:
         raise InvalidReplayRequest(

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
@@ -105,7 +106,7 @@ class Controller(StatusLoop):
                     first = snapshot(body)
                     state = PolicyState(key=key, body=first)
                     state.status = dict(first.get("status") or {})
-                    state.served_token = (state.status.get("lastReplay") or {}).get("token")
+                    state.served_tokens = served_tokens(state.status.get("lastReplay"))
                     in_sync = condition_of(state.status, SWEEPER_IN_SYNC) or {}
                     if in_sync.get("status") == FALSE and in_sync.get("reason") == events.DRIFT_CONFLICT:
                         # A conflict an earlier process declared: it lasts until the sweeper
@@ -158,7 +159,7 @@ class Controller(StatusLoop):
             respecified = generation_of(state.body) != before
             annotations = (state.body.get("metadata") or {}).get("annotations") or {}
             token = annotations.get(f"{GROUP}/replay")
-            wants_replay = token is not None and token != state.served_token
+            wants_replay = token is not None and token not in state.served_tokens and token != state.refused_token
         if wants_replay and state.outcome is not None:
             self.kick(key)
         if respecified:

@@ -20,7 +20,7 @@ from stalledpolicy.controller.objects import asks_for_pods, metadata_of, resourc
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
 from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
-                                             served_replay)
+                                             served_replay, with_served)
 from stalledpolicy.controller.status import (CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE,
                                              DeploymentState, Problem, condition_of, desired_status,
                                              status_json_patch, status_patch, utc_now, without_queue_figures)
@@ -279,10 +279,10 @@ class StatusLoop:
     def _maybe_replay(self, state: PolicyState, client, url: str, spec, snapshot, now):
         annotations = (state.body.get("metadata") or {}).get("annotations") or {}
         try:
-            request = requested_replay(annotations, state.served_token)
+            request = requested_replay(annotations, [*state.served_tokens, state.refused_token or ""])
         except InvalidReplayRequest as exc:
             token = annotations.get(f"{GROUP}/replay")
-            state.served_token = token  # refused once; a new token asks again
+            state.refused_token = token  # refused once; a new token asks again
             self.metrics.count_replay("refused")
             self.recorder.post(state.body, events.WARNING, events.REPLAY_FAILED, str(exc))
             log.warning(str(exc), extra={"namespace": state.key[0], "policy": state.key[1]})
@@ -310,8 +310,10 @@ class StatusLoop:
                     replay_client.close()
                 except Exception:  # noqa: BLE001 - a broken connection may fail to close
                     pass
-        # Served from now on, whatever happens to the status write.
-        state.served_token = request.token
+        # Served from now on, whatever happens to the status write; kept in status
+        # with the tokens served before it, so none of them replays again.
+        state.served_tokens = with_served(state.served_tokens, request.token)
+        record = {**record, "servedTokens": list(state.served_tokens)}
         if served is None:
             # Counted by the run that moved the jobs only: a record served from
             # Redis (after a restart) was counted by the process that ran it.
