@@ -945,7 +945,7 @@ def test_a_purge_call_that_timed_out_after_others_answered_says_what_they_did(r,
     purged, and the command to check with; the third call is never sent."""
     from stalledpolicy import engine
 
-    monkeypatch.setattr(engine, "MORGUE_BATCH", 2)
+    monkeypatch.setattr(engine.morgue, "MORGUE_BATCH", 2)
     for i in range(1, 6):
         bury(r, queue_name, f"JOB00{i}")
     keys = QueueKeys(queue_name)

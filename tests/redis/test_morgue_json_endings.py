@@ -82,7 +82,7 @@ def test_a_completed_change_has_the_same_shape(r, url, queue_name):
 
 
 def test_an_unanswered_call_prints_what_the_answered_ones_changed(r, url, queue_name, monkeypatch):
-    monkeypatch.setattr(engine, "MORGUE_BATCH", 2)
+    monkeypatch.setattr(engine.morgue, "MORGUE_BATCH", 2)
     for i in range(1, 6):
         bury(r, queue_name, f"JOB00{i}")
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def small_batches(monkeypatch):
     """Force several bounded script calls per engine call."""
-    monkeypatch.setattr(engine, "MORGUE_BATCH", 2)
+    monkeypatch.setattr(engine.morgue, "MORGUE_BATCH", 2)
 
 
 def morgue_ids(r, keys):
