@@ -361,6 +361,31 @@ def test_an_older_policy_whose_redis_refuses_it_gives_the_queue_up_after_three_r
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
 
 
+@pytest.mark.parametrize("secret", ["deleted", "blank"])
+def test_an_older_policy_whose_secret_goes_bad_keeps_its_claim(secret):
+    """Its running pods keep the URL they started with (secretKeyRef; a configuration
+    problem rolls nothing), so it still sweeps: the newer policy must not start a
+    second sweeper. Before, SecretNotFound counted as an unreadable queue and after
+    three refreshes both swept the queue, for good."""
+    from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER
+
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    store = ctl.store
+    store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    if secret == "deleted":
+        del store[("ns", "old-creds")]
+    else:
+        store[("ns", "old-creds")] = b64_url("  ")
+    ctl.secrets.forget("ns", "old-creds")
+    for _ in range(CLAIM_LOST_AFTER + 2):
+        ctl.refresh(key_of(OLDER_BY_SECRET))
+        ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored is None
+
+
 def test_a_redis_both_policies_cannot_read_moves_nothing():
     from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER
 

@@ -36,7 +36,6 @@ from stalledpolicy.controller import events
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
-from stalledpolicy.controller.status import CONFIGURATION_REASONS
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -45,8 +44,10 @@ Endpoint = tuple[str, int, int]  # host (lower case), port, database
 # Refreshes in a row that cannot read a policy's queue before it holds no claim
 # (a blip of a Redis both policies share moves nothing).
 CLAIM_LOST_AFTER = 3
-# Refresh problems that mean a policy's sweeper cannot sweep either.
-UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"}) | CONFIGURATION_REASONS
+# Refresh problems that mean a policy's sweeper cannot sweep either. Not the
+# configuration reasons (a Secret gone or blank, a bad URL): they roll nothing, and
+# the running pods keep sweeping with the URL they started with.
+UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"})
 
 FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
 
