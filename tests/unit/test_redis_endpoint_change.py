@@ -114,6 +114,20 @@ def test_a_new_url_in_the_secret_drops_the_old_figures_too():
     assert len(cluster.dead_lettered()) == 1
 
 
+def test_a_new_password_for_the_same_redis_keeps_the_figures_and_counts_growth():
+    """A credentials rotation names the same server and database: not another Redis,
+    so the jobs that died meanwhile still raise DeadLettered (before, the whole URL
+    was compared and the rotation reset the baseline)."""
+    secrets = {("ns", "creds"): {"url": b64("redis://:old-pw@redis:6379/0")}}
+    cluster = Cluster({"queue": "emails", "redis": {"secretRef": {"name": "creds", "key": "url"}}}, secrets)
+    cluster.servers.update({"redis://:old-pw@redis:6379/0": 1, "redis://user:new-pw@REDIS:6379/0": 3})
+    cluster.ctl.refresh(KEY)
+    secrets[("ns", "creds")] = {"url": b64("redis://user:new-pw@REDIS:6379/0")}
+    cluster.ctl.secrets.forget("ns", "creds")
+    cluster.ctl.refresh(KEY)
+    assert cluster.status["deadLetters"] == 3 and len(cluster.dead_lettered()) == 1
+
+
 def test_the_same_redis_keeps_its_figures_and_counts_growth():
     cluster = Cluster({"queue": "emails", "redis": {"url": "redis://old:6379/0"}})
     cluster.servers["redis://old:6379/0"] = 1

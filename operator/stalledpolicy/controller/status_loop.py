@@ -239,30 +239,32 @@ class StatusLoop:
 
     def _endpoint_changed(self, state: PolicyState, spec: Mapping[str, Any]) -> bool:
         """Whether the policy names another Redis than the one its status figures were
-        read from (under the status lock): another URL (spec.redis.url, or the value of
-        the Secret spec.redis.secretRef names), or another spec.redis whose URL cannot be
-        resolved now. The same spec.redis with a Secret unreadable for now is no change."""
+        read from (under the status lock): another server or database (host, port,
+        database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
+        names: new credentials for the same server are no change), or another
+        spec.redis whose URL cannot be resolved now. The same spec.redis with a Secret
+        unreadable for now is no change."""
         import json
 
-        from stalledpolicy.controller.redis_clients import url_digest
+        from stalledpolicy.controller.queue_claims import redis_endpoint
 
         redis_spec = spec.get("redis") or {}
         described = json.dumps(redis_spec, sort_keys=True, default=str)
         try:
             url = resolve_url(state.key[0], redis_spec, self.secrets)
-            digest = url_digest(url)
+            endpoint = redis_endpoint(url)
         except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
-            digest = None
+            endpoint = None
         known = state.redis_endpoint
         if known is None:
-            state.redis_endpoint = (described, digest)
+            state.redis_endpoint = (described, endpoint)
             return False
-        if digest is not None and known[1] is not None:
-            changed = digest != known[1]
+        if endpoint is not None and known[1] is not None:
+            changed = endpoint != known[1]
         else:
             changed = described != known[0]
-        if changed or digest is not None:
-            state.redis_endpoint = (described, digest)
+        if changed or endpoint is not None:
+            state.redis_endpoint = (described, endpoint)
         return changed
 
     def _replay_client(self, url: str):
