@@ -400,6 +400,31 @@ def test_a_redis_both_policies_cannot_read_moves_nothing():
     assert apps.of("emails-dup-sweeper").stored is None
 
 
+def test_after_an_outage_of_a_redis_both_share_the_older_policy_keeps_the_queue():
+    """Both policies fail long enough for the older one to lose its claim; when the
+    Redis is back and the newer one happens to be refreshed first, it must not take
+    the queue over (the older one's sweeper sweeps again at once): it waits until
+    it has read the queue as long as a claim takes to be lost."""
+    from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER
+
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    for _ in range(3):
+        ctl.refresh(key_of(NEWER))  # read fine while claimed
+    refusing(ctl, {OLDER["spec"]["redis"]["url"], "redis://:s3cret@Redis.Example:6379/0"})
+    for _ in range(CLAIM_LOST_AFTER + 1):
+        ctl.refresh(key_of(OLDER))
+        ctl.refresh(key_of(NEWER))
+    refusing(ctl, set())
+    ctl.refresh(key_of(NEWER))  # the newer one first, the older still counted as failing
+    ctl.refresh(key_of(OLDER))
+    for _ in range(CLAIM_LOST_AFTER + 1):
+        ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored is None, "no second sweeper, not even for a moment"
+
+
 # -- the claim checks' cost -----------------------------------------------------
 
 def test_claims_look_only_at_the_queue_s_policies_and_read_secrets_outside_the_status_lock():

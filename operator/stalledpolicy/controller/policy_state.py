@@ -55,11 +55,12 @@ class PolicyState:
     drift_conflict_generation: int = 0
     drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
     # One sweeper per queue (queue_claims.py): whether a refresh of this process has
-    # read (or failed to read) the queue yet, and how many refreshes in a row could
-    # not (Redis unreachable or refusing, the URL or Secret unusable).
+    # read (or failed to read) the queue yet, how many refreshes in a row could not
+    # (Redis unreachable or refusing), and how many in a row read it without a problem.
     refreshed: bool = False
     queue_failures: int = 0
+    queue_reads: int = 0
     # The Redis endpoint the queue figures in status were read from, as
-    # (spec.redis as JSON, digest of the resolved URL or None when it cannot be
-    # resolved now); None until the first refresh of this process.
+    # (spec.redis as JSON, (host, port, database) of the resolved URL or None when
+    # it cannot be resolved now); None until the first refresh of this process.
     redis_endpoint: tuple | None = None

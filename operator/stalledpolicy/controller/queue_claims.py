@@ -56,10 +56,13 @@ FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
 class Claim:
     """``verdict``: FREE (no older policy sweeps the queue on this Redis), CLAIMED
     (``owner`` does), UNKNOWN (cannot be told now; ``owner``: the older policy
-    that could not be judged)."""
+    that could not be judged). ``lapsed``: an older policy of the queue holds no
+    claim only because its queue could not be read lately (it may sweep again as
+    soon as it is read)."""
 
     verdict: str
     owner: PolicyKey | None = None
+    lapsed: bool = False
 
 
 def redis_endpoint(url: str) -> Endpoint | None:
@@ -158,10 +161,12 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
             continue
         rivals.append((_age(other), state))
     unknown = None
+    lapsed = False
     endpoint = _UNSET
     for _, state in sorted(rivals, key=lambda r: r[0]):
         sweeping = sweeps(ctl, state)
         if sweeping is False:
+            lapsed = lapsed or state.queue_failures >= CLAIM_LOST_AFTER
             continue
         if endpoint is _UNSET:
             endpoint = policy_endpoint(ctl, key[0], spec)
@@ -172,7 +177,7 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
             unknown = unknown or state.key
             continue
         return Claim(CLAIMED, state.key)
-    return Claim(FREE) if unknown is None else Claim(UNKNOWN, unknown)
+    return Claim(FREE, lapsed=lapsed) if unknown is None else Claim(UNKNOWN, unknown)
 
 
 def owner_text(key: PolicyKey, owner: PolicyKey | None) -> str:

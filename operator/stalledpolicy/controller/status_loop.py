@@ -93,6 +93,7 @@ class StatusLoop:
         state.refreshed = True
         unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
         state.queue_failures = state.queue_failures + 1 if unreadable else 0
+        state.queue_reads = state.queue_reads + 1 if problem is None else 0
         return before != (True, state.queue_failures >= CLAIM_LOST_AFTER)
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
@@ -135,7 +136,7 @@ class StatusLoop:
         now; or whose sweeper asks for pods again. When the claim cannot be told
         (UNKNOWN: an endpoint or an older policy's state not known), nothing moves:
         a sweeper that runs keeps running and a claimed one is never started."""
-        from stalledpolicy.controller.queue_claims import CLAIMED, FREE, claim_of
+        from stalledpolicy.controller.queue_claims import CLAIM_LOST_AFTER, CLAIMED, FREE, claim_of
 
         outcome = state.outcome
         if outcome is None or not (outcome.ok or outcome.reason == events.QUEUE_CLAIMED):
@@ -146,7 +147,12 @@ class StatusLoop:
             if claim.verdict != CLAIMED:
                 return None
             return f"queue {queue} is claimed by the older StalledPolicy {claim.owner[0]}/{claim.owner[1]}"
-        if claim.verdict == FREE and not state.queue_failures:
+        # From an older policy that lost its claim to unreadable reads, only once this
+        # one has read the queue for as long: after an outage of a Redis both share,
+        # the older one (its failures not yet refreshed away) would otherwise hand the
+        # queue to whichever is read first, and both would sweep.
+        if (claim.verdict == FREE and not state.queue_failures
+                and (not claim.lapsed or state.queue_reads >= CLAIM_LOST_AFTER)):
             return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
         if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
             return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"
