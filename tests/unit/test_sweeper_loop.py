@@ -22,6 +22,7 @@ from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from tests.unit.test_listen import ipv4_only
 from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
+from tests.unit.test_listen import has_ipv6_loopback
 
 
 class FakeClock:
@@ -443,19 +444,10 @@ def test_by_default_the_status_server_answers_on_ipv4_and_ipv6(clock):
     server = StatusServer(address, 0, SweeperMetrics("orders"), Health(60.0, clock=clock)).start()
     try:
         assert get(f"http://127.0.0.1:{server.port}/healthz") == 200
-        if _has_ipv6_loopback():  # else it fell back to IPv4 (the test below)
+        if has_ipv6_loopback():  # else it fell back to IPv4 (the test below)
             assert get(f"http://[::1]:{server.port}/healthz") == 200
     finally:
         server.stop()
-
-
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("refusal", [errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL])
