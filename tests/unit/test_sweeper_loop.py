@@ -20,9 +20,8 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
-from tests.unit.test_listen import ipv4_only
 from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
-from tests.unit.test_listen import has_ipv6_loopback
+from tests.unit.test_listen import has_ipv6_loopback, ipv4_only
 
 
 class FakeClock:
