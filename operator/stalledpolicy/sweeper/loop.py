@@ -261,13 +261,8 @@ class Sweeper:
         failover ends). Retried every interval; logged once until a pass succeeds."""
         self._redis_answered()
         message = self._scrub(exc)
-        self.health.last_pass_ok = False
-        self.health.reason = f"last pass failed: {message}"
-        key = f"read-only: {message}"
-        if key in self._logged_errors:
-            log.debug("sweep pass refused again by a read-only replica", extra={"queue": self.config.queue})
+        if not self._failed_pass(message, f"read-only: {message}", "sweep pass refused again by a read-only replica"):
             return
-        self._logged_errors.add(key)
         log.error(
             ("Redis is a read-only replica and refused the sweep's writes: " + redis_url.READ_ONLY_ADVICE
              + "; nothing was moved; " + ("--once exits 1" if self.config.once else
@@ -287,13 +282,8 @@ class Sweeper:
         then = "--once exits 1" if self.config.once else "retrying next interval"
         what = (f"the slot of queue {self.config.queue} is being migrated between Redis Cluster nodes "
                 f"(resharding); {moved}; {then}")
-        self.health.last_pass_ok = False
-        self.health.reason = f"last pass failed: {what}"
-        key = "slot migrating"
-        if key in self._logged_errors:
-            log.debug("sweep pass met the slot migration again", extra={"queue": self.config.queue})
+        if not self._failed_pass(what, "slot migrating", "sweep pass met the slot migration again"):
             return
-        self._logged_errors.add(key)
         log.warning(what + ("" if self.config.once else " (logged once until a pass succeeds)"), extra={
             "queue": self.config.queue, "error": self._scrub(exc), "error_type": type(exc).__name__})
 
@@ -308,13 +298,8 @@ class Sweeper:
         if isinstance(exc, redis.ResponseError):
             self._redis_answered()
         message = self._scrub(exc)
-        self.health.last_pass_ok = False
-        self.health.reason = f"last pass failed: {message}"
-        key = f"{type(exc).__name__}: {message}"
-        if key in self._logged_errors:
-            log.debug("sweep pass failed again", extra={"queue": self.config.queue, "error": message})
+        if not self._failed_pass(message, f"{type(exc).__name__}: {message}", "sweep pass failed again"):
             return
-        self._logged_errors.add(key)
         is_redis_error = isinstance(exc, redis.RedisError)
         then = "--once exits 1" if self.config.once else "retrying next interval (logged once until a pass succeeds)"
         log.error(
@@ -325,6 +310,18 @@ class Sweeper:
             extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
             exc_info=None if is_redis_error else exc,
         )
+
+    def _failed_pass(self, reason: str, key: str, again: str) -> bool:
+        """The pass failed for ``reason`` (/readyz says so). True the first time
+        ``key`` is met since a pass succeeded: the caller logs it; else a debug
+        line ``again`` and False."""
+        self.health.last_pass_ok = False
+        self.health.reason = f"last pass failed: {reason}"
+        if key in self._logged_errors:
+            log.debug(again, extra={"queue": self.config.queue, "error": reason})
+            return False
+        self._logged_errors.add(key)
+        return True
 
     def _scrub(self, exc: BaseException) -> str:
         url = self.config.redis_url.get_secret_value()
