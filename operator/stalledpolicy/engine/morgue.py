@@ -11,6 +11,8 @@ from stalledpolicy.keyspace import QueueKeys
 
 #: ids per morgue script call (replay, purge, list pages, stats scans)
 MORGUE_BATCH = 500
+#: ids per stats call: only counts come back (measured by bench/morgue.py)
+MORGUE_STATS_BATCH = 2000
 
 
 @dataclass
@@ -96,42 +98,40 @@ def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
     return [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
+def _job(raw: Sequence[Any]) -> DeadJob:
+    job_id, group, stalled, attempts, last_error, dead_at, state, problem = (as_text(v) for v in raw)
+    return DeadJob(
+        id=job_id, lane=group or None, stalled=as_counter(stalled), attempts=as_counter(attempts),
+        last_error=last_error, dead_at_ms=as_counter(dead_at), state=state, problem=problem,
+    )
+
+
 def _scan(client: Any, keys: QueueKeys, mode: str, cursor: str | bytes, count: int
           ) -> tuple[list[DeadJob], str | bytes]:
     rows, next_cursor = run_script("morgue_scan", client, keys, [keys.dead], [keys.prefix, mode, cursor, count])
-    jobs = []
-    for raw in rows:
-        job_id, group, stalled, attempts, last_error, dead_at, state, problem = (as_text(v) for v in raw)
-        jobs.append(DeadJob(
-            id=job_id, lane=group or None, stalled=as_counter(stalled), attempts=as_counter(attempts),
-            last_error=last_error, dead_at_ms=as_counter(dead_at), state=state, problem=problem,
-        ))
-    return jobs, next_cursor  # as sent: a decoded non-UTF-8 id would point elsewhere in `dead`
-
-
-def _scan_all(client: Any, keys: QueueKeys) -> Iterable[DeadJob]:
-    cursor = ""
-    while True:
-        jobs, cursor = _scan(client, keys, "lex", cursor, MORGUE_BATCH)
-        yield from jobs
-        if not cursor:
-            return
+    return [_job(raw) for raw in rows], next_cursor  # as sent: a decoded non-UTF-8 id would point elsewhere in `dead`
 
 
 def morgue_stats(client: Any, queue: str) -> MorgueStats:
-    """Size, dead jobs per lane and the oldest time of death (bounded calls)."""
+    """Size, dead jobs per lane and the oldest time of death (bounded calls of
+    MORGUE_STATS_BATCH ids: the script counts, only the counts come back)."""
     keys = QueueKeys(queue)
     lanes: dict[str, int] = {}
     unreadable = 0
     oldest: int | None = None
-    for job in _scan_all(client, keys):
-        name = lane_of(job)
-        if name is None:
-            unreadable += 1
-            continue
-        lanes[name] = lanes.get(name, 0) + 1
-        if job.dead_at_ms is not None and (oldest is None or job.dead_at_ms < oldest):
-            oldest = job.dead_at_ms
+    cursor: str | bytes = ""
+    while True:
+        counts, unreadable_here, oldest_here, cursor = run_script(
+            "morgue_scan", client, keys, [keys.dead], [keys.prefix, "stats", cursor, MORGUE_STATS_BATCH])
+        for i in range(0, len(counts), 2):
+            # lanes as the rows read them (as_text): two raw names may decode alike
+            name = as_text(counts[i]) or ""
+            lanes[name] = lanes.get(name, 0) + int(counts[i + 1])
+        unreadable += int(unreadable_here)
+        if oldest_here is not None and (oldest is None or int(oldest_here) < oldest):
+            oldest = int(oldest_here)
+        if not cursor:
+            break
     return MorgueStats(size=int(client.zcard(keys.dead)), lanes=lanes, oldest_dead_at_ms=oldest,
                        unreadable=unreadable)
 
@@ -140,7 +140,8 @@ def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int 
                 offset: int = 0) -> list[DeadJob]:
     """A page of the morgue in id (= mint) order; ``lane`` as replay and purge
     read it (:func:`lane_of`: ``""`` selects flat jobs, and an entry whose row
-    is missing or not a hash is in no lane)."""
+    is missing or not a hash is in no lane): the script filters, only the
+    page's rows come back."""
     check_positive("limit", limit)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
@@ -155,17 +156,16 @@ def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int 
             if not more:
                 break
         return page
-    skipped = 0
-    for job in _scan_all(client, keys):
-        if lane_of(job) != lane:
-            continue
-        if skipped < offset:
-            skipped += 1
-            continue
-        page.append(job)
-        if len(page) >= limit:
-            break
-    return page
+    cursor: str | bytes = ""
+    to_skip = offset
+    while True:
+        rows, cursor, skipped = run_script(
+            "morgue_scan", client, keys, [keys.dead],
+            [keys.prefix, "lane", cursor, MORGUE_BATCH, lane, to_skip, limit - len(page)])
+        to_skip -= int(skipped)
+        page += [_job(raw) for raw in rows]
+        if len(page) >= limit or not cursor:
+            return page
 
 
 def _replay_keys(keys: QueueKeys) -> list[str]:

@@ -8,8 +8,20 @@
 -- ARGV[2] 'index' (ARGV[3] = start rank) or 'lex' (ARGV[3] = '' from the
 --         start, else the last id already seen; `dead` scores are all 0)
 -- ARGV[4] count
+-- ARGV[2] may also be, both walking `dead` by id cursor as 'lex' does:
+--   'lane'  (list --lane) ARGV[5] the lane ('' = flat jobs), ARGV[6] matching
+--           rows to pass over first (the page's offset still to skip), ARGV[7]
+--           the most rows wanted. Only that lane's rows are returned, by the
+--           engine's rule (lane_of): a row missing or not a hash is in no lane.
+--           Returns {rows, next, skipped}; the walk stops early once ARGV[7]
+--           rows are found (next = the last id examined).
+--   'stats' Returns {lanes, unreadable, oldest, next}: lanes a flat list
+--           group, n, ... ('' = flat jobs), unreadable the rows missing or not
+--           a hash (in no lane), oldest the earliest time of death among the
+--           rest (false when none is dated). Only these aggregates cross the
+--           wire, so a caller may send a larger count (each call stays short).
 --
--- Returns {rows, next} where each row is
+-- Returns ('index', 'lex') {rows, next} where each row is
 --   {id, group, stalled, attempts, last_error, dead_at, state, problem}
 -- (raw field values, nil when absent, but dead_at: the time of death as the
 -- purge reads it (lib/death), nil when the entry is undated; `problem` names
@@ -40,28 +52,102 @@ else
   ids = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, count)
 end
 
-local rows = {}
-for i, id in ipairs(ids) do
-  local key = prefix .. 'job:' .. id
-  local f = redis.pcall('HMGET', key, 'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state',
-    'dead_attempts')
+local fields = {'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state', 'dead_attempts'}
+
+-- the row of one id as 'index' and 'lex' return it
+local function row_of(id, key)
+  local f = redis.pcall('HMGET', key, unpack(fields))
   if f.err then
     -- a wrong type is an answer; any other refusal (a row not local while
     -- the slot migrates, the ACL) stops the call
     read_refused(f)
     local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
-    rows[i] = {id, false, false, false, false, false, false, problem}
-  else
-    local problem = false
-    -- absent, or moved to the importing node while the slot migrates: asked
-    -- with `dead` (lib/refusals, here), which refuses the call if it moved
-    if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and not here(key) then
-      problem = 'job row is missing'
-    end
-    local died = false
-    if time_of_death(f[5], f[7], f[3], now) then died = f[5] end
-    rows[i] = {id, f[1], f[2], f[3], f[4], died, f[6], problem}
+    return {id, false, false, false, false, false, false, problem}
   end
+  local problem = false
+  -- absent, or moved to the importing node while the slot migrates: asked
+  -- with `dead` (lib/refusals, here), which refuses the call if it moved
+  if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and not here(key) then
+    problem = 'job row is missing'
+  end
+  local died = false
+  if time_of_death(f[5], f[7], f[3], now) then died = f[5] end
+  return {id, f[1], f[2], f[3], f[4], died, f[6], problem}
+end
+
+local function cursor_after(last)
+  if #ids == count then return last end
+  return ''
+end
+
+if ARGV[2] == 'stats' then
+  local lanes, order, unreadable, oldest = {}, {}, 0, false
+  for _, id in ipairs(ids) do
+    local key = prefix .. 'job:' .. id
+    local f = redis.pcall('HMGET', key, 'group', 'attempts', 'dead_at', 'dead_attempts')
+    local lane = nil
+    if f.err then
+      read_refused(f)  -- not a hash: in no lane
+    elseif f[1] or f[2] or f[3] or f[4] or here(key) then
+      -- a hash (the fields 'list' reads but these four prove it exists as well)
+      lane = f[1] or ''
+      local died = time_of_death(f[3], f[4], f[2], now)
+      if died and (not oldest or died < oldest) then oldest = died end
+    end
+    if lane == nil then
+      unreadable = unreadable + 1
+    elseif lanes[lane] then
+      lanes[lane] = lanes[lane] + 1
+    else
+      lanes[lane] = 1
+      order[#order + 1] = lane
+    end
+  end
+  local flat = {}
+  for _, lane in ipairs(order) do
+    flat[#flat + 1] = lane
+    flat[#flat + 1] = lanes[lane]
+  end
+  return {flat, unreadable, oldest, cursor_after(ids[#ids])}
+end
+
+if ARGV[2] == 'lane' then
+  local lane, skip, want = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+  local rows, skipped, last = {}, 0, nil
+  for _, id in ipairs(ids) do
+    last = id
+    local key = prefix .. 'job:' .. id
+    -- the group alone first: most rows of another lane end here
+    local g = redis.pcall('HGET', key, 'group')
+    local maybe
+    if type(g) == 'table' then  -- an error reply (HGET's false is a missing field or row)
+      read_refused(g)
+      maybe = false  -- not a hash: in no lane
+    elseif g == false or g == '' then
+      maybe = lane == ''  -- flat, or a row that is missing (in no lane): row_of tells
+    else
+      maybe = g == lane
+    end
+    if maybe then
+      local row = row_of(id, key)
+      if not row[8] and (row[2] or '') == lane then
+        if skipped < skip then
+          skipped = skipped + 1
+        else
+          rows[#rows + 1] = row
+          if #rows >= want then
+            return {rows, id, skipped}
+          end
+        end
+      end
+    end
+  end
+  return {rows, cursor_after(last), skipped}
+end
+
+local rows = {}
+for i, id in ipairs(ids) do
+  rows[i] = row_of(id, prefix .. 'job:' .. id)
 end
 
 local next_cursor = ''
