@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
     of argparse's "expected one argument" (it reads ``-5s`` as an option)."""
 
     def error(self, message: str):  # type: ignore[override]
-        from stalledpolicy.redis_url import redact_urls
+        from stalledpolicy.redis_url.redaction import redact_urls
 
         super().error(redact_urls(message))
 

@@ -59,7 +59,7 @@ def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = Non
     else its first ``keep`` (default ``limit``), ``...`` and its length;
     ``quoted`` puts the text (or the part shown) in repr quotes. A URL in it is
     redacted first: cut before its ``@``, a password could no longer be found."""
-    from stalledpolicy.redis_url import redact_value
+    from stalledpolicy.redis_url.redaction import redact_value
 
     text = redact_value(text)
     if len(text) <= limit:

@@ -204,7 +204,7 @@ def test_a_change_is_never_resent_on_a_cluster_either(redis_cluster):
     """RedisCluster resends a command after a timeout on its own (3 attempts):
     the morgue's changes and the operator's replay ask for a single attempt,
     and get it there too; reads keep the cluster's retries (failovers)."""
-    from stalledpolicy.redis_url import connect, single_attempt
+    from stalledpolicy.redis_url.connecting import connect, single_attempt
 
     changes = connect(redis_cluster.url, retry=single_attempt())
     reads = connect(redis_cluster.url)

@@ -13,7 +13,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from stalledpolicy.devenv.echomq import EchoMQ, read_state
-from stalledpolicy.redis_url import connect
+from stalledpolicy.redis_url.connecting import connect
 
 from tests.cluster.test_cluster import _cli, queues_on_every_node
 

@@ -323,7 +323,7 @@ def test_operator_logs_are_json_and_never_hold_the_password(operator):
         assert "settings" not in entry
     # a URL is only ever shown redacted: its userinfo, if any, is the mask; the forms
     # our messages teach (redis://[user:password@]host:port/db) are placeholders, no one's
-    from stalledpolicy.redis_url import URL_FORMS
+    from stalledpolicy.redis_url.redaction import URL_FORMS
 
     log = operator.log()
     for form in URL_FORMS:

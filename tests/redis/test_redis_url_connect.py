@@ -1,4 +1,4 @@
-"""``stalledpolicy.redis_url.connect`` against real servers: a plain one, one whose
+"""``stalledpolicy.redis_url.connecting.connect`` against real servers: a plain one, one whose
 ACL refuses INFO, and a three-node cluster."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from stalledpolicy.redis_url import connect, unreachable_errors
+from stalledpolicy.redis_url.connecting import connect
+from stalledpolicy.redis_url.errors import unreachable_errors
 
 pytestmark = pytest.mark.redis
 
@@ -72,7 +73,8 @@ def test_an_unreachable_server_raises_an_unreachable_error(redis_server):
 def test_a_database_the_server_lacks_is_raised_not_taken_for_a_refused_info(redis_server):
     """SELECT fails as the connection is made, before INFO: that is the URL's
     database, not an ACL refusing INFO (which gives a plain client)."""
-    from stalledpolicy.redis_url import is_missing_database, server_databases
+    from stalledpolicy.redis_url.connecting import server_databases
+    from stalledpolicy.redis_url.errors import is_missing_database
 
     url = redis_server.url.removesuffix("/0") + "/16"
     with pytest.raises(redis.ResponseError) as caught:

@@ -61,12 +61,12 @@ URL = "redis://:pw@db.example:6379/0"
 def test_the_operator_digests_the_url_the_sweeper_reads(stored):
     """`kubectl create secret --from-file` keeps a file's trailing newline. The sweeper
     gets the Secret's bytes as STALLEDPOLICY_REDIS_URL (secretKeyRef) and reads the URL
-    through redis_url.stored_url; the operator's digest of the value, which rolls the
+    through redis_url.validation.stored_url; the operator's digest of the value, which rolls the
     sweeper's pods, is taken over the same URL: whitespace around it rolls nothing."""
     from stalledpolicy.controller.redis_clients import secret_value_digest
     from stalledpolicy.policy.models import StalledPolicySpec
     from stalledpolicy.policy.builder import build_sweeper_deployment
-    from stalledpolicy.redis_url import stored_url
+    from stalledpolicy.redis_url.validation import stored_url
     from stalledpolicy.sweeper.config import load_config
 
     spec = StalledPolicySpec.from_k8s({"queue": "q", "redis": {"secretRef": {"name": "creds"}}})

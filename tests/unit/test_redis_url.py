@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stalledpolicy.redis_url import check_redis_url, redact_url, scrub, secrets_of
+from stalledpolicy.redis_url.redaction import redact_url, scrub, secrets_of
+from stalledpolicy.redis_url.validation import check_redis_url
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -186,7 +187,7 @@ def test_a_port_cut_short_by_an_unencoded_password_says_to_encode():
 
 
 def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     text = "refused 'redis://u:pa/ss@h:6379/0' and rediss://:x?y@h2/1, see https://k8s.io/docs"
     shown = redact_urls(text)
@@ -196,7 +197,7 @@ def test_redact_urls_masks_every_url_in_a_text_and_leaves_the_rest():
 
 @pytest.mark.parametrize("url", ['redis://:pa"ss@h:6379/0', "redis://:pa'ss@h:6379/0", "redis://u:p w@h:6379"])
 def test_a_password_with_a_quote_or_a_space_is_masked_in_a_value(url):
-    from stalledpolicy.redis_url import redact_value
+    from stalledpolicy.redis_url.redaction import redact_value
     from stalledpolicy.tables import shown
 
     for text in (redact_value(url), shown(url, 200), shown(url, 12, quoted=True)):
@@ -204,7 +205,7 @@ def test_a_password_with_a_quote_or_a_space_is_masked_in_a_value(url):
 
 
 def test_a_quote_in_a_password_does_not_end_the_url_in_free_text():
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     text = redact_urls('connect to redis://:pa"ss@db:6379/0 failed, and to \'redis://:x\'y@db2\'')
     assert "pa" not in text and "ss" not in text and "x'y" not in text
@@ -223,7 +224,7 @@ _BAD_FOR_HINTS = ["", "http://h/0", "unix:///run/redis.sock", "redis:///0", "red
 @pytest.mark.parametrize("url", _BAD_FOR_HINTS)
 @pytest.mark.parametrize(("unix", "credentials"), [(True, True), (False, True), (False, False)])
 def test_every_problem_reads_the_same_after_the_event_masking(url, unix, credentials):
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     problem = check_redis_url(url, unix=unix, credentials=credentials)
     if problem is None:
@@ -238,7 +239,7 @@ def test_every_problem_reads_the_same_after_the_event_masking(url, unix, credent
     "redis://user:password@host:port/db", "redis://:password@host:port/db",
 ])
 def test_each_taught_form_is_shown_as_written_with_punctuation_after_it(form):
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     for text in (f"write {form}", f"write {form}; then", f"({form}), or", f"store the URL, {form}, under"):
         assert redact_urls(text) == text
@@ -259,7 +260,7 @@ def test_each_taught_form_is_shown_as_written_with_punctuation_after_it(form):
     ("cannot reach redis://:s3cret@[::1/0", "s3cret"),
 ])
 def test_masking_still_lets_no_password_through(text, secret):
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     assert secret not in redact_urls(text)
 
@@ -283,7 +284,7 @@ def test_a_socket_url_is_refused_for_a_policy_and_says_why(url):
 
 
 def test_a_missing_database_names_the_servers_count_when_known():
-    from stalledpolicy.redis_url import missing_database_problem
+    from stalledpolicy.redis_url.errors import missing_database_problem
 
     known = missing_database_problem("redis://:pw@h:6379/16", 16)
     assert "database 16" in known and "it has 16" in known and "0 to 15" in known and "pw" not in known

@@ -112,7 +112,7 @@ def _now() -> str:
 
 
 def _message(text: str) -> str:
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     text = redact_urls(text)
     if len(text) > MESSAGE_MAX:

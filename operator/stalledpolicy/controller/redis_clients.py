@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from stalledpolicy import redis_url
+from stalledpolicy.redis_url import connecting, errors, validation
 
 PolicyKey = tuple[str, str]  # (namespace, name)
 
@@ -42,7 +42,7 @@ def check_url(url: str, where: str, *, inline: bool = False) -> str:
     A policy's URL is never unix:// (no pod of the policy mounts a socket);
     ``inline`` (spec.redis.url, which refuses credentials): the fixes give that
     field's form, without a password."""
-    problem = redis_url.check_redis_url(url, unix=False, credentials=not inline)
+    problem = validation.check_redis_url(url, unix=False, credentials=not inline)
     if problem is not None:
         raise RedisConfigError("InvalidRedisURL", f"{where} {problem}")
     return url
@@ -50,10 +50,10 @@ def check_url(url: str, where: str, *, inline: bool = False) -> str:
 
 def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     """The URL the value of ``key`` in a Secret's base64 ``data`` holds, as the sweeper
-    reads it (redis_url.stored_url); None when the key is absent."""
+    reads it (validation.stored_url); None when the key is absent."""
     if not secret_data or key not in secret_data or secret_data[key] is None:
         return None
-    return redis_url.stored_url(base64.b64decode(secret_data[key]).decode("utf-8"))
+    return validation.stored_url(base64.b64decode(secret_data[key]).decode("utf-8"))
 
 
 class SecretData(dict):
@@ -66,7 +66,7 @@ class SecretData(dict):
 
 def secret_value_digest(namespace: str, name: str, key: str, url: str, secret_uid: str | None) -> str:
     """A digest of the URL one Secret value holds (decoded, and through
-    redis_url.stored_url as the sweeper reads it: a trailing newline added by an
+    validation.stored_url as the sweeper reads it: a trailing newline added by an
     edit or by ``kubectl create secret --from-file`` rolls nothing) for the
     sweeper's pod template: it changes when that URL does, and shows nothing of it.
 
@@ -173,15 +173,15 @@ def connect(url: str, timeout: float):
     import redis
 
     try:
-        return redis_url.connect(url, decode_responses=True, socket_timeout=timeout,
+        return connecting.connect(url, decode_responses=True, socket_timeout=timeout,
                                  socket_connect_timeout=timeout)
     except redis.ResponseError as exc:
-        if not redis_url.is_missing_database(exc):
+        if not errors.is_missing_database(exc):
             raise
-        databases = redis_url.server_databases(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        databases = connecting.server_databases(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         raise RedisConfigError(
             "InvalidRedisURL",
-            f"spec.redis: {redis_url.missing_database_problem(url, databases)}") from None
+            f"spec.redis: {errors.missing_database_problem(url, databases)}") from None
 
 
 class RedisClients:

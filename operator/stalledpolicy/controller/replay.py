@@ -168,7 +168,7 @@ def _may_have_run(exc: BaseException) -> bool:
     """Whether a script call that failed this way may have run on the server.
 
     The call is made on a connection that has just answered (the record was
-    read), and it is never resent (``redis_url.single_attempt``): a timeout or
+    read), and it is never resent (``redis_url.connecting.single_attempt``): a timeout or
     a connection lost while waiting means the script was sent and may have run.
     A server still loading its data refused it."""
     import socket

@@ -96,7 +96,7 @@ def api_text(text: str) -> str:
     condition), as it wrote it: it names our sweeper Deployment, which holds no
     secret; any URL credentials are masked all the same, and it is cut at
     ``API_MESSAGE_MAX`` characters."""
-    from stalledpolicy.redis_url import redact_urls
+    from stalledpolicy.redis_url.redaction import redact_urls
 
     return redact_urls(str(text))[:API_MESSAGE_MAX]
 

@@ -24,7 +24,8 @@ from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_messag
 from stalledpolicy.controller.status import (CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE,
                                              DeploymentState, Problem, condition_of, desired_status,
                                              status_json_patch, status_patch, utc_now, without_queue_figures)
-from stalledpolicy.redis_url import is_credentials_refusal, redact_url, refusal_in_our_words, scrub
+from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
+from stalledpolicy.redis_url.redaction import redact_url, scrub
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -278,7 +279,7 @@ class StatusLoop:
         need not be UTF-8, and a decoding client fails on the reply after the
         script has moved the jobs. Never resent: a replay that answered late
         would otherwise report its own moves as done by someone else."""
-        from stalledpolicy.redis_url import connect, single_attempt
+        from stalledpolicy.redis_url.connecting import connect, single_attempt
 
         timeout = self.config.redis_timeout
         return connect(url, retry=single_attempt(), decode_responses=False, socket_timeout=timeout,

@@ -10,7 +10,7 @@ from typing import Any
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
-from stalledpolicy.redis_url import check_redis_url, stored_url
+from stalledpolicy.redis_url.validation import check_redis_url, stored_url
 from stalledpolicy.sweeper.config import SETTINGS, NumberOutOfRange, whole_number
 from stalledpolicy.tables import shown
 

@@ -23,10 +23,11 @@ from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import PAST_TENSE, report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import show_list, show_stats
-from stalledpolicy.redis_url import (CREDENTIALS_ADVICE, connect, is_credentials_refusal, is_missing_database,
-                                     is_read_only_refusal, missing_database_problem, redact_url, scrub,
-                                     is_slot_migrating, is_tls_handshake_timeout, single_attempt,
-                                     tls_mismatch_problem, unreachable_errors)
+from stalledpolicy.redis_url.connecting import connect, single_attempt
+from stalledpolicy.redis_url.errors import (CREDENTIALS_ADVICE, is_credentials_refusal, is_missing_database,
+                                            is_read_only_refusal, missing_database_problem, is_slot_migrating,
+                                            is_tls_handshake_timeout, tls_mismatch_problem, unreachable_errors)
+from stalledpolicy.redis_url.redaction import redact_url, scrub
 from stalledpolicy.streams import ReaderMayLeave
 
 __all__ = ["add_arguments", "run"]

@@ -19,7 +19,8 @@ from pydantic_core import PydanticCustomError
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
 from stalledpolicy.listen import EVERY_ADDRESS
-from stalledpolicy.redis_url import check_redis_url, redact_url, stored_url
+from stalledpolicy.redis_url.redaction import redact_url
+from stalledpolicy.redis_url.validation import check_redis_url, stored_url
 from stalledpolicy.tables import shown
 
 ENV_PREFIX = "STALLEDPOLICY_"

@@ -38,8 +38,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from stalledpolicy import engine, redis_url
-from stalledpolicy.redis_url import unreachable_errors
+from stalledpolicy import engine
+from stalledpolicy.redis_url import connecting, errors, redaction
+from stalledpolicy.redis_url.errors import unreachable_errors
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import Health, SweeperMetrics, per_lane
 
@@ -62,7 +63,7 @@ UNREACHABLE = unreachable_errors()
 
 def connect(url: str) -> Any:
     """The sweeper's client for ``url`` (a RedisCluster on a cluster node)."""
-    return redis_url.connect(
+    return connecting.connect(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
@@ -142,19 +143,19 @@ class Sweeper:
                                              f"their last values): {self._scrub(exc)}")
                 self._redis_answered()
         except UNREACHABLE as exc:
-            if redis_url.is_slot_migrating(exc):
+            if errors.is_slot_migrating(exc):
                 self._slot_migrating(exc)  # Redis answered: a resharding, not an outage
-            elif redis_url.is_read_only_refusal(exc):
+            elif errors.is_read_only_refusal(exc):
                 self._read_only(exc)  # Redis answered: not an outage
             else:
                 self._outage(exc)
             self.last_error = self.health.reason
             return False
         except Exception as exc:  # noqa: BLE001 (a script error or a bug must not end the process)
-            if redis_url.is_slot_migrating(exc):
+            if errors.is_slot_migrating(exc):
                 self._slot_migrating(exc)
             else:
-                if redis_url.is_missing_database(exc):
+                if errors.is_missing_database(exc):
                     # the URL names a database the server lacks (any but 0 on a
                     # Redis Cluster): a bad setting, which --once exits 2 for
                     self.bad_setting = self._scrub(exc)
@@ -264,7 +265,7 @@ class Sweeper:
         if not self._failed_pass(message, f"read-only: {message}", "sweep pass refused again by a read-only replica"):
             return
         log.error(
-            ("Redis is a read-only replica and refused the sweep's writes: " + redis_url.READ_ONLY_ADVICE
+            ("Redis is a read-only replica and refused the sweep's writes: " + errors.READ_ONLY_ADVICE
              + "; nothing was moved; " + ("--once exits 1" if self.config.once else
                                           "retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
@@ -326,7 +327,7 @@ class Sweeper:
     def _scrub(self, exc: BaseException) -> str:
         url = self.config.redis_url.get_secret_value()
         # a refusal the URL must fix (credentials, a database) in our words, else the server's
-        return redis_url.refusal_in_our_words(exc, url) or redis_url.scrub(str(exc) or type(exc).__name__, url)
+        return errors.refusal_in_our_words(exc, url) or redaction.scrub(str(exc) or type(exc).__name__, url)
 
     def backoff_delay(self) -> float:
         """0.5s, 1s, 2s, ... doubling per failed attempt, each stretched by up to
