@@ -21,6 +21,7 @@ pytestmark = pytest.mark.redis
 def small_batches(monkeypatch):
     """Force several bounded script calls per engine call."""
     monkeypatch.setattr(engine.morgue, "MORGUE_BATCH", 2)
+    monkeypatch.setattr(engine.morgue, "MORGUE_STATS_BATCH", 2)
 
 
 def morgue_ids(r, keys):
@@ -832,3 +833,25 @@ def test_a_purge_by_id_needs_no_right_to_date_rows(redis_server, r, keys):
         assert engine.morgue_purge(client, keys.queue, ids=["JOB1"]).ids == ["JOB1"]
     assert morgue_ids(r, keys) == [] and not r.exists(keys.job("JOB1"))
 
+
+
+def test_stats_and_a_lane_list_read_the_same_over_many_calls_as_over_one(r, keys, monkeypatch):
+    """Stats add up each call's counts (lanes, unreadable, the oldest death);
+    a lane list skips its offset and stops at its limit across calls."""
+    for n in range(1, 13):
+        if n % 5 == 0:
+            r.zadd(keys.dead, {f"JOB{n:02d}": 0})  # row gone
+        else:
+            put_dead(r, keys, f"JOB{n:02d}", group=(None, "a", "b")[n % 3], dead_at=10_000 - n * (n % 4))
+    whole = engine.morgue_stats(r, keys.queue)
+    pages = {lane: [j.id for j in engine.morgue_list(r, keys.queue, lane=lane, limit=100)] for lane in ("", "a", "b")}
+    for batch in (1, 2, 3):
+        monkeypatch.setattr(engine.morgue, "MORGUE_BATCH", batch)
+        monkeypatch.setattr(engine.morgue, "MORGUE_STATS_BATCH", batch)
+        assert engine.morgue_stats(r, keys.queue) == whole
+        for lane, ids in pages.items():
+            for offset in range(len(ids) + 1):
+                for limit in (1, 2, 5):
+                    got = [j.id for j in engine.morgue_list(r, keys.queue, lane=lane, limit=limit, offset=offset)]
+                    assert got == ids[offset:offset + limit], (batch, lane, offset, limit)
+    assert whole.unreadable == 2 and sum(whole.lanes.values()) == 10
