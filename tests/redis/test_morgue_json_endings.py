@@ -128,3 +128,62 @@ def test_a_table_run_that_ends_on_an_error_prints_nothing_on_stdout(r, url, queu
                           stdin=io.StringIO(), stdout=out, stderr=err)
     assert code == 1 and out.getvalue() == ""
     assert r.zcard(QueueKeys(queue_name).dead) == 6
+
+
+# ------------------------------------------------------------ stats and list
+
+STATS_SHAPE = {"queue", "size", "lanes", "oldest_dead_at_ms", "oldest_dead_at", "oldest_age_s", "unreadable",
+               "error"}
+LIST_SHAPE = {"queue", "lane", "total", "offset", "limit", "jobs", "error"}
+
+
+@pytest.mark.parametrize("action, shape", [("stats", STATS_SHAPE), ("list", LIST_SHAPE)])
+def test_a_view_prints_one_document_with_error_null_when_it_works(r, url, queue_name, action, shape):
+    standard_morgue(r, queue_name)
+    code, out, err = run_json(url, queue_name, action)
+    doc = json.loads(out)
+    assert code == 0 and set(doc) == shape and doc["error"] is None, err
+
+
+@pytest.mark.parametrize("action, extra, shape", [
+    ("stats", (), STATS_SHAPE), ("list", (), LIST_SHAPE), ("list", ("--lane", "a"), LIST_SHAPE)])
+def test_a_view_that_fails_prints_a_document_with_the_error(r, url, queue_name, action, extra, shape):
+    """`stats` and `list` printed nothing on stdout when they failed; a script
+    reading `-o json` now gets one document, as from a replay or a purge."""
+    r.set(QueueKeys(queue_name).dead, "not a sorted set")
+    code, out, err = run_json(url, queue_name, action, *extra)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert set(doc) == shape and doc["queue"] == queue_name
+    assert "EMQWRONGTYPE" in doc["error"] and "EMQWRONGTYPE" in err
+    assert all(doc[k] is None for k in shape - {"queue", "lane", "offset", "limit", "error"})
+    if action == "list":
+        assert (doc["lane"], doc["offset"]) == (extra[1] if extra else None, 0) and doc["limit"] >= 1
+
+
+@pytest.mark.parametrize("action", ["stats", "list"])
+def test_a_view_of_an_unreachable_redis_prints_a_document_with_the_error(queue_name, action):
+    code, out, err = run_json("redis://127.0.0.1:1/0", queue_name, action)
+    assert code == 3, err
+    doc = json.loads(out)
+    assert "unreachable" in doc["error"] and doc["queue"] == queue_name
+
+
+@pytest.mark.parametrize("action", ["stats", "list"])
+def test_a_view_refused_for_bad_usage_prints_nothing(queue_name, action):
+    code, out, err = run_json("http://127.0.0.1:1/0", queue_name, action)
+    assert code == 2 and out == "", (out, err)
+
+
+def test_a_view_stopped_by_a_signal_prints_a_document_saying_so(r, url, queue_name, monkeypatch):
+    standard_morgue(r, queue_name)
+
+    def stats(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM raised nothing")
+
+    monkeypatch.setattr(engine, "morgue_stats", stats)
+    code, out, err = run_json(url, queue_name, "stats")
+    assert code == 143, err
+    doc = json.loads(out)
+    assert set(doc) == STATS_SHAPE and doc["error"] == "terminated (SIGTERM)" and doc["size"] is None

@@ -22,7 +22,7 @@ from stalledpolicy.morgue.exit_codes import (
 from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import PAST_TENSE, report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
-from stalledpolicy.morgue.views import show_list, show_stats
+from stalledpolicy.morgue.views import report_view_failure, show_list, show_stats
 from stalledpolicy.redis_url.connecting import connect, single_attempt
 from stalledpolicy.redis_url.errors import (CREDENTIALS_ADVICE, is_credentials_refusal, is_missing_database,
                                             is_read_only_refusal, missing_database_problem, is_slot_migrating,
@@ -196,6 +196,8 @@ def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -
             stopped = run.outcome()
             stopped.stopped_by = "SIGTERM" if terminated else "SIGINT"
             report_unfinished(args, out, stopped, outcome_unknown=run.started)
+        else:
+            report_view_failure(args, out, "terminated (SIGTERM)" if terminated else "interrupted (SIGINT)")
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
@@ -211,8 +213,12 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
     def failed(code: int, error: str, outcome_unknown: bool = False) -> int:
         # -o json: a change that ends on an error still prints its document
         # (what the calls answered before it changed), but for bad usage (2)
-        if changing and code != EXIT_USAGE:
+        if code == EXIT_USAGE:
+            return code
+        if changing:
             report_unfinished(args, out, run.outcome(), error=error, outcome_unknown=outcome_unknown)
+        else:
+            report_view_failure(args, out, error)  # stats, list: the same promise
         return code
 
     try:

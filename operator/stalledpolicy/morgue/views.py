@@ -41,6 +41,7 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
             "oldest_dead_at": iso_time(stats.oldest_dead_at_ms),
             "oldest_age_s": oldest_age,
             "unreadable": stats.unreadable,
+            "error": None,
         }, out)
         return EXIT_OK
     oldest = "-" if oldest_age is None else (
@@ -55,6 +56,25 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
         out.write("\n" + tables.render_table(("LANE", "DEAD"), lane_rows(stats.lanes), right=("DEAD",),
                                                   exact=EXACT_COLUMNS) + "\n")
     return EXIT_OK
+
+
+def report_view_failure(args: argparse.Namespace, out: IO[str], error: str) -> None:
+    """With ``-o json``, the document of a ``stats`` or ``list`` that ended on
+    an error or a signal (every exit but bad usage, 2), as replay and purge
+    print theirs: the shape of a good run, what was not read ``null``, and
+    ``error`` saying why (stderr says it too). Tables print nothing here."""
+    if args.output != "json":
+        return
+    if args.morgue_action == "stats":
+        document: dict[str, Any] = {
+            "queue": args.queue, "size": None, "lanes": None, "oldest_dead_at_ms": None, "oldest_dead_at": None,
+            "oldest_age_s": None, "unreadable": None,
+        }
+    else:
+        document = {"queue": args.queue, "lane": args.lane, "total": None, "offset": args.offset,
+                    "limit": args.limit, "jobs": None}
+    document["error"] = error
+    emit_json(document, out)
 
 
 def _error_cell(job: Any) -> str | None:
@@ -107,6 +127,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
                 }
                 for job in jobs
             ],
+            "error": None,
         }, out)
         return EXIT_OK
     where = f"queue {args.queue}" + (f", lane {lane_label(args.lane)}" if args.lane is not None else "")
