@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> None:
     """Fill --redis-url/--queue from the environment and validate; UsageError names the setting.
     As the sweeper reads the same variables: whitespace around a value is
-    dropped (a URL from a Secret often ends in a newline; redis_url.stored_url)
+    dropped (a URL from a Secret often ends in a newline; redis_url.validation.stored_url)
     and an empty variable counts as unset, except the URL: given but blank
     (the flag, or the variable) is refused, never replaced by the other."""
     source = "--redis-url" if args.redis_url is not None else ENV_REDIS_URL
