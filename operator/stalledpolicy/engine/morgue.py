@@ -12,8 +12,8 @@ from stalledpolicy.keyspace import QueueKeys
 #: ids per morgue script call (replay, purge, list pages, stats scans)
 MORGUE_BATCH = 500
 #: ids per stats call: only counts come back, yet a larger window does not pay:
-#: the server's per-row work dominates (bench/morgue.py, 300,000 entries: 1.7 s at
-#: 500, 1.6 s at 2,000), and a call of 2,000 ids takes 12 ms where 500 take ~6 ms
+#: the server's per-row work dominates (bench/morgue.py, 300,000 entries: 1.2 s at
+#: 500, 1.1 s at 2,000), and a call of 2,000 ids takes up to 12 ms, of 500 ~3 ms
 MORGUE_STATS_BATCH = 500
 
 
