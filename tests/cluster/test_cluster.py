@@ -508,10 +508,7 @@ def test_the_morgue_reads_go_to_their_slot_without_asking_the_server_for_keys(re
     for direct in counted.direct:
         direct.script_flush()  # earlier tests of the session cached the script
     counted.reset()
-    for _ in range(3):
-        for queue in queues:
-            assert [job.id for job in engine.morgue_list(client, queue)] == ["JOB1", "JOB2"]
-            assert engine.morgue_stats(client, queue).lanes == {"g": 2}
+    _read_every_morgue(client, queues, times=3)
     stats = counted()
     assert stats.get("cmdstat_command|getkeys", 0) == 0, stats
     # one NOSCRIPT per node (the script loaded by EVAL_RO), then cached
@@ -525,6 +522,14 @@ def test_the_morgue_reads_go_to_their_slot_without_asking_the_server_for_keys(re
         node.close()
     counted.close()
     client.close()
+
+
+def _read_every_morgue(client, queues, times):
+    """``morgue list`` and ``stats`` of each queue (two dead jobs of lane g), ``times`` over."""
+    for _ in range(times):
+        for queue in queues:
+            assert [job.id for job in engine.morgue_list(client, queue)] == ["JOB1", "JOB2"]
+            assert engine.morgue_stats(client, queue).lanes == {"g": 2}
 
 
 @pytest.fixture(scope="module")
@@ -555,10 +560,7 @@ def test_without_evalsha_ro_the_morgue_reads_fall_back_once_per_client(cluster_w
     queues = _dead_on_every_node(client)  # also connects the client to every node
     counted = _NodeStats(cluster)
     counted.reset()
-    for _ in range(3):
-        for queue in queues:
-            assert [job.id for job in engine.morgue_list(client, queue)] == ["JOB1", "JOB2"]
-            assert engine.morgue_stats(client, queue).lanes == {"g": 2}
+    _read_every_morgue(client, queues, times=3)
     stats = counted()
     # one refused EVALSHA_RO for this client (unknown command: an ERR), then EVALSHA only
     assert stats.get("errorstat_ERR", 0) == 1, stats

@@ -72,6 +72,13 @@ def sweeping(ctl, body):
     return outcome
 
 
+def refresh_rounds(ctl, *bodies, rounds):
+    """``rounds`` status refreshes of each policy of ``bodies``, in that order."""
+    for _ in range(rounds):
+        for body in bodies:
+            ctl.refresh(key_of(body))
+
+
 def key_of(body):
     return body["metadata"]["namespace"], body["metadata"]["name"]
 
@@ -379,9 +386,7 @@ def test_an_older_policy_whose_secret_goes_bad_keeps_its_claim(secret):
     else:
         store[("ns", "old-creds")] = b64_url("  ")
     ctl.secrets.forget("ns", "old-creds")
-    for _ in range(CLAIM_LOST_AFTER + 2):
-        ctl.refresh(key_of(OLDER_BY_SECRET))
-        ctl.refresh(key_of(NEWER))
+    refresh_rounds(ctl, OLDER_BY_SECRET, NEWER, rounds=CLAIM_LOST_AFTER + 2)
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored is None
 
@@ -393,9 +398,7 @@ def test_a_redis_both_policies_cannot_read_moves_nothing():
     sweeping(ctl, OLDER)
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
     refusing(ctl, {OLDER["spec"]["redis"]["url"], "redis://:s3cret@Redis.Example:6379/0"})
-    for _ in range(CLAIM_LOST_AFTER + 2):
-        ctl.refresh(key_of(OLDER))
-        ctl.refresh(key_of(NEWER))
+    refresh_rounds(ctl, OLDER, NEWER, rounds=CLAIM_LOST_AFTER + 2)
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored is None
 
@@ -413,9 +416,7 @@ def test_after_an_outage_of_a_redis_both_share_the_older_policy_keeps_the_queue(
     for _ in range(3):
         ctl.refresh(key_of(NEWER))  # read fine while claimed
     refusing(ctl, {OLDER["spec"]["redis"]["url"], "redis://:s3cret@Redis.Example:6379/0"})
-    for _ in range(CLAIM_LOST_AFTER + 1):
-        ctl.refresh(key_of(OLDER))
-        ctl.refresh(key_of(NEWER))
+    refresh_rounds(ctl, OLDER, NEWER, rounds=CLAIM_LOST_AFTER + 1)
     refusing(ctl, set())
     ctl.refresh(key_of(NEWER))  # the newer one first, the older still counted as failing
     ctl.refresh(key_of(OLDER))
