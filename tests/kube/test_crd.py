@@ -480,14 +480,15 @@ def table(control_plane, *args: str) -> list[list[str]]:
 
 def test_printer_columns(tenants, control_plane, kube_namespace):
     header, row = table(control_plane, "stp", "-n", kube_namespace)
-    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "AGE"]
-    assert row[:6] == ["tenants", "tenants", "2", "15s", "3", "True"]
+    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "REASON", "AGE"]
+    assert row[:7] == ["tenants", "tenants", "2", "15s", "3", "True", "Ready"]
 
 
 def test_wide_printer_columns_add_pending_and_active(tenants, control_plane, kube_namespace):
     header, row = table(control_plane, "stalledpolicies", "-n", kube_namespace, "-o", "wide")
-    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "PENDING", "ACTIVE", "AGE"]
-    assert row[:8] == ["tenants", "tenants", "2", "15s", "3", "True", "41", "7"]
+    assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "REASON", "PENDING", "ACTIVE",
+                      "AGE"]
+    assert row[:9] == ["tenants", "tenants", "2", "15s", "3", "True", "Ready", "41", "7"]
 
 
 def test_the_emq_category_lists_policies(tenants, control_plane, kube_namespace):
