@@ -372,6 +372,35 @@ def test_a_bug_after_a_successful_call_counts_that_call_as_a_round_trip(monkeypa
     assert redis_up(sweeper) == 1
 
 
+def test_a_pod_is_ready_from_its_first_call_not_from_the_end_of_its_first_drain(monkeypatch, clock):
+    seen = []
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        seen.append(sweeper.health.ready())
+        on_call(engine.SweepResult(recovered=25, calls=1, more=True), 0.001)
+        seen.append(sweeper.health.ready())  # a large backlog: the drain goes on
+        on_call(engine.SweepResult(recovered=25, calls=1), 0.001)
+        return engine.SweepResult(recovered=50, calls=2)
+
+    script_engine(monkeypatch, clock, [])
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is True
+    assert seen == [(False, "no pass yet"), (True, "ok")]
+
+
+def test_a_pass_that_fails_after_its_first_call_is_unready_again(monkeypatch, clock):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        on_call(engine.SweepResult(recovered=1, calls=1), 0.001)
+        raise redis.ResponseError("EMQWRONGTYPE emq:{orders}:pending is a string, not a sorted set")
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is False
+    ok, reason = sweeper.health.ready()
+    assert ok is False and "EMQWRONGTYPE" in reason
+
+
 # ------------------------------------------------------------------ --once wording
 
 

@@ -13,7 +13,7 @@ Failure policy (the process must never crash-loop):
 - The queue's slot being moved between Redis Cluster nodes (a resharding:
   TRYAGAIN, a script's 'non local key', redis-py's 'TTL exhausted'): Redis
   answered, so no outage; one warning naming the migration, retried every
-  interval, /readyz 503 with that reason until a pass succeeds.
+  interval, /readyz 503 with that reason until a script call succeeds.
 - ``stalledpolicy_redis_up`` and the readiness's Redis half follow what Redis
   did, never a guess: a completed round trip (a script call, the snapshot, or
   an error reply from the server) sets them up, an outage sets them down, and
@@ -201,6 +201,12 @@ class Sweeper:
         self.metrics.count_call(result, seconds)
         self.health.beat()
         self._redis_answered()  # a script call came back: a round trip
+        # A call that came back moved its jobs: the pod sweeps, so it is ready
+        # now, not at the end of its first drain (a new pod with a large backlog
+        # would hold its rollout for as long as that drain lasts). A failure
+        # later in the pass makes it unready again.
+        self.health.last_pass_ok = True
+        self.health.reason = "ok"
 
     def _log_pass(self, result: Any, seconds: float, snapshot: Any) -> None:
         fields = {

@@ -1,7 +1,8 @@
 """The sweeper's Prometheus metrics and its one small HTTP server.
 
 ``/metrics`` (Prometheus text), ``/healthz`` (the loop is alive: its heartbeat
-is recent) and ``/readyz`` (Redis answered and the last pass succeeded) are
+is recent) and ``/readyz`` (Redis answered and the last script call or pass
+succeeded) are
 served by one ``ThreadingHTTPServer`` on a daemon thread.
 
 Counters count what *this* process did; the totals every replica shares live
