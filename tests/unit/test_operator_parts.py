@@ -23,7 +23,7 @@ from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigErro
 from stalledpolicy.controller.replay import (InvalidReplayRequest, ReplayRequest, replay_warning,
                                                requested_replay)
 from stalledpolicy.engine import ReplayResult
-from stalledpolicy.controller.status_loop import safe_error
+from stalledpolicy.controller.queue_reading import safe_error
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from stalledpolicy.controller.status import (
     FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, TRUE, DeploymentState, Problem,
-    ReconcileOutcome, condition_of, desired_status, status_patch, sweeper_condition)
+    ReconcileOutcome, condition_of, sweeper_condition)
+from stalledpolicy.controller.status_document import desired_status, status_patch
 from stalledpolicy.engine import LaneSnapshot, QueueSnapshot
 
 T0, T1, T2 = "2026-12-02T10:00:00Z", "2026-12-02T10:00:10Z", "2026-12-02T10:00:20Z"
@@ -257,7 +258,7 @@ def test_a_sweeper_scaled_to_zero_by_the_policy_does_not_read_as_a_running_sweep
 
 
 def test_the_status_json_patch_is_guarded_by_the_uid_and_sets_members_whole():
-    from stalledpolicy.controller.status import status_json_patch
+    from stalledpolicy.controller.status_document import status_json_patch
 
     ops = status_json_patch("u-1", {"pending": 1}, {"pending": 2, "a/b~c": {"x": None, "y": 1}})
     assert ops == [{"op": "test", "path": "/metadata/uid", "value": "u-1"},

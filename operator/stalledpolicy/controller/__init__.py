@@ -6,8 +6,11 @@ image allowlist), ``reapply`` (re-applies outside kopf's handlers: a deleted
 sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy),
 ``apply`` (server-side apply), ``runtime`` (the operator's memory, the
 ``Controller``), ``status_loop`` (each policy's status refreshed and written),
-``objects`` (kopf's bodies, and which is newer), ``status`` (queue numbers and
-conditions), ``replay`` (the replay annotation), ``events`` and
+``queue_reading`` (the queue read for it), ``objects`` (kopf's bodies, and which
+is newer), ``status`` (what the operator observes, and the conditions),
+``status_document`` (the whole status, and the patch that writes it),
+``replay`` (the replay annotation), ``replay_serving`` (the status loop serving
+it), ``queue_claims`` (one sweeper per queue), ``events`` and
 ``redis_clients``. Only ``cli.run`` and ``main`` import kopf.
 """
 

@@ -12,7 +12,7 @@ that asks for pods (not suspended, spec.sweeper.replicas above 0; after a failed
 reconcile, its last applied sweeper still running), and its queue read by the
 last refreshes (CLAIM_LOST_AFTER in a row that cannot read it end the claim). The
 claim ends when the older policy stops sweeping, is deleted or names another
-Redis: the status loop checks each refresh (``StatusLoop._claim_reason``). When
+Redis: the status loop checks each refresh (``claim_reconcile_reason``). When
 the older one sweeps again it takes the queue back: a policy's claim depends only
 on older policies, never on newer ones, so there is no loop to flap in; the claim
 moves only when the older policy's own state changes, and a Redis outage shorter
@@ -35,7 +35,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from stalledpolicy.controller import events
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
+from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
+from stalledpolicy.controller.status import Problem
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -134,6 +136,18 @@ def sweeps(ctl, state) -> bool | None:
     return True
 
 
+def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
+    """Count the refreshes in a row that could not read the queue (under the status
+    lock); True when that may move the queue to or from another policy (the
+    policy's first refresh, its claim lost or regained: ``sweeps``)."""
+    before = (state.refreshed, state.queue_failures >= CLAIM_LOST_AFTER)
+    state.refreshed = True
+    unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
+    state.queue_failures = state.queue_failures + 1 if unreadable else 0
+    state.queue_reads = state.queue_reads + 1 if problem is None else 0
+    return before != (True, state.queue_failures >= CLAIM_LOST_AFTER)
+
+
 _UNSET: Any = object()
 
 
@@ -178,6 +192,41 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
             continue
         return Claim(CLAIMED, state.key)
     return Claim(FREE, lapsed=lapsed) if unknown is None else Claim(UNKNOWN, unknown)
+
+
+def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
+    """Why the sweeper must be reconciled again for the one-sweeper-per-queue rule,
+    or None. Not under the status lock (it may read Secrets).
+    A policy that sweeps a queue an older sweeping one holds (an operator start
+    sees policies in any order, a Secret's URL may change, the older one may
+    sweep again). A policy held back (QueueClaimed) whose claim is over (the
+    older policy deleted, stopped sweeping, or on another Redis now), unless its
+    own queue cannot be read now (nothing to take over); held by another policy
+    now; or whose sweeper asks for pods again. When the claim cannot be told
+    (UNKNOWN: an endpoint or an older policy's state not known), nothing moves:
+    a sweeper that runs keeps running and a claimed one is never started."""
+    outcome = state.outcome
+    if outcome is None or not (outcome.ok or outcome.reason == events.QUEUE_CLAIMED):
+        return None
+    claim = claim_of(ctl, state.body)
+    queue = (state.body.get("spec") or {}).get("queue")
+    if outcome.ok:
+        if claim.verdict != CLAIMED:
+            return None
+        return f"queue {queue} is claimed by the older StalledPolicy {claim.owner[0]}/{claim.owner[1]}"
+    # From an older policy that lost its claim to unreadable reads, only once this
+    # one has read the queue for as long: after an outage of a Redis both share,
+    # the older one (its failures not yet refreshed away) would otherwise hand the
+    # queue to whichever is read first, and both would sweep.
+    if (claim.verdict == FREE and not state.queue_failures
+            and (not claim.lapsed or state.queue_reads >= CLAIM_LOST_AFTER)):
+        return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
+    if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
+        return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"
+    deployment = ctl.deployments.get((state.key[0], sweeper_name(state.key[1])))
+    if deployment is not None and asks_for_pods(deployment):
+        return f"the sweeper of a policy whose queue {queue} is claimed runs again: scaling it to 0"
+    return None
 
 
 def owner_text(key: PolicyKey, owner: PolicyKey | None) -> str:

@@ -25,8 +25,8 @@ from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, SecretReader, resolve_url,
                                                     secret_value_digest)
 from stalledpolicy.controller.scheduler import Scheduler
-from stalledpolicy.controller.status import (FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of,
-                                             status_patch)
+from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
+from stalledpolicy.controller.status_document import status_patch
 from stalledpolicy.controller.status_loop import StatusLoop
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -181,7 +181,7 @@ class Controller(StatusLoop):
     def kick_queue(self, queue: str | None, but: PolicyKey | None = None) -> None:
         """Refresh now the other policies of ``queue``: a change of one policy (deleted,
         another Redis, sweeping or not) may give its queue to another or take it back
-        (their refresh looks at the claim again: StatusLoop._claim_reason)."""
+        (their refresh looks at the claim again: queue_claims.claim_reconcile_reason)."""
         if queue:
             for state in self.queue_policies(queue):
                 if state.key != but:

@@ -1,0 +1,110 @@
+"""Reading a policy's queue for its status (the status loop's first step).
+
+``read_queue`` gives the queue's snapshot, or the ``Problem`` that says why it
+could not be read, in words that never show the URL's password;
+``endpoint_changed`` tells whether the policy names another Redis than the one
+its status figures came from (those figures must then be dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, RedisConfigError, SecretReader,
+                                                    resolve_url)
+from stalledpolicy.controller.status import Problem
+from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
+from stalledpolicy.redis_url.redaction import redact_url, scrub
+
+
+def safe_error(exc: BaseException, url: str | None) -> str:
+    """An exception as text, with the URL's password (if any) never shown; a
+    refusal the URL must fix (credentials, a database) in our words."""
+    ours = refusal_in_our_words(exc, url) if url else None
+    return ours or scrub(f"{type(exc).__name__}: {exc}", url)[:500]
+
+
+def lanes_of(spec: Mapping[str, Any]) -> list[str]:
+    """The lane names ``spec.lanes`` declares (a lane without a name is skipped)."""
+    return [lane.get("name") for lane in spec.get("lanes") or [] if lane.get("name")]
+
+
+def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader, clients: RedisClients,
+               snapshot_fn: Callable[..., Any]):
+    """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
+    import redis
+
+    from stalledpolicy.keyspace import InvalidQueueName
+
+    url = None
+    try:
+        url = resolve_url(key[0], spec.get("redis") or {}, secrets)
+        client = clients.client(key, url)
+        return client, snapshot_fn(client, spec.get("queue"), lanes_of(spec)), None, url
+    except RedisConfigError as exc:
+        return None, None, Problem(exc.reason, exc.message), None
+    except InvalidQueueName as exc:
+        return None, None, Problem("InvalidSpec", f"spec.{exc}"), None
+    except redis.ResponseError as exc:
+        if url is not None and refusal_in_our_words(exc, url) is None:
+            # Redis answered (WRONGTYPE: a key of the queue holds another type;
+            # NOPERM: the ACL user may not read it): the connection is fine, and
+            # the client is shared by every policy on this Redis: keep it.
+            return None, None, Problem(
+                "QueueUnreadable",
+                f"Redis at {redact_url(url)} refused to read queue {spec.get('queue')}: "
+                f"{safe_error(exc, url)}; check the queue's keys (`stalledpolicy morgue stats`) "
+                "and the Redis user's permissions"), None
+        return None, None, _unreachable(key, spec, url, exc, secrets=secrets, clients=clients), None
+    except (redis.RedisError, OSError) as exc:
+        return None, None, _unreachable(key, spec, url, exc, secrets=secrets, clients=clients), None
+
+
+def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: BaseException, *,
+                 secrets: SecretReader, clients: RedisClients) -> Problem:
+    """The problem of a Redis that cannot serve us (or a URL it refuses)."""
+    clients.invalidate(key)
+    ref = (spec.get("redis") or {}).get("secretRef") or {}
+    if ref.get("name"):
+        # A wrong URL is fixed by editing the Secret: read it again next time.
+        secrets.forget(key[0], ref["name"])
+    where = redact_url(url) if url else "Redis"
+    detail = safe_error(exc, url)
+    if url and not ref.get("name") and is_credentials_refusal(exc):
+        # CREDENTIALS_ADVICE says "put them in the URL": spec.redis.url refuses them.
+        detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "
+                  "hold one; put the whole URL, password included, in a Secret and name it in "
+                  "spec.redis.secretRef")
+    return Problem("RedisUnreachable", f"cannot read queue {spec.get('queue')} at {where}: {detail}")
+
+
+def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader) -> bool:
+    """Whether the policy names another Redis than the one its status figures were
+    read from (under the status lock): another server or database (host, port,
+    database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
+    names: new credentials for the same server are no change), or another
+    spec.redis whose URL cannot be resolved now. The same spec.redis with a Secret
+    unreadable for now is no change."""
+    import json
+
+    from stalledpolicy.controller.queue_claims import redis_endpoint
+
+    redis_spec = spec.get("redis") or {}
+    described = json.dumps(redis_spec, sort_keys=True, default=str)
+    try:
+        url = resolve_url(state.key[0], redis_spec, secrets)
+        endpoint = redis_endpoint(url)
+    except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
+        endpoint = None
+    known = state.redis_endpoint
+    if known is None:
+        state.redis_endpoint = (described, endpoint)
+        return False
+    if endpoint is not None and known[1] is not None:
+        changed = endpoint != known[1]
+    else:
+        changed = described != known[0]
+    if changed or endpoint is not None:
+        state.redis_endpoint = (described, endpoint)
+    return changed

@@ -1,0 +1,103 @@
+"""The status loop's replay duty: serve the replay a policy's annotation asks for.
+
+A refresh that has read the queue asks ``serve_requested_replay`` whether the
+annotation holds a token not served yet; if so the replay runs (or is found
+already served in Redis: replay.py) on a connection of its own, and its record
+waits in ``state.unwritten_replay`` until the status write that carries it
+lands; ``announce_replay`` then posts its event, so a write that fails never
+announces a replay that status does not show.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from stalledpolicy.controller import REPLAY_ANNOTATION, events
+from stalledpolicy.controller.metrics import OperatorMetrics
+from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.redis_clients import RedisClients
+from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
+                                             served_replay, with_served)
+from stalledpolicy.controller.status import Problem
+
+log = logging.getLogger("stalledpolicy.operator")
+
+
+def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snapshot: Any, now: str, *,
+                           read_snapshot: Callable[[], Any], replay_fn: Callable[..., Any] | None,
+                           redis_timeout: float, clients: RedisClients, metrics: OperatorMetrics,
+                           recorder: Any) -> tuple[Problem | None, Any]:
+    """(problem, snapshot) after serving the replay the annotation asks for, if any
+    (under the status lock). ``snapshot`` comes back as given unless a replay moved
+    jobs: then it is ``read_snapshot()``'s (kept as given if that read fails)."""
+    annotations = (state.body.get("metadata") or {}).get("annotations") or {}
+    try:
+        request = requested_replay(annotations, [*state.served_tokens, state.refused_token or ""])
+    except InvalidReplayRequest as exc:
+        token = annotations.get(REPLAY_ANNOTATION)
+        state.refused_token = token  # refused once; a new token asks again
+        metrics.count_replay("refused")
+        recorder.post(state.body, events.WARNING, events.REPLAY_FAILED, str(exc))
+        log.warning(str(exc), extra={"namespace": state.key[0], "policy": state.key[1]})
+        return None, snapshot
+    if request is None:
+        return None, snapshot
+    import redis
+
+    replay_client = None
+    try:
+        replay_client = _replay_client(url, redis_timeout)
+        served = served_replay(replay_client, queue, request)
+        if served is None:
+            record, warning = run_replay(replay_client, queue, request, now, replay_fn)
+        else:
+            record, warning = served
+    except (redis.RedisError, OSError) as exc:
+        clients.invalidate(state.key)
+        metrics.count_replay("failed")
+        return Problem("RedisUnreachable", f"replay of queue {queue} failed: {safe_error(exc, url)}"), snapshot
+    finally:
+        if replay_client is not None:
+            try:
+                replay_client.close()
+            except Exception:  # noqa: BLE001 - a broken connection may fail to close
+                pass
+    # Served from now on, whatever happens to the status write; kept in status
+    # with the tokens served before it, so none of them replays again.
+    state.served_tokens = with_served(state.served_tokens, request.token)
+    record = {**record, "servedTokens": list(state.served_tokens)}
+    if served is None:
+        # Counted by the run that moved the jobs only: a record served from
+        # Redis (after a restart) was counted by the process that ran it.
+        metrics.count_replay("done", int(record.get("replayed") or 0))
+    state.unwritten_replay, state.replay_warning = record, warning
+    try:
+        snapshot = read_snapshot()
+    except (redis.RedisError, OSError):
+        pass  # the numbers catch up on the next refresh
+    return None, snapshot
+
+
+def _replay_client(url: str, timeout: float):
+    """A bytes client for one replay (replays are rare): job ids and errors
+    need not be UTF-8, and a decoding client fails on the reply after the
+    script has moved the jobs. Never resent: a replay that answered late
+    would otherwise report its own moves as done by someone else."""
+    from stalledpolicy.redis_url.connecting import connect, single_attempt
+
+    return connect(url, retry=single_attempt(), decode_responses=False, socket_timeout=timeout,
+                   socket_connect_timeout=timeout)
+
+
+def announce_replay(recorder: Any, state: PolicyState, queue: str | None, record: dict,
+                    warning: str | None) -> None:
+    """Log and post the replay whose record status now shows, and what it left undone."""
+    message = replay_message(queue, record)
+    where = {"namespace": state.key[0], "policy": state.key[1]}
+    log.info(message, extra={**where, "replayed": record["replayed"]})
+    recorder.post(state.body, events.NORMAL, events.REPLAYED, message)
+    if warning:
+        log.warning(warning, extra=where)
+        recorder.post(state.body, events.WARNING, events.REPLAY_INCOMPLETE, warning)
