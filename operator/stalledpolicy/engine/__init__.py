@@ -12,15 +12,16 @@ below through this package (``engine.drain``), so tests can replace them here.
 """
 
 from stalledpolicy.engine.calls import AclRefused, is_acl_refusal
-from stalledpolicy.engine.morgue import (MORGUE_BATCH, DeadJob, MorgueStats, PurgeResult, ReplayResult,
-                                         lane_of, morgue_list, morgue_purge, morgue_replay, morgue_stats)
+from stalledpolicy.engine.morgue import (MORGUE_BATCH, DeadJob, MorguePage, MorgueStats, PurgeResult,
+                                         ReplayResult, lane_of, morgue_list, morgue_page, morgue_purge,
+                                         morgue_replay, morgue_stats)
 from stalledpolicy.engine.snapshot import LaneSnapshot, QueueSnapshot, queue_snapshot
 from stalledpolicy.engine.sweep import Budgets, LaneCounts, SweepResult, drain, sweep_batch
 
 __all__ = [
     "AclRefused", "is_acl_refusal",
-    "MORGUE_BATCH", "DeadJob", "MorgueStats", "PurgeResult", "ReplayResult", "lane_of",
-    "morgue_list", "morgue_purge", "morgue_replay", "morgue_stats",
+    "MORGUE_BATCH", "DeadJob", "MorguePage", "MorgueStats", "PurgeResult", "ReplayResult", "lane_of",
+    "morgue_list", "morgue_page", "morgue_purge", "morgue_replay", "morgue_stats",
     "LaneSnapshot", "QueueSnapshot", "queue_snapshot",
     "Budgets", "LaneCounts", "SweepResult", "drain", "sweep_batch",
 ]

@@ -50,6 +50,14 @@ class MorgueStats:
 
 
 @dataclass
+class MorguePage:
+    """A page of :func:`morgue_page`: its jobs, and how many the selection
+    holds in all (the morgue's size, or the lane's dead jobs by :func:`lane_of`)."""
+    jobs: list[DeadJob]
+    total: int
+
+
+@dataclass
 class ReplayResult:
     replayed: int
     ids: list[str]
@@ -138,36 +146,68 @@ def morgue_stats(client: Any, queue: str) -> MorgueStats:
                        unreadable=unreadable)
 
 
+def _check_paging(limit: int, offset: int) -> None:
+    check_positive("limit", limit)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
+
+
+def _lane_walk(client: Any, keys: QueueKeys, lane: str, limit: int, offset: int, *, to_end: bool
+               ) -> tuple[list[DeadJob], int]:
+    """The page of ``lane`` (morgue_scan ``lane`` mode) and the lane's rows
+    among the ids examined: to the end of the morgue with ``to_end`` (its
+    total, from the same walk), else the walk stops once the page is full."""
+    page: list[DeadJob] = []
+    matched = 0
+    cursor: str | bytes = ""
+    to_skip = offset
+    while True:
+        rows, cursor, skipped, matched_here = run_script(
+            "morgue_scan", client, keys, [keys.dead],
+            [keys.prefix, "lane", cursor, MORGUE_BATCH, lane, to_skip, limit - len(page),
+             "total" if to_end else ""])
+        to_skip -= int(skipped)
+        matched += int(matched_here)
+        page += [_job(raw) for raw in rows]
+        if not cursor or (len(page) >= limit and not to_end):
+            return page, matched
+
+
 def morgue_list(client: Any, queue: str, *, lane: str | None = None, limit: int = 100,
                 offset: int = 0) -> list[DeadJob]:
     """A page of the morgue in id (= mint) order; ``lane`` as replay and purge
     read it (:func:`lane_of`: ``""`` selects flat jobs, and an entry whose row
     is missing or not a hash is in no lane): the script filters, only the
     page's rows come back."""
-    check_positive("limit", limit)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset: must be an integer >= 0, got {offset!r}")
+    _check_paging(limit, offset)
     keys = QueueKeys(queue)
+    if lane is not None:
+        return _lane_walk(client, keys, lane, limit, offset, to_end=False)[0]
     page: list[DeadJob] = []
-    if lane is None:
-        start = offset
-        while len(page) < limit:
-            jobs, more = _scan(client, keys, "index", str(start), min(MORGUE_BATCH, limit - len(page)))
-            page += jobs
-            start += len(jobs)
-            if not more:
-                break
-        return page
-    cursor: str | bytes = ""
-    to_skip = offset
-    while True:
-        rows, cursor, skipped = run_script(
-            "morgue_scan", client, keys, [keys.dead],
-            [keys.prefix, "lane", cursor, MORGUE_BATCH, lane, to_skip, limit - len(page)])
-        to_skip -= int(skipped)
-        page += [_job(raw) for raw in rows]
-        if len(page) >= limit or not cursor:
-            return page
+    start = offset
+    while len(page) < limit:
+        jobs, more = _scan(client, keys, "index", str(start), min(MORGUE_BATCH, limit - len(page)))
+        page += jobs
+        start += len(jobs)
+        if not more:
+            break
+    return page
+
+
+def morgue_page(client: Any, queue: str, *, lane: str | None = None, limit: int = 100,
+                offset: int = 0) -> MorguePage:
+    """:func:`morgue_list`'s page and the selection's total, what ``morgue
+    list`` shows. With ``lane``, one walk of the morgue gives both (the walk
+    goes on past the page, counting: each call still examines one window), as
+    :func:`morgue_stats`' count of the lane would; without, the total is the
+    morgue's size."""
+    _check_paging(limit, offset)
+    keys = QueueKeys(queue)
+    if lane is not None:
+        jobs, total = _lane_walk(client, keys, lane, limit, offset, to_end=True)
+        return MorguePage(jobs=jobs, total=total)
+    jobs = morgue_list(client, queue, limit=limit, offset=offset)
+    return MorguePage(jobs=jobs, total=int(client.zcard(keys.dead)))
 
 
 def _replay_keys(keys: QueueKeys) -> list[str]:

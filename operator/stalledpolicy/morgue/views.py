@@ -103,12 +103,9 @@ def _nothing_listed(client: Any, args: argparse.Namespace, where: str, total: in
 
 
 def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
-    jobs = engine.morgue_list(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
-    if args.lane is None:
-        total = int(client.zcard(QueueKeys(args.queue).dead))
-    else:
-        # per-lane counts need a (bounded, batched) walk of the morgue
-        total = engine.morgue_stats(client, args.queue).lanes.get(args.lane, 0)
+    # with a lane, one (bounded, batched) walk of the morgue gives the page and the lane's total
+    page = engine.morgue_page(client, args.queue, lane=args.lane, limit=args.limit, offset=args.offset)
+    jobs, total = page.jobs, page.total
     now_ms = server_now_ms(client, args.queue)
     if args.output == "json":
         emit_json({

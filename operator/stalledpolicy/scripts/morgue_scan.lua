@@ -11,10 +11,14 @@
 -- ARGV[2] may also be, both walking `dead` by id cursor as 'lex' does:
 --   'lane'  (list --lane) ARGV[5] the lane ('' = flat jobs), ARGV[6] matching
 --           rows to pass over first (the page's offset still to skip), ARGV[7]
---           the most rows wanted. Only that lane's rows are returned, by the
---           engine's rule (lane_of): a row missing or not a hash is in no lane.
---           Returns {rows, next, skipped}; the walk stops early once ARGV[7]
---           rows are found (next = the last id examined).
+--           the most rows wanted (0: none, only count), ARGV[8] 'total' to
+--           examine the whole window even once the rows are found (the lane's
+--           total comes from the same walk), else ''. Only that lane's rows are
+--           returned, by the engine's rule (lane_of): a row missing or not a
+--           hash is in no lane. Returns {rows, next, skipped, matched}, matched
+--           the lane's rows among the ids examined (up to next); without
+--           'total' the walk stops early once ARGV[7] rows are found (next =
+--           the last id examined).
 --   'stats' Returns {lanes, unreadable, oldest, next}: lanes a flat list
 --           group, n, ... ('' = flat jobs), unreadable the rows missing or not
 --           a hash (in no lane), oldest the earliest time of death among the
@@ -112,37 +116,42 @@ if ARGV[2] == 'stats' then
 end
 
 if ARGV[2] == 'lane' then
-  local lane, skip, want = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-  local rows, skipped, last = {}, 0, nil
+  local lane, skip, want, to_end = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == 'total'
+  local rows, skipped, matched, last = {}, 0, 0, nil
   for _, id in ipairs(ids) do
     last = id
     local key = prefix .. 'job:' .. id
-    -- the group alone first: most rows of another lane end here
-    local g = redis.pcall('HGET', key, 'group')
-    local maybe
-    if type(g) == 'table' then  -- an error reply (HGET's false is a missing field or row)
-      read_refused(g)
-      maybe = false  -- not a hash: in no lane
-    elseif g == false or g == '' then
-      maybe = lane == ''  -- flat, or a row that is missing (in no lane): row_of tells
+    -- two fields only: a row of another lane costs one HMGET, and so does one
+    -- of the lane that is only skipped or counted; row_of reads the page's
+    -- rows. `state` (every EchoMQ row has one) proves the row is there when
+    -- it has no `group`: a flat job
+    local f = redis.pcall('HMGET', key, 'group', 'state')
+    local member
+    if f.err then
+      read_refused(f)
+      member = false  -- not a hash: in no lane
+    elseif f[1] or f[2] or here(key) then
+      -- a hash: its lane ('' = flat). Absence is asked with `dead` (here), as
+      -- row_of and stats ask it: while the slot migrates, a row not moved yet
+      -- reads as absent on the importing node, and must not drop out of the
+      -- lane unseen; the call is refused instead
+      member = (f[1] or '') == lane
     else
-      maybe = g == lane
+      member = false  -- missing: in no lane
     end
-    if maybe then
-      local row = row_of(id, key)
-      if not row[8] and (row[2] or '') == lane then
-        if skipped < skip then
-          skipped = skipped + 1
-        else
-          rows[#rows + 1] = row
-          if #rows >= want then
-            return {rows, id, skipped}
-          end
+    if member then
+      matched = matched + 1
+      if skipped < skip then
+        skipped = skipped + 1
+      elseif #rows < want then
+        rows[#rows + 1] = row_of(id, key)
+        if #rows >= want and not to_end then
+          return {rows, id, skipped, matched}
         end
       end
     end
   end
-  return {rows, cursor_after(last), skipped}
+  return {rows, cursor_after(last), skipped, matched}
 end
 
 local rows = {}
