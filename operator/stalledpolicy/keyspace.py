@@ -45,18 +45,25 @@ def _describe(ch: str) -> str:
     return f"{ch!r} (U+{ord(ch):04X}, {kind})"
 
 
+def _check_name(name: str, field: str, limit: int, forbidden: str, names: str, error: type[ValueError]) -> str:
+    """The rule a queue and a lane name share, for a non-empty string: at most
+    ``limit`` characters, none of ``forbidden``, no whitespace or control
+    character. ``error``'s message starts ``<field>: `` and says what ``names``
+    may not contain, the characters listed from ``forbidden`` itself."""
+    if len(name) > limit:
+        raise error(f"{field}: at most {limit} characters (got {len(name)})")
+    for ch in name:
+        if ch in forbidden or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            listed = ", ".join(repr(c) for c in forbidden)
+            raise error(f"{field}: {shown(name, limit, quoted=True)} contains {_describe(ch)}; {names} may not "
+                        f"contain {listed}, whitespace or control characters")
+    return name
+
+
 def validate_queue_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidQueueName("queue: must be a non-empty string")
-    if len(name) > QUEUE_NAME_MAX:
-        raise InvalidQueueName(f"queue: at most {QUEUE_NAME_MAX} characters (got {len(name)})")
-    for ch in name:
-        if ch in _FORBIDDEN_CHARACTERS or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            raise InvalidQueueName(
-                f"queue: {shown(name, QUEUE_NAME_MAX, quoted=True)} contains {_describe(ch)}; EchoMQ queue names may not contain "
-                "'{', '}', ':', whitespace or control characters"
-            )
-    return name
+    return _check_name(name, "queue", QUEUE_NAME_MAX, _FORBIDDEN_CHARACTERS, "EchoMQ queue names", InvalidQueueName)
 
 
 def validate_lane_name(name: str) -> str:
@@ -66,15 +73,8 @@ def validate_lane_name(name: str) -> str:
         raise InvalidLaneName("lane: must be a string")
     if not name:
         raise InvalidLaneName("lane: must not be empty; give the lane (EchoMQ group) name")
-    if len(name) > LANE_NAME_MAX:
-        raise InvalidLaneName(f"lane: at most {LANE_NAME_MAX} characters (got {len(name)})")
-    for ch in name:
-        if ch in _LANE_FORBIDDEN_CHARACTERS or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            raise InvalidLaneName(
-                f"lane: {shown(name, LANE_NAME_MAX, quoted=True)} contains {_describe(ch)}; lane (EchoMQ group) "
-                "names may not contain '{', '}', ':', ',', '=', whitespace or control characters"
-            )
-    return name
+    return _check_name(name, "lane", LANE_NAME_MAX, _LANE_FORBIDDEN_CHARACTERS, "lane (EchoMQ group) names",
+                       InvalidLaneName)
 
 
 @dataclass(frozen=True)
