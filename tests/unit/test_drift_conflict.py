@@ -4,6 +4,7 @@ budget that an operator restart does not refill."""
 from __future__ import annotations
 
 import copy
+import threading
 
 from stalledpolicy.controller import drift
 from stalledpolicy.controller.reconcile import reconcile
@@ -195,6 +196,39 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
     # A full budget again: the next changes are reverted, three times, before a new conflict.
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     assert kinds(ctl)[-drift.DRIFT_MAX_REVERTS - 1:] == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS + ["DriftConflict"]
+
+
+def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_sync(monkeypatch):
+    """The status loop refreshing between the end of the conflict and the edit's
+    outcome wrote SweeperInSync True with the generation that was in conflict
+    (seen by the kube test as observedGeneration 1 after the edit to 2)."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    ctl.refresh(KEY)
+    seen, refreshers = [], []
+    end_conflict = drift.end_conflict_by_edit
+
+    def a_refresh_right_after(state, generation):
+        ended = end_conflict(state, generation)
+
+        def refresh():
+            ctl.refresh(KEY)
+            seen.append(copy.deepcopy(condition_of(ctl.policies[KEY].status, "SweeperInSync")))
+        refresher = threading.Thread(target=refresh)
+        refresher.start()
+        refresher.join(0.5)  # the status loop's refresh, now
+        refreshers.append(refresher)
+        return ended
+
+    monkeypatch.setattr(drift, "end_conflict_by_edit", a_refresh_right_after)
+    body = edited(policy_body(), 2, 2)
+    ctl.observe_policy(body, "MODIFIED")
+    reconcile(ctl, body, old_spec=policy_body()["spec"])
+    [refresher] = refreshers
+    refresher.join(5)
+    [in_sync] = seen
+    assert (in_sync["status"], in_sync["observedGeneration"]) == ("True", 2)
 
 
 def test_an_edit_made_while_the_operator_was_down_during_a_conflict_is_applied_at_start():

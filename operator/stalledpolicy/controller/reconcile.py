@@ -123,24 +123,28 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
     ctl.observe_deployment(applied, read=True)
     from stalledpolicy.controller.drift import clear_recorded_reverts, end_conflict_by_edit
 
-    state = ctl.state(body)
-    edit_ended_conflict = end_conflict_by_edit(state, generation)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
     if changed:
         log.info("sweeper Deployment applied", extra={
             "namespace": namespace, "policy": name, "deployment": deployment_name,
             "generation": generation, "first_apply": existing is None})
-    if old_spec is not None:
-        message = events.budget_change_message(old_spec, body.get("spec") or {})
-        if message:
-            ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, message)
     outcome = ReconcileOutcome(
         generation, True, "Applied", f"sweeper Deployment {deployment_name} applied",
         suspended=spec.suspend,
         deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None,
         replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
-    ctl.record_outcome(body, outcome)
+    state = ctl.state(body)
+    # The status loop refreshes under this lock: the conflict ends in one step with
+    # the outcome of the edit that ended it (in between, a refresh showed
+    # SweeperInSync True for the generation that was in conflict).
+    with state.lock:
+        edit_ended_conflict = end_conflict_by_edit(state, generation)
+        ctl.record_outcome(body, outcome)
+    if old_spec is not None:
+        message = events.budget_change_message(old_spec, body.get("spec") or {})
+        if message:
+            ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, message)
     if edit_ended_conflict:
         clear_recorded_reverts(ctl, state, applied)
     return outcome
