@@ -20,7 +20,7 @@ from stalledpolicy.controller.api_errors import api_error_types, describe_api_er
 from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid, read_deployment,
                                             scale_to_zero)
 from stalledpolicy.controller.config import backoff
-from stalledpolicy.controller.objects import asks_for_pods, plain, sweeper_name
+from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
 from stalledpolicy.controller.retry import (APPLY_FAILED_FIRST_RETRY, NAME_CONFLICT_FIRST_RETRY,
                                             OLD_SWEEPER_FIRST_RETRY, InvalidPolicy, RetryLater)
 from stalledpolicy.controller.runtime import Controller
@@ -66,7 +66,13 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
     ``resume``: kopf's resume handler (an operator start), which applies nothing
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``)."""
     body = plain(body)
-    with ctl.state(body).apply_lock:
+    state = ctl.state(body)
+    with state.apply_lock:
+        # The policy may have been edited while this waited for the lock, and the
+        # edit applied meanwhile: never apply a generation older than the newest seen.
+        with state.lock:
+            if generation_of(state.body) > generation_of(body):
+                body = plain(state.body)
         return _reconcile(ctl, body, retry, old_spec, resume)
 
 
