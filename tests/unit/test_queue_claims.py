@@ -5,10 +5,12 @@ QueueClaimed (Ready=False, a Warning, no sweeper) until the older goes away."""
 from __future__ import annotations
 
 import copy
+import socket
 
 import pytest
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
+from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.status import condition_of
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller
@@ -55,9 +57,16 @@ class Secrets(dict):
         return super().get(key, default)
 
 
+def no_dns(host):
+    """No real DNS in unit tests: every name other than an IP does not resolve
+    (compared as a name); test_same_redis_server.py resolves names."""
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
 def start(*bodies):
     apps = ManyApps()
     ctl = fake_controller(apps, Secrets(SECRETS))
+    ctl.redis_hosts = HostResolver(lookup=no_dns)
     ctl.store = ctl.secrets._read.__closure__[0].cell_contents  # the Secrets fake_controller reads
     for body in bodies:
         ctl.observe_policy(copy.deepcopy(body), "ADDED")

@@ -1,11 +1,12 @@
 """One sweeper per queue: two policies the operator watches that name the same
-queue on the same Redis (host, port, database) would run two sweepers with two
-budgets over one queue. They race, so neither budget holds. Of the policies of
-a queue and Redis that sweep, the oldest (``metadata.creationTimestamp``, then
-name, then namespace) keeps the queue; each newer one is ``QueueClaimed``: no
-sweeper is created for it, and one it already has is scaled to 0 replicas (kept,
-not deleted: the operator may not delete Deployments, and it comes back with the
-policy's spec once the claim ends).
+queue on the same Redis (server, port, database; one server may be named two
+ways: redis_hosts.py) would run two sweepers with two budgets over one queue.
+They race, so neither budget holds. Of the policies of a queue and Redis that
+sweep, the oldest (``metadata.creationTimestamp``, then name, then namespace)
+keeps the queue; each newer one is ``QueueClaimed``: no sweeper is created for
+it, and one it already has is scaled to 0 replicas (kept, not deleted: the
+operator may not delete Deployments, and it comes back with the policy's spec
+once the claim ends).
 
 Only a policy that sweeps holds a claim (``sweeps``): reconciled with a sweeper
 that asks for pods (not suspended, spec.sweeper.replicas above 0; after a failed
@@ -20,9 +21,10 @@ than CLAIM_LOST_AFTER refreshes moves nothing.
 
 Each verdict is one of three (``Claim``): the queue is free, claimed by a known
 older policy, or unknown (an endpoint that cannot be resolved now, an older
-policy not yet reconciled or refreshed by this process): then whatever holds
-stays (a claimed policy stays claimed, a running sweeper runs) and no sweeper is
-started. Memory only: the policies compared are those this operator has seen.
+policy not yet reconciled or refreshed by this process, a host name not looked up
+yet): then whatever holds stays (a claimed policy stays claimed, a running sweeper
+runs) and no sweeper is started. Memory only: the policies compared are those
+this operator has seen.
 """
 
 from __future__ import annotations
@@ -37,11 +39,10 @@ from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
+from stalledpolicy.controller.redis_hosts import Endpoint, same_server
 from stalledpolicy.controller.status import Problem
 
 log = logging.getLogger("stalledpolicy.operator")
-
-Endpoint = tuple[str, int, int]  # host (lower case), port, database
 
 # Refreshes in a row that cannot read a policy's queue before it holds no claim
 # (a blip of a Redis both policies share moves nothing).
@@ -153,9 +154,10 @@ _UNSET: Any = object()
 
 def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
     """Whether an older policy (of those the operator knows, not being deleted) that
-    sweeps (``sweeps``) names the same queue on the same Redis endpoint as
-    ``body``: the oldest such one is the ``owner``. Reads Secrets (cached, maybe
-    the API): never call it holding a policy's status lock."""
+    sweeps (``sweeps``) names the same queue on the same Redis server and database
+    as ``body`` (``same_server``): the oldest such one is the ``owner``. Reads
+    Secrets (cached, maybe the API) and may wait a moment for a host name's lookup:
+    never call it holding a policy's status lock."""
     meta = metadata_of(body)
     if meta.get("deletionTimestamp"):
         return Claim(FREE)
@@ -185,9 +187,10 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
         if endpoint is _UNSET:
             endpoint = policy_endpoint(ctl, key[0], spec)
         theirs = None if endpoint is None else policy_endpoint(ctl, state.key[0], state.body.get("spec") or {})
-        if endpoint is not None and theirs is not None and theirs != endpoint:
+        same = None if theirs is None else same_server(endpoint, theirs, ctl.redis_hosts)
+        if same is False:
             continue  # another Redis
-        if endpoint is None or theirs is None or sweeping is None:
+        if same is None or sweeping is None:
             unknown = unknown or state.key
             continue
         return Claim(CLAIMED, state.key)
@@ -243,8 +246,9 @@ def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey | None, deploym
     if owner is None:  # Claim UNKNOWN, and no claim recorded before
         return (f"queue {queue} may be swept for an older StalledPolicy on this Redis, which cannot be told "
                 "now (that policy's state or Redis is not known yet: an operator start, the API server or a "
-                f"Secret unreadable): this policy gets no sweeper{deployment_note} until it can be told")
-    return (f"queue {queue} on this Redis (same host, port and database) is already swept for "
+                "Secret unreadable, a host name not looked up yet): this policy gets no "
+                f"sweeper{deployment_note} until it can be told")
+    return (f"queue {queue} on this Redis (the same server, port and database) is already swept for "
             f"{owner_text(key, owner)}: two sweepers of one queue race and neither budget holds, so this "
             f"policy gets no sweeper{deployment_note}; delete one of the two policies (or point one at another "
             "Redis). This policy takes the queue over when that one stops sweeping (deleted, suspended, "

@@ -24,6 +24,7 @@ from stalledpolicy.controller.objects import (WRITE_ECHO_TIMEOUT, created_before
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, SecretReader, resolve_url,
                                                     secret_value_digest)
+from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch
@@ -43,6 +44,7 @@ class Controller(StatusLoop):
         self.recorder = recorder
         self.secrets = secrets
         self.clients = clients
+        self.redis_hosts = HostResolver()  # one Redis named two ways is one Redis (queue_claims)
         if snapshot_fn is None:
             from stalledpolicy.engine import queue_snapshot as snapshot_fn
         self.snapshot_fn = snapshot_fn

@@ -1,0 +1,121 @@
+"""Whether two Redis endpoints are one server named two ways (one sweeper per
+queue, queue_claims.py): ``redis.prod.svc`` and ``redis.prod.svc.cluster.local``
+or the Service's IP, ``localhost`` and ``127.0.0.1``. The URL's scheme is no part
+of an endpoint: a port speaks TLS or not, never both.
+
+Two endpoints of equal port and database are the same server when their host
+names are equal or resolve to at least one common address. A name that does not
+resolve is compared as a name only. Host names are resolved (``getaddrinfo``,
+TCP) on a thread of their own, cached for ``ttl`` seconds, and waited for at
+most ``wait`` seconds: getaddrinfo cannot be given a timeout, and a slow DNS
+must not stall a reconcile or the status loop. A name whose first lookup has not
+ended is "cannot be told now" (None), which the claim rules already treat as
+"nothing moves" (no sweeper started, a running one kept); after that, an expired
+entry is looked up again while its last answer serves.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+Endpoint = tuple[str, int, int]  # host (lower case), port, database
+
+PENDING: object = object()  # a host name whose first lookup has not ended yet
+
+LOOKUP_TTL = 60.0
+LOOKUP_WAIT = 0.5
+
+
+def normal_address(text: str) -> str:
+    """One spelling per address (``::ffff:127.0.0.1`` is ``127.0.0.1``)."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def ip_literal(host: str) -> str | None:
+    try:
+        return normal_address(str(ipaddress.ip_address(host)))
+    except ValueError:
+        return None
+
+
+def lookup_addresses(host: str) -> Iterable[str]:
+    """The addresses a TCP client connecting to ``host`` would try."""
+    return [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+
+
+@dataclass
+class _Entry:
+    addresses: frozenset | None | object = PENDING  # None: the name does not resolve
+    checked_at: float = float("-inf")
+    lookup_done: threading.Event | None = None  # set when the lookup in flight ends
+
+
+class HostResolver:
+    """Host names to address sets, cached (see the module's docstring)."""
+
+    def __init__(self, lookup: Callable[[str], Iterable[str]] = lookup_addresses, *,
+                 ttl: float = LOOKUP_TTL, wait: float = LOOKUP_WAIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lookup, self.ttl, self.wait, self.clock = lookup, ttl, wait, clock
+        self._entries: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+
+    def addresses(self, host: str) -> frozenset | None | object:
+        """The addresses of ``host``; None when it does not resolve; PENDING when its
+        first lookup did not end within ``wait`` seconds."""
+        literal = ip_literal(host)
+        if literal is not None:
+            return frozenset({literal})
+        with self._lock:
+            entry = self._entries.setdefault(host, _Entry())
+            if entry.lookup_done is None and self.clock() - entry.checked_at >= self.ttl:
+                entry.lookup_done = threading.Event()
+                # A daemon thread, not an executor: a lookup hanging in the C library
+                # must not hold up the operator's exit.
+                threading.Thread(target=self._look_up, args=(host, entry, entry.lookup_done),
+                                 name=f"lookup {host}", daemon=True).start()
+            if entry.addresses is not PENDING:
+                return entry.addresses
+            lookup_done = entry.lookup_done
+        lookup_done.wait(self.wait)
+        with self._lock:
+            return entry.addresses
+
+    def _look_up(self, host: str, entry: _Entry, lookup_done: threading.Event) -> None:
+        try:
+            found = frozenset(normal_address(address) for address in self.lookup(host)) or None
+        except Exception:  # noqa: BLE001 - gaierror, OSError, UnicodeError (IDNA): does not resolve
+            found = None
+        with self._lock:
+            # A failed lookup keeps the addresses known before: a DNS blip must not
+            # end a claim (the newer policy would start a second sweeper).
+            if found is not None or not isinstance(entry.addresses, frozenset):
+                entry.addresses = found
+            entry.checked_at = self.clock()
+            entry.lookup_done = None
+        lookup_done.set()
+
+
+def same_server(mine: Endpoint, theirs: Endpoint, hosts: HostResolver) -> bool | None:
+    """Whether two endpoints name one server and database; None when that cannot be
+    told now (a host name's first lookup still running)."""
+    if mine[1:] != theirs[1:]:
+        return False
+    if mine[0] == theirs[0]:
+        return True
+    answers = [hosts.addresses(mine[0]), hosts.addresses(theirs[0])]
+    if None in answers:
+        return False  # a name that does not resolve: the names differ
+    if PENDING in answers:
+        return None
+    return not answers[0].isdisjoint(answers[1])
