@@ -11,7 +11,10 @@
   run here with a token of the chart's ServiceAccount (and nothing else),
   reconciles a policy end to end: sweeper Deployment applied, the sweeper run
   by the pod runner dead-letters a poison job, ``Ready`` and ``deadLetters``
-  written to the status. Missing RBAC would fail it.
+  written to the status. Missing RBAC would fail it;
+- a watched namespace, a ServiceAccount (serviceAccount.create=false) or a PriorityClass
+  that does not exist fails a real ``helm install`` at the render, naming the value and
+  the fix, with nothing applied; ``helm template`` still renders them.
 """
 
 from __future__ import annotations
@@ -676,6 +679,178 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
         helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
         delete_namespaces(control_plane, release_ns, watched, other)
 
+
+
+# Each of these installed "successfully" (or stopped half-way with Helm's own message) and left an
+# operator that never ran: lookup now refuses them before anything is applied.
+
+def refused_install(helm, control_plane, release: str, namespace: str, *values: str,
+                    create_namespace: bool = False) -> str:
+    """A real ``helm install`` that must fail at the render: its stderr, after checking that
+    nothing of the release was applied, nor recorded as a (failed) release."""
+    done = helm("install", release, str(CHART), "--namespace", namespace, "--set", "crds.install=false",
+                *(["--create-namespace"] if create_namespace else []), *values, check=False)
+    assert done.returncode != 0, f"helm install accepted {values}:\n{done.stdout[:500]}"
+    assert "execution error at" in done.stderr, done.stderr  # the chart's own fail, at the render
+    instance = f"app.kubernetes.io/instance={release}"
+    left = control_plane.kubectl("get", "clusterroles,clusterrolebindings,deployments,serviceaccounts,roles,"
+                                 "rolebindings", "--all-namespaces", "-l", instance, "-o", "name").stdout
+    assert left.strip() == "", left
+    status = helm("status", release, "--namespace", namespace, check=False)
+    assert status.returncode != 0 and "not found" in status.stderr, status.stdout
+    return done.stderr
+
+
+def renders_without_a_cluster(helm, release_ns: str, *values: str) -> dict:
+    """helm template (and a client-side dry run) cannot look: no refusal there. The Deployment."""
+    [deployment] = by_kind(helm.template(*values, namespace=release_ns), "Deployment")
+    client = helm("install", "dry", str(CHART), "--namespace", release_ns, "--dry-run=client", *values)
+    assert "kind: Deployment" in client.stdout
+    return deployment
+
+
+def operator_pod(control_plane, namespace: str) -> dict:
+    """The operator's pod, once its ReplicaSet created it (no kubelet here: created is all)."""
+    def pod():
+        pods = json.loads(control_plane.kubectl("get", "pods", "-n", namespace, "-l",
+                                                "app.kubernetes.io/component=operator", "-o", "json").stdout)
+        return pods["items"] and pods["items"][0]
+
+    return wait_for(pod, f"the operator pod in {namespace}")
+
+
+def test_install_refuses_watched_namespaces_that_do_not_exist_before_applying_anything(helm, control_plane):
+    release, release_ns = unique("spw"), unique("chart-wn")
+    there, missing_a, missing_b = unique("chart-there"), unique("chart-missing-a"), unique("chart-missing-b")
+    restricted_namespace(control_plane, there)
+    # the release namespace is in the list, and helm's --create-namespace creates it after the
+    # render: it is not reported missing
+    watch = ["--set", f"watchNamespaces={{{release_ns},{there},{missing_a},{missing_b}}}"]
+    try:
+        stderr = refused_install(helm, control_plane, release, release_ns, *watch, create_namespace=True)
+        assert (f"watchNamespaces names namespaces {missing_a}, {missing_b}, which do not exist: the chart "
+                "creates the operator's Role and RoleBinding in each watched namespace. Create them first "
+                "(kubectl create namespace NAME, for each), or remove them from watchNamespaces.") in stderr, stderr
+        assert "not found" not in stderr, stderr  # not Helm's 'namespaces "..." not found', half-way
+        assert control_plane.kubectl("get", "namespace", release_ns, check=False).returncode != 0
+        one = refused_install(helm, control_plane, release, there, "--set", f"watchNamespaces={{{missing_a}}}")
+        assert (f"watchNamespaces names namespace {missing_a}, which does not exist: the chart creates the "
+                f"operator's Role and RoleBinding in each watched namespace. Create it first (kubectl create "
+                f"namespace {missing_a}), or remove it from watchNamespaces.") in one, one
+        # rbac.create=false: no Roles to create (kopf serves a watched namespace once it exists)
+        no_rbac = helm("install", release, str(CHART), "--namespace", there, "--dry-run=server",
+                       "--set", "crds.install=false", "--set", "rbac.create=false",
+                       "--set", f"watchNamespaces={{{missing_a}}}", check=False)
+        assert no_rbac.returncode == 0, no_rbac.stderr
+
+        deployment = renders_without_a_cluster(helm, release_ns, *watch)
+        assert f"--namespace={missing_b}" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+        # the fix the message names: the same install goes through
+        for name in (missing_a, missing_b):
+            restricted_namespace(control_plane, name)
+        helm("install", release, str(CHART), "--namespace", release_ns, "--create-namespace",
+             "--set", "crds.install=false", *watch)
+        for name in (release_ns, there, missing_a, missing_b):
+            assert control_plane.kubectl("get", "role", f"{release}-stalledpolicy-operator", "-n", name,
+                                         check=False).returncode == 0, name
+        operator_pod(control_plane, release_ns)
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        delete_namespaces(control_plane, release_ns, there, missing_a, missing_b)
+
+
+def test_install_refuses_a_service_account_that_does_not_exist_before_applying_anything(helm, control_plane):
+    release, release_ns, account = unique("spa"), unique("chart-sa"), unique("operator")
+    restricted_namespace(control_plane, release_ns)
+    values = ["--set", "serviceAccount.create=false", "--set", f"serviceAccount.name={account}"]
+    try:
+        stderr = refused_install(helm, control_plane, release, release_ns, *values)
+        assert (f"serviceAccount.create=false, but ServiceAccount {account} does not exist in namespace "
+                f"{release_ns}: the operator's pod would never be created. Create it first (kubectl create "
+                f"serviceaccount {account} -n {release_ns}), or set serviceAccount.name to an existing one, "
+                "or serviceAccount.create=true to have the chart create it.") in stderr, stderr
+
+        deployment = renders_without_a_cluster(helm, release_ns, *values)
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+
+        control_plane.kubectl("create", "serviceaccount", account, "-n", release_ns)
+        helm("install", release, str(CHART), "--namespace", release_ns, "--set", "crds.install=false", *values)
+        assert operator_pod(control_plane, release_ns)["spec"]["serviceAccountName"] == account
+        # the chart made no ServiceAccount of its own, and bound its RBAC to this one
+        assert control_plane.kubectl("get", "serviceaccounts", "-n", release_ns, "-l",
+                                     f"app.kubernetes.io/instance={release}", "-o", "name").stdout.strip() == ""
+        binding = json.loads(control_plane.kubectl("get", "clusterrolebinding", f"{release}-stalledpolicy-operator",
+                                                   "-o", "json").stdout)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": release_ns}]
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        delete_namespaces(control_plane, release_ns)
+
+
+def test_install_refuses_a_priority_class_that_does_not_exist_before_applying_anything(helm, control_plane):
+    release, release_ns, priority = unique("spp"), unique("chart-pc"), unique("chart-priority")
+    restricted_namespace(control_plane, release_ns)
+    values = ["--set", f"priorityClassName={priority}"]
+    try:
+        stderr = refused_install(helm, control_plane, release, release_ns, *values)
+        assert (f"priorityClassName={priority}, but PriorityClass {priority} does not exist: the operator's pod "
+                "would never be created. Create it first (kubectl get priorityclasses lists those there are), "
+                'or set priorityClassName to an existing one, or to "" (none).') in stderr, stderr
+        # upgrades are asked the same
+        helm("install", release, str(CHART), "--namespace", release_ns, "--set", "crds.install=false")
+        upgrade = helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values", *values,
+                       check=False)
+        assert upgrade.returncode != 0 and f"PriorityClass {priority} does not exist" in upgrade.stderr
+        helm("uninstall", release, "--namespace", release_ns, "--wait")
+
+        deployment = renders_without_a_cluster(helm, release_ns, *values)
+        assert deployment["spec"]["template"]["spec"]["priorityClassName"] == priority
+
+        control_plane.kubectl("create", "priorityclass", priority, "--value=1000")
+        helm("install", release, str(CHART), "--namespace", release_ns, "--set", "crds.install=false", *values)
+        pod = operator_pod(control_plane, release_ns)
+        assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == (priority, 1000)
+    finally:
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        control_plane.kubectl("delete", "priorityclass", priority, "--ignore-not-found", check=False)
+        delete_namespaces(control_plane, release_ns)
+
+
+def test_check_references_false_lets_an_installer_who_cannot_read_them_install(helm, control_plane, tmp_path):
+    """A namespace's admin (no CRD, no cluster RBAC of the chart's) may name a PriorityClass it
+    cannot read: the lookup is forbidden, which fails the render; checkReferences=false skips it."""
+    release_ns, priority = unique("chart-tenant"), unique("chart-priority")
+    restricted_namespace(control_plane, release_ns)
+    control_plane.kubectl("create", "priorityclass", priority, "--value=10")
+    control_plane.kubectl("create", "serviceaccount", "installer", "-n", release_ns)
+    control_plane.kubectl("create", "serviceaccount", "operator", "-n", release_ns)
+    control_plane.kubectl("create", "rolebinding", "installer-admin", "-n", release_ns, "--clusterrole=admin",
+                          f"--serviceaccount={release_ns}:installer")
+    tenant = Helm(control_plane, tmp_path / "tenant-helm")
+    tenant.env["KUBECONFIG"] = str(control_plane.kubeconfig_for_service_account(release_ns, "installer"))
+    values = ["--set", "crds.install=false", "--set", "rbac.create=false", "--set", "serviceAccount.create=false",
+              "--set", "serviceAccount.name=operator", "--set", f"priorityClassName={priority}"]
+
+    def dry_install(*more):
+        return tenant("install", unique("spt"), str(CHART), "--namespace", release_ns, "--dry-run=server",
+                      *values, *more, check=False)
+
+    try:
+        forbidden = dry_install()
+        assert forbidden.returncode != 0 and "forbidden" in forbidden.stderr, forbidden.stderr
+        assert 'cannot get resource "priorityclasses"' in forbidden.stderr, forbidden.stderr
+        unchecked = dry_install("--set", "checkReferences=false")
+        assert unchecked.returncode == 0, unchecked.stderr
+        assert f"priorityClassName: {json.dumps(priority)}" in unchecked.stdout
+        # the ServiceAccount check alone needs no more than a namespace's admin has
+        no_priority = dry_install("--set", "priorityClassName=")
+        assert no_priority.returncode == 0, no_priority.stderr
+        missing = dry_install("--set", "priorityClassName=", "--set", "serviceAccount.name=nobody")
+        assert "ServiceAccount nobody does not exist" in missing.stderr, missing.stderr
+    finally:
+        control_plane.kubectl("delete", "priorityclass", priority, "--ignore-not-found", check=False)
+        delete_namespaces(control_plane, release_ns)
 
 def test_upgrade_from_cluster_wide_to_namespaced_swaps_the_rbac(helm, control_plane):
     release, release_ns, team = "spu", unique("chart-up"), unique("chart-team")
