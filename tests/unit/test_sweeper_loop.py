@@ -20,7 +20,7 @@ import redis
 from stalledpolicy import engine
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
-from stalledpolicy.sweeper.metrics import Health, StatusServer, SweeperMetrics
+from stalledpolicy.sweeper.metrics import OTHER_LANES, Health, StatusServer, SweeperMetrics
 from tests.unit.test_listen import has_ipv6_loopback, ipv4_only
 
 
@@ -304,7 +304,7 @@ def test_counters_split_flat_jobs_from_lanes():
 
     assert value(metrics.recovered, "orders", "") == 4       # (5 - 1 - 2) per call
     assert value(metrics.recovered, "orders", "imports") == 2
-    assert value(metrics.recovered, "orders", "acme") == 4
+    assert value(metrics.recovered, "orders", OTHER_LANES) == 4  # acme: not configured
     assert value(metrics.dead_lettered, "orders", "") == 2
     assert value(metrics.dead_lettered, "orders", "imports") == 2
     assert value(metrics.orphans, "orders") == 2
@@ -315,11 +315,26 @@ def test_counters_split_flat_jobs_from_lanes():
 
 
 def test_an_engine_that_lists_flat_jobs_under_the_empty_lane_is_not_double_counted():
-    metrics = SweeperMetrics("orders")
+    metrics = SweeperMetrics("orders", ("a",))
     result = engine.SweepResult(recovered=3, lanes={"": engine.LaneCounts(2, 0), "a": engine.LaneCounts(1, 0)})
     metrics.count_call(result, 0.001)
     assert metrics.recovered.labels("orders", "")._value.get() == 2
     assert metrics.recovered.labels("orders", "a")._value.get() == 1
+
+
+def test_lanes_not_configured_share_one_series_so_tenants_do_not_grow_the_metrics():
+    """A series per EchoMQ group (often one per tenant) grew without bound."""
+    metrics = SweeperMetrics("orders", ("imports",))
+    for tenant in range(50):
+        metrics.count_call(engine.SweepResult(recovered=1, dead_lettered=1, lanes={
+            f"tenant-{tenant}": engine.LaneCounts(1, 1)}), 0.001)
+    text = metrics.exposition().decode()
+    assert "tenant-" not in text
+    lanes = {line.split('lane="')[1].split('"')[0] for line in text.splitlines()
+             if line.startswith("stalledpolicy_recovered_total{")}
+    assert lanes == {"", "imports", OTHER_LANES}
+    assert metrics.recovered.labels("orders", OTHER_LANES)._value.get() == 50
+    assert metrics.dead_lettered.labels("orders", OTHER_LANES)._value.get() == 50
 
 
 # ------------------------------------------------------- redis_up follows round trips only

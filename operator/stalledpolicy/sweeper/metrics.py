@@ -24,6 +24,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from stalledpolicy.listen import listening_socket
 
 FLAT_LANE = ""  # the lane label of jobs without a group
+# The lane label of every lane not configured (--lane, spec.lanes): EchoMQ groups
+# are often one per tenant, and a series per group would grow without bound. A
+# space never appears in a lane name, so no configured lane can take this label.
+OTHER_LANES = "(other lanes)"
 
 # Script calls are bounded (milliseconds); passes drain a backlog (up to seconds).
 _CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -33,6 +37,7 @@ _PASS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class SweeperMetrics:
     def __init__(self, queue: str, lanes: tuple[str, ...] = ()):
         self.queue = queue
+        self.lanes = frozenset((FLAT_LANE, *lanes))
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.recovered = Counter(
@@ -72,7 +77,7 @@ class SweeperMetrics:
         self.last_pass = Gauge(
             "stalledpolicy_last_pass_timestamp_seconds", "Unix time of the last successful pass", registry=r)
         # Series exist from the start, at 0, so dashboards and rate() see them.
-        for lane in (FLAT_LANE, *lanes):
+        for lane in (FLAT_LANE, *lanes, OTHER_LANES):
             self.recovered.labels(queue, lane)
             self.dead_lettered.labels(queue, lane)
         self.orphans.labels(queue)
@@ -85,10 +90,11 @@ class SweeperMetrics:
         self.call_duration.observe(seconds)
         q = self.queue
         for lane, counts in per_lane(result).items():
+            label = lane if lane in self.lanes else OTHER_LANES
             if counts[0]:
-                self.recovered.labels(q, lane).inc(counts[0])
+                self.recovered.labels(q, label).inc(counts[0])
             if counts[1]:
-                self.dead_lettered.labels(q, lane).inc(counts[1])
+                self.dead_lettered.labels(q, label).inc(counts[1])
         if result.orphans:
             self.orphans.labels(q).inc(result.orphans)
         if result.quarantined:
