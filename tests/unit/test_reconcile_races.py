@@ -105,3 +105,52 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
     while_held(state, lambda: reconcile(ctl, second, old_spec=body["spec"]), status_loop_reapply)
     assert apps.stored["spec"]["replicas"] == 3
     assert state.outcome.generation == 3
+
+
+def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_a_refresh_ending_it():
+    """The other writer changes the sweeper again just before the conflict's window
+    ends; the status loop refreshes while that change is being counted (the window
+    checked, the change not yet recorded). Before, the refresh ended the conflict
+    (SweeperInSync True) and put the policy's spec back over a change 2 s old,
+    a revert counted nowhere; now the change holds the conflict open."""
+    from stalledpolicy.controller import drift
+    from stalledpolicy.controller.policy_state import PolicyState
+    from tests.unit.test_drift_conflict import FakeApps, fight, rival_change, started
+
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    state = ctl.policies[KEY]
+    began = state.drift_last_seen
+    ctl.refresh(KEY)
+    assert state.drift_conflict
+    reverter, refreshers = threading.current_thread(), []
+
+    class RefreshWhileCounting(PolicyState):
+        """Runs the status loop's refresh when the revert's check reads the
+        generation last seen (the window checked, the change not recorded yet)."""
+
+        @property
+        def drift_seen_generation(self):
+            if threading.current_thread() is reverter and not refreshers:
+                refresher = threading.Thread(target=ctl.refresh, args=(KEY,))
+                refreshers.append(refresher)
+                refresher.start()
+                refresher.join(0.5)  # the status loop's refresh, now
+            return self.__dict__["drift_seen_generation"]
+
+        @drift_seen_generation.setter
+        def drift_seen_generation(self, value):
+            self.__dict__["drift_seen_generation"] = value
+
+    state.__class__ = RefreshWhileCounting
+    applied = len(apps.applied)
+    now[0] = began + drift.DRIFT_WINDOW + 1  # the refresh's clock
+    changed = rival_change(apps)
+    ctl.observe_deployment(changed, "MODIFIED")
+    drift.revert_drift(ctl, KEY, changed, clock=lambda: began + drift.DRIFT_WINDOW - 1)
+    [refresher] = refreshers
+    refresher.join(5)
+    assert not refresher.is_alive()
+    assert state.drift_conflict, "the change 2 s before holds the conflict open"
+    assert len(apps.applied) == applied and apps.stored["spec"]["replicas"] == 0

@@ -114,11 +114,11 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
 
 
 def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
-    """Whether the policy's budget allows another revert (under its apply_lock;
-    a revert that happens is counted by the caller); False (a DriftConflict Warning
-    and the policy's SweeperInSync condition, once per conflict) when another writer
-    keeps changing the sweeper. The reverts counted are this process's and those
-    recorded on the Deployment (an earlier process's)."""
+    """Whether the policy's budget allows another revert (under its apply_lock and
+    its status lock; a revert that happens is counted by the caller); False (a
+    DriftConflict Warning and the policy's SweeperInSync condition, once per
+    conflict) when another writer keeps changing the sweeper. The reverts counted
+    are this process's and those recorded on the Deployment (an earlier process's)."""
     meta = deployment.get("metadata") or {}
     generation = int(meta.get("generation") or 0)
     if state.drift_conflict:
@@ -215,7 +215,11 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         if drifted_policy(ctl, deployment) != key or not is_current(ctl, key, state):
             return
         now = (clock or ctl.clock)()
-        if not _drift_allowed(ctl, state, deployment, now):
+        # The status loop ends a conflict under the status lock (drift_conflict_over):
+        # the window checked and this change counted are one step to it.
+        with state.lock:
+            allowed = _drift_allowed(ctl, state, deployment, now)
+        if not allowed:
             return
         meta = deployment.get("metadata") or {}
         seen = int(meta.get("generation") or 0)
