@@ -20,7 +20,7 @@ def parse_duration(text: str) -> float:
     value = text.strip() if isinstance(text, str) else ""
     if not _WHOLE.fullmatch(value):
         raise ValueError(
-            f"{_shown(text)} is not a duration; write a number with a unit, for example 30s, 2m, 1h or 1h30m"
+            f"{_shown(text)} is not a duration; write a number with a unit, for example 30s, 2m, 1h, 1h30m or 7d"
         )
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
     if not seconds <= LONGEST_S:  # also inf

@@ -41,3 +41,12 @@ def test_a_duration_past_100_years_is_refused_without_echoing_it_whole(text):
 
 def test_100_years_is_the_longest_duration():
     assert parse_duration("36500d") == 36_500 * 86_400
+
+
+def test_the_refusal_of_a_non_duration_shows_days_among_the_examples():
+    """`morgue purge --older-than 7x` listed 30s, 2m, 1h and 1h30m only, while the
+    README's example is 7d."""
+    with pytest.raises(ValueError) as refused:
+        parse_duration("7x")
+    assert str(refused.value) == ("'7x' is not a duration; write a number with a unit, "
+                                  "for example 30s, 2m, 1h, 1h30m or 7d")
