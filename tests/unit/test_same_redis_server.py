@@ -199,3 +199,42 @@ def test_a_name_not_looked_up_yet_starts_no_sweeper_until_it_is():
     ctl.refresh(key_of(newer))
     assert newer_state(ctl).claimed_by == ("ns", "emails")
     assert apps.of("emails-dup-sweeper").stored is None
+
+
+# -- a short host name is a Service of the policy's namespace -------------------
+
+SHORT_NAMES = {"redis.team-a.svc": ["10.96.1.1"], "redis.team-b.svc": ["10.96.2.2"],
+               "redis.team-a.svc.cluster.local": ["10.96.1.1"]}
+
+
+def in_namespaces(older_ns, older_url, newer_ns, newer_url, names=SHORT_NAMES):
+    older = policy("emails", "u-1", "2026-12-01T10:00:00Z", {"url": older_url}, namespace=older_ns)
+    newer = policy("emails-dup", "u-2", "2026-12-01T10:05:00Z", {"url": newer_url}, namespace=newer_ns)
+    apps, ctl = start(older, newer)
+    ctl.redis_hosts = HostResolver(lookup=FakeDns(names))
+    assert sweeping(ctl, older).ok
+    return reconcile(ctl, copy.deepcopy(newer))
+
+
+def test_one_short_host_name_in_two_namespaces_is_two_redis():
+    """Each sweeper pod resolves ``redis`` in its own namespace. Before, the equal
+    names held the newer policy back from a Redis it does not share."""
+    assert in_namespaces("team-a", "redis://redis:6379/0", "team-b", "redis://redis:6379/0").ok
+
+
+@pytest.mark.parametrize("names", [SHORT_NAMES, {}], ids=["resolved", "no DNS"])
+def test_a_short_host_name_is_the_service_of_its_namespace(names):
+    outcome = in_namespaces("team-a", "redis://redis:6379/0", "team-a", "redis://redis.team-a.svc:6379/0",
+                            names)
+    assert (outcome.reason, outcome.claimed_by) == ("QueueClaimed", ("team-a", "emails"))
+
+
+def test_a_short_host_name_and_its_fully_qualified_name_in_another_namespace_are_one_redis():
+    outcome = in_namespaces("team-a", "redis://redis:6379/0",
+                            "team-b", "redis://redis.team-a.svc.cluster.local:6379/0")
+    assert (outcome.reason, outcome.claimed_by) == ("QueueClaimed", ("team-a", "emails"))
+
+
+def test_localhost_is_no_service_name():
+    outcome = in_namespaces("team-a", "redis://localhost:6379/0", "team-b", "redis://127.0.0.1:6379/0", DNS)
+    assert (outcome.reason, outcome.claimed_by) == ("QueueClaimed", ("team-a", "emails"))

@@ -39,7 +39,7 @@ from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
-from stalledpolicy.controller.redis_hosts import Endpoint, same_server
+from stalledpolicy.controller.redis_hosts import Endpoint, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -90,16 +90,17 @@ def redis_endpoint(url: str) -> Endpoint | None:
 
 def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> Endpoint | None:
     """The Redis endpoint of a policy's ``spec.redis`` (the Secret's URL through the
-    controller's cached reader); None when it cannot be told now (the Secret
-    missing, a URL that does not parse, the API down): unknown, never "another
-    Redis"."""
+    controller's cached reader), a short host name taken in the policy's namespace
+    (``as_seen_from``); None when it cannot be told now (the Secret missing, a URL
+    that does not parse, the API down): unknown, never "another Redis"."""
     try:
         url = resolve_url(namespace, spec.get("redis") or {}, ctl.secrets)
     except RedisConfigError:
         return None
     except Exception:  # noqa: BLE001 - the API server down: no claim can be judged
         return None
-    return redis_endpoint(url)
+    endpoint = redis_endpoint(url)
+    return None if endpoint is None else as_seen_from(namespace, endpoint)
 
 
 def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -5,13 +5,16 @@ of an endpoint: a port speaks TLS or not, never both.
 
 Two endpoints of equal port and database are the same server when their host
 names are equal or resolve to at least one common address. A name that does not
-resolve is compared as a name only. Host names are resolved (``getaddrinfo``,
-TCP) on a thread of their own, cached for ``ttl`` seconds, and waited for at
-most ``wait`` seconds: getaddrinfo cannot be given a timeout, and a slow DNS
-must not stall a reconcile or the status loop. A name whose first lookup has not
-ended is "cannot be told now" (None), which the claim rules already treat as
-"nothing moves" (no sweeper started, a running one kept); after that, an expired
-entry is looked up again while its last answer serves.
+resolve is compared as a name only. A single-label name is taken in the policy's
+namespace (``as_seen_from``): that is the Service its sweeper pods reach.
+
+Host names are resolved (``getaddrinfo``, TCP) on a thread of their own, cached
+for ``ttl`` seconds, and waited for at most ``wait`` seconds: getaddrinfo cannot
+be given a timeout, and a slow DNS must not stall a reconcile or the status loop.
+A name whose first lookup has not ended is "cannot be told now" (None), which
+the claim rules already treat as "nothing moves" (no sweeper started, a running
+one kept); after that, an expired entry is looked up again while its last answer
+serves.
 """
 
 from __future__ import annotations
@@ -104,6 +107,17 @@ class HostResolver:
             entry.checked_at = self.clock()
             entry.lookup_done = None
         lookup_done.set()
+
+
+def as_seen_from(namespace: str, endpoint: Endpoint) -> Endpoint:
+    """The endpoint as a sweeper pod of ``namespace`` reaches it: a single-label host
+    name (``redis``) is that namespace's Service (``redis.<namespace>.svc``, which
+    the cluster DNS's search path completes), not the one of the operator's own
+    namespace, and not the one of another policy's namespace either."""
+    host = endpoint[0]
+    if not namespace or host == "localhost" or "." in host or ":" in host:
+        return endpoint
+    return (f"{host}.{namespace}.svc",) + endpoint[1:]
 
 
 def same_server(mine: Endpoint, theirs: Endpoint, hosts: HostResolver) -> bool | None:
