@@ -151,6 +151,12 @@ class QueueKeys:
         """Our own string: the operator's last served replay token and its result (JSON)."""
         return self._k("sweeper:last-replay")
 
+    def fixed_keys(self) -> tuple[str, ...]:
+        """The queue's keys that name no job nor lane: a queue EchoMQ or a sweeper
+        has ever used has one of them."""
+        return (self.pending, self.active, self.schedule, self.dead, self.ring, self.gactive, self.glimit,
+                self.paused, self.wake, self.metrics_failed, self.metrics_completed, self.sweeper_totals)
+
     def job(self, job_id: str) -> str:
         return self._k(f"job:{job_id}")
 

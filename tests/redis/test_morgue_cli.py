@@ -284,6 +284,20 @@ def test_list_empty_morgue(r, url, queue_name):
     assert "empty" in result.stdout
 
 
+def test_a_queue_with_no_key_at_all_is_named_as_such_not_only_as_an_empty_morgue(r, url, queue_name):
+    """A mistyped --queue (or database) looked like an empty morgue."""
+    for action in ("list", "stats"):
+        result = morgue(url, action, "--queue", queue_name)
+        assert result.returncode == 0, result.stderr
+        assert f"no key of queue {queue_name} exists on this database" in result.stdout, result.stdout
+        assert "check --queue and the URL's database" in result.stdout
+    r.hset(QueueKeys(queue_name).metrics_completed, "count", 3)  # a queue in use, its morgue empty
+    for action in ("list", "stats"):
+        result = morgue(url, action, "--queue", queue_name)
+        assert result.returncode == 0 and "no key of queue" not in result.stdout, result.stdout
+    assert morgue(url, "list", "--queue", queue_name).stdout == f"queue {queue_name}: the morgue is empty\n"
+
+
 def test_list_of_an_empty_lane_is_not_an_empty_morgue(r, url, queue_name):
     standard_morgue(r, queue_name)
     result = morgue(url, "list", "--queue", queue_name, "--lane", "nosuch")

@@ -48,6 +48,10 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
         f"{tables.format_age(oldest_age)} ({iso_time(stats.oldest_dead_at_ms)})"
     )
     pairs: list[tuple[str, Any]] = [("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest)]
+    if not stats.size:
+        note = unknown_queue_note(client, args.queue)
+        if note:
+            pairs.append(("note", note))
     if stats.unreadable:
         pairs.append(("unreadable rows", f"{stats.unreadable} (missing or not a hash: in no lane; "
                                          "`list` shows them, `purge --id` removes them)"))
@@ -90,6 +94,20 @@ def _last_error_width(out: IO[str], other_columns: int) -> int:
     return max(LAST_ERROR_MIN_WIDTH, columns - other_columns)
 
 
+def unknown_queue_note(client: Any, queue: str) -> str | None:
+    """For an empty morgue: a note when no key of ``queue`` exists on this database
+    at all (a mistyped --queue or database looks like an empty morgue), else None."""
+    import redis
+
+    try:
+        if client.exists(*QueueKeys(queue).fixed_keys()):
+            return None
+    except redis.ResponseError:  # EXISTS not granted: no note, the morgue is still empty
+        return None
+    return (f"no key of queue {queue} exists on this database (emq:{{{queue}}}:*): "
+            "check --queue and the URL's database")
+
+
 def _nothing_listed(client: Any, args: argparse.Namespace, where: str, total: int) -> str:
     """Why a page is empty: past the end, an empty lane (of a morgue that
     holds jobs elsewhere), or an empty morgue."""
@@ -99,7 +117,8 @@ def _nothing_listed(client: Any, args: argparse.Namespace, where: str, total: in
         size = int(client.zcard(QueueKeys(args.queue).dead))
         if size:
             return f"queue {args.queue}: no jobs in lane {lane_label(args.lane)} (the morgue holds {size})"
-    return f"{where}: the morgue is empty"
+    note = unknown_queue_note(client, args.queue)
+    return f"{where}: the morgue is empty" + (f"; {note}" if note else "")
 
 
 def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) -> int:
