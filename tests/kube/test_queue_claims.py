@@ -18,12 +18,16 @@ pytestmark = [pytest.mark.kube, pytest.mark.redis]
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
 
 
+def apis(control_plane, kube_api):
+    """The CRD applied; the core, apps and custom objects clients."""
+    apply_crd(control_plane)
+    return client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+
+
 def test_the_newer_policy_of_a_queue_gets_no_sweeper_until_the_older_goes(
         control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
     ns = kube_namespace
-    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
-    custom = client.CustomObjectsApi(kube_api)
-    apply_crd(control_plane)
+    core, apps, custom = apis(control_plane, kube_api)
     kubeconfig = operator_kubeconfig(control_plane, kube_api)
     core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
     # The same server and database, spelt differently, in a Secret of its own.
@@ -62,5 +66,31 @@ def test_the_newer_policy_of_a_queue_gets_no_sweeper_until_the_older_goes(
         assert "10" in env.values(), env  # its own budget
         wait_for(lambda: condition(policy("emails-dup"), "Ready")["reason"] != "QueueClaimed",
                  "Ready no longer QueueClaimed")
+    finally:
+        assert process.stop() == 0, process.log()[-3000:]
+
+
+def test_one_redis_named_localhost_and_127_0_0_1_is_one_redis(
+        control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
+    """The host names are resolved: localhost is 127.0.0.1 (redis_hosts.py)."""
+    ns = kube_namespace
+    core, apps, custom = apis(control_plane, kube_api)
+    core.create_namespaced_secret(ns, redis_secret("by-ip", f"redis://127.0.0.1:{redis_server.port}/0"))
+    core.create_namespaced_secret(ns, redis_secret("by-name", f"redis://localhost:{redis_server.port}/0"))
+    process = OperatorProcess(operator_kubeconfig(control_plane, kube_api), tmp_path / "operator.log",
+                              "--namespace", ns)
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                               policy_manifest("by-ip", queue_name, secret="by-ip"))
+        wait_for(lambda: read_deployment(apps, ns, "by-ip-sweeper"), "the older policy's sweeper", timeout=90)
+        time.sleep(1.1)  # creationTimestamp has seconds: the second policy is the newer
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                               policy_manifest("by-name", queue_name, secret="by-name"))
+        ready = wait_for(lambda: (lambda c: c if c and c["reason"] == "QueueClaimed" else None)(condition(
+            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "by-name"), "Ready")),
+            "by-name Ready=False QueueClaimed")
+        assert ready["status"] == "False" and f"the older StalledPolicy {ns}/by-ip" in ready["message"], ready
+        time.sleep(3)  # a few status refreshes: still no sweeper for it
+        assert read_deployment(apps, ns, "by-name-sweeper") is None
     finally:
         assert process.stop() == 0, process.log()[-3000:]
