@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,9 @@ def test_demo_up_shows_dead_letters_and_down_stops_everything(tmp_path):
         assert "PENDING" in wide["emails"] and "ACTIVE" in wide["emails"]
         assert "make demo-down" in up.stdout and "morgue list --redis-url redis://127.0.0.1:" in up.stdout
         assert "/metrics" in up.stdout
+        [operator_metrics] = re.findall(r"curl -s (http://\S+/metrics) \| grep \^stalledpolicy_operator_", up.stdout)
+        with urllib.request.urlopen(operator_metrics, timeout=10) as response:
+            assert "stalledpolicy_operator_reconciles_total" in response.read().decode()
 
         processes = recorded_processes(state)
         names = {p.name for p in processes}

@@ -178,6 +178,7 @@ class DemoState:
     bin_dir: str = ""
     kubeconfig: str = ""
     redis_url: str = ""
+    operator_metrics: str = ""  # the operator's /metrics URL
     processes: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -190,7 +191,7 @@ class DemoState:
 
     def save(self) -> None:
         record = {"plane_dir": self.plane_dir, "bin_dir": self.bin_dir, "kubeconfig": self.kubeconfig,
-                  "redis_url": self.redis_url,
+                  "redis_url": self.redis_url, "operator_metrics": self.operator_metrics,
                   "processes": {k: vars(p) for k, p in self.processes.items()}}
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(record, indent=2))
@@ -203,6 +204,7 @@ class DemoState:
         record = json.loads(path.read_text())
         return cls(dir=directory, plane_dir=record["plane_dir"], bin_dir=record["bin_dir"],
                    kubeconfig=record["kubeconfig"], redis_url=record["redis_url"],
+                   operator_metrics=record.get("operator_metrics", ""),
                    processes={k: Proc(**p) for k, p in record["processes"].items()})
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
@@ -463,10 +465,13 @@ def up(state_dir: Path) -> int:
             note(f"namespace {NAMESPACE}, Secret {SECRET} holding the Redis URL")
         with progress.step("operator and pod runner (background processes)") as note:
             liveness = f"http://127.0.0.1:{free_port()}/healthz"
+            metrics_port = free_port()
+            state.operator_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
             state.processes["operator"] = spawn("operator", [
                 sys.executable, "-m", "stalledpolicy", "operator", "--kubeconfig", state.kubeconfig,
                 "--namespace", NAMESPACE, "--sweeper-image", "stalledpolicy:demo",
                 "--status-interval", STATUS_INTERVAL, "--max-backoff", "10s", "--liveness", liveness,
+                "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
             ], state.logs / "operator.log", env=_python_child_env())
             state.processes["podrunner"] = spawn("podrunner", [
                 sys.executable, "-m", "stalledpolicy.devenv.podrunner", "--kubeconfig", state.kubeconfig,
@@ -572,6 +577,8 @@ def footer(state: DemoState) -> str:
     metrics = sweeper_metrics_urls(state)
     metrics_lines = "\n".join(f"  curl -s {url} | grep ^stalledpolicy_   # sweeper of {policy}"
                               for policy, url in metrics.items()) or "  (no sweeper running)"
+    operator_metrics_line = (f"Operator metrics:\n  curl -s {state.operator_metrics} | grep ^stalledpolicy_operator_"
+                             if state.operator_metrics else "")
     return f"""
 The poison job killed every worker that claimed it; each stall was counted on
 the job, and at the budget (emails: maxStalled 3) the sweeper moved it to the
@@ -590,6 +597,7 @@ Look around:
 
 Sweeper metrics:
 {metrics_lines}
+{operator_metrics_line}
 
 Logs: {state.logs} (operator.log, podrunner.log, pods/<pod>.log)
 Stop everything: make demo-down
