@@ -10,8 +10,8 @@ sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy),
 is newer), ``status`` (what the operator observes, and the conditions),
 ``status_document`` (the whole status, and the patch that writes it),
 ``replay`` (the replay annotation), ``replay_serving`` (the status loop serving
-it), ``queue_claims`` (one sweeper per queue), ``events`` and
-``redis_clients``. Only ``cli.run`` and ``main`` import kopf.
+it), ``queue_claims`` (one sweeper per queue), ``redis_hosts`` (one Redis
+named two ways), ``events`` and ``redis_clients``. Only ``cli.run`` and ``main`` import kopf.
 """
 
 # The API's names and the sweeper's labels are the policy package's (one place each).
