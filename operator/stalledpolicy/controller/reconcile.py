@@ -70,9 +70,11 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
     with state.apply_lock:
         # The policy may have been edited while this waited for the lock, and the
         # edit applied meanwhile: never apply a generation older than the newest seen.
-        with state.lock:
-            if generation_of(state.body) > generation_of(body):
-                body = plain(state.body)
+        # (state.body is replaced whole, never changed in place: read without waiting
+        # for the status lock, which a refresh holds through a whole replay.)
+        newest = state.body
+        if generation_of(newest) > generation_of(body):
+            body = plain(newest)
         return _reconcile(ctl, body, retry, old_spec, resume)
 
 
