@@ -94,3 +94,31 @@ def test_one_redis_named_localhost_and_127_0_0_1_is_one_redis(
         assert read_deployment(apps, ns, "by-name-sweeper") is None
     finally:
         assert process.stop() == 0, process.log()[-3000:]
+
+
+def test_an_older_policy_whose_secret_is_misspelled_does_not_hold_the_queue(
+        control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
+    """Its sweeper cannot start (no Secret, no URL): it held the queue for good, swept
+    by no one, and the newer policy said only that the claim "cannot be told"."""
+    ns = kube_namespace
+    core, apps, custom = apis(control_plane, kube_api)
+    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+    process = OperatorProcess(operator_kubeconfig(control_plane, kube_api), tmp_path / "operator.log",
+                              "--namespace", ns)
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                               policy_manifest("typo", queue_name, secret="redis-typo"))
+        wait_for(lambda: (lambda c: c if c and c["reason"] == "SecretNotFound" else None)(condition(
+            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "typo"), "Ready")),
+            "the older policy's Ready=False SecretNotFound")
+        time.sleep(1.1)  # creationTimestamp has seconds: the second policy is the newer
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                               policy_manifest("good", queue_name, secret="redis"))
+        sweeper = wait_for(lambda: read_deployment(apps, ns, "good-sweeper"), "the newer policy's sweeper")
+        assert sweeper.spec.replicas == 1
+        time.sleep(3)  # a few status refreshes: it keeps the queue
+        ready = condition(custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "good"), "Ready")
+        assert ready is None or ready["reason"] != "QueueClaimed", ready
+        assert read_deployment(apps, ns, "good-sweeper").spec.replicas == 1
+    finally:
+        assert process.stop() == 0, process.log()[-3000:]

@@ -389,15 +389,81 @@ def test_an_older_policy_whose_secret_goes_bad_keeps_its_claim(secret):
     store = ctl.store
     store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
     sweeping(ctl, OLDER_BY_SECRET)
+    pods_available(ctl, apps, OLDER_BY_SECRET, 1)
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
-    if secret == "deleted":
-        del store[("ns", "old-creds")]
-    else:
-        store[("ns", "old-creds")] = b64_url("  ")
-    ctl.secrets.forget("ns", "old-creds")
+    break_secret(ctl, "old-creds", secret)
     refresh_rounds(ctl, OLDER_BY_SECRET, NEWER, rounds=CLAIM_LOST_AFTER + 2)
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored is None
+
+
+def pods_available(ctl, apps, body, available):
+    """The sweeper Deployment of ``body`` as the watch shows it with ``available`` pods."""
+    deployment = copy.deepcopy(apps.of(body["metadata"]["name"] + "-sweeper").stored)
+    deployment["status"] = {"availableReplicas": available, "readyReplicas": available}
+    ctl.observe_deployment(deployment, "MODIFIED")
+
+
+def break_secret(ctl, name, how):
+    if how == "deleted":
+        del ctl.store[("ns", name)]
+    else:
+        ctl.store[("ns", name)] = b64_url("  ")
+    ctl.secrets.forget("ns", name)
+
+
+@pytest.mark.parametrize("secret", ["deleted", "blank"])
+def test_an_older_policy_whose_sweeper_cannot_run_for_its_secret_holds_no_claim(secret):
+    """Its Secret gives no URL and no pod of its sweeper runs (none can start): it
+    held the queue for good, swept by no one, and the newer policy said only that
+    the claim "cannot be told". A walkthrough found it with a misspelled Secret."""
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    ctl.store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
+    break_secret(ctl, "old-creds", secret)
+    refresh_rounds(ctl, OLDER_BY_SECRET, NEWER, rounds=1)
+    assert newer_state(ctl).ok, newer_state(ctl)
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+
+    # Its Secret fixed: it sweeps again and takes the queue back.
+    ctl.store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    ctl.secrets.forget("ns", "old-creds")
+    refresh_rounds(ctl, OLDER_BY_SECRET, NEWER, rounds=1)
+    assert newer_state(ctl).reason == "QueueClaimed"
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
+
+
+def test_a_misspelled_older_secret_from_the_start_does_not_block_the_newer_policy():
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)  # ns/old-creds was never created
+    sweeping(ctl, OLDER_BY_SECRET)
+    assert reconcile(ctl, copy.deepcopy(NEWER)).ok
+    assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+
+
+def test_a_claim_that_cannot_be_told_names_the_older_policy():
+    """The message named no policy: which one blocks this one was for the user to find."""
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    ctl.store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    pods_available(ctl, apps, OLDER_BY_SECRET, 1)
+    break_secret(ctl, "old-creds", "deleted")  # its pods run on, with a URL no one can read now
+    ctl.refresh(key_of(OLDER_BY_SECRET))
+    outcome = reconcile(ctl, copy.deepcopy(NEWER))
+    assert outcome.reason == "QueueClaimed" and outcome.claimed_by is None
+    assert "may be swept for the older StalledPolicy ns/emails on this Redis" in outcome.message, outcome.message
+
+
+def test_a_newer_policy_with_a_bad_url_of_its_own_shows_that_not_queue_claimed():
+    """It cannot sweep either: QueueClaimed hid the InvalidRedisURL to fix."""
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    broken = changed(NEWER, 1, redis={"url": "redis://:6379/0"})
+    ctl.observe_policy(copy.deepcopy(broken), "MODIFIED")
+    assert reconcile(ctl, copy.deepcopy(broken)).ok
+    ctl.refresh(key_of(NEWER))
+    ready = condition_of(ctl.policies[key_of(NEWER)].status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidRedisURL")
 
 
 def test_a_redis_both_policies_cannot_read_moves_nothing():

@@ -60,6 +60,8 @@ class PolicyState:
     refreshed: bool = False
     queue_failures: int = 0
     queue_reads: int = 0
+    # The last refresh found no Redis URL for it (its Secret or URL is wrong).
+    misconfigured: bool = False
     # The Redis endpoint the queue figures in status were read from, as
     # (spec.redis as JSON, (host, port, database) of the resolved URL or None when
     # it cannot be resolved now); None until the first refresh of this process.

@@ -10,8 +10,10 @@ once the claim ends).
 
 Only a policy that sweeps holds a claim (``sweeps``): reconciled with a sweeper
 that asks for pods (not suspended, spec.sweeper.replicas above 0; after a failed
-reconcile, its last applied sweeper still running), and its queue read by the
-last refreshes (CLAIM_LOST_AFTER in a row that cannot read it end the claim). The
+reconcile, its last applied sweeper still running), whose Secret or URL gives a
+Redis URL or whose sweeper has a pod available (pods keep the URL they started
+with), and its queue read by the last refreshes (CLAIM_LOST_AFTER in a row that
+cannot read it end the claim). The
 claim ends when the older policy stops sweeping, is deleted or names another
 Redis: the status loop checks each refresh (``claim_reconcile_reason``). When
 the older one sweeps again it takes the queue back: a policy's claim depends only
@@ -51,6 +53,8 @@ CLAIM_LOST_AFTER = 3
 # configuration reasons (a Secret gone or blank, a bad URL): they roll nothing, and
 # the running pods keep sweeping with the URL they started with.
 UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"})
+# Refresh problems that give the policy no Redis URL (its Secret or spec.redis.url).
+MISCONFIGURED_REASONS = frozenset({"SecretNotFound", "SecretKeyNotFound", "SecretValueEmpty", "InvalidRedisURL"})
 
 FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
 
@@ -66,6 +70,9 @@ class Claim:
     verdict: str
     owner: PolicyKey | None = None
     lapsed: bool = False
+    #: UNKNOWN because this policy's own Redis URL cannot be had (its Secret or URL
+    #: is wrong): it cannot sweep either, so there is nothing to hold it back from
+    misconfigured: bool = False
 
 
 def redis_endpoint(url: str) -> Endpoint | None:
@@ -88,19 +95,33 @@ def redis_endpoint(url: str) -> Endpoint | None:
     return host, port, db
 
 
-def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> Endpoint | None:
-    """The Redis endpoint of a policy's ``spec.redis`` (the Secret's URL through the
-    controller's cached reader), a short host name taken in the policy's namespace
-    (``as_seen_from``); None when it cannot be told now (the Secret missing, a URL
-    that does not parse, the API down): unknown, never "another Redis"."""
+def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpoint | None, bool]:
+    """(endpoint, misconfigured): the Redis endpoint of a policy's ``spec.redis``
+    (the Secret's URL through the controller's cached reader), a short host name
+    taken in the policy's namespace (``as_seen_from``). None when it cannot be told
+    now: unknown, never "another Redis"; ``misconfigured`` says the policy's own
+    Secret or URL is the reason (missing, blank, a URL naming no server), not the
+    API server being down."""
     try:
         url = resolve_url(namespace, spec.get("redis") or {}, ctl.secrets)
     except RedisConfigError:
-        return None
+        return None, True
     except Exception:  # noqa: BLE001 - the API server down: no claim can be judged
-        return None
+        return None, False
     endpoint = redis_endpoint(url)
-    return None if endpoint is None else as_seen_from(namespace, endpoint)
+    return (None, True) if endpoint is None else (as_seen_from(namespace, endpoint), False)
+
+
+def _pods_available(ctl, state) -> bool:
+    """Whether a pod of the policy's own sweeper Deployment is available now."""
+    namespace, name = state.key
+    deployment = ctl.deployments.get((namespace, sweeper_name(name)))
+    if deployment is None:
+        return False
+    owner = policy_owner(deployment)
+    if owner is None or owner.get("uid") != metadata_of(state.body).get("uid"):
+        return False
+    return int((deployment.get("status") or {}).get("availableReplicas") or 0) > 0
 
 
 def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -133,6 +154,11 @@ def sweeps(ctl, state) -> bool | None:
             return False
     if state.queue_failures >= CLAIM_LOST_AFTER:
         return False
+    if state.misconfigured and not _pods_available(ctl, state):
+        # Its Secret or URL gives no Redis URL, and no pod of its sweeper runs (none
+        # can start without one): holding the queue would leave it swept by no one.
+        # Pods still running keep the URL they started with: they sweep on.
+        return False
     if not state.refreshed:
         return None
     return True
@@ -142,12 +168,13 @@ def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
     """Count the refreshes in a row that could not read the queue (under the status
     lock); True when that may move the queue to or from another policy (the
     policy's first refresh, its claim lost or regained: ``sweeps``)."""
-    before = (state.refreshed, state.queue_failures >= CLAIM_LOST_AFTER)
+    before = (state.refreshed, state.queue_failures >= CLAIM_LOST_AFTER, state.misconfigured)
     state.refreshed = True
     unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
     state.queue_failures = state.queue_failures + 1 if unreadable else 0
     state.queue_reads = state.queue_reads + 1 if problem is None else 0
-    return before != (True, state.queue_failures >= CLAIM_LOST_AFTER)
+    state.misconfigured = problem is not None and problem.reason in MISCONFIGURED_REASONS
+    return before != (True, state.queue_failures >= CLAIM_LOST_AFTER, state.misconfigured)
 
 
 _UNSET: Any = object()
@@ -179,15 +206,15 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
         rivals.append((_age(other), state))
     unknown = None
     lapsed = False
-    endpoint = _UNSET
+    endpoint, misconfigured = _UNSET, False
     for _, state in sorted(rivals, key=lambda r: r[0]):
         sweeping = sweeps(ctl, state)
         if sweeping is False:
             lapsed = lapsed or state.queue_failures >= CLAIM_LOST_AFTER
             continue
         if endpoint is _UNSET:
-            endpoint = policy_endpoint(ctl, key[0], spec)
-        theirs = None if endpoint is None else policy_endpoint(ctl, state.key[0], state.body.get("spec") or {})
+            endpoint, misconfigured = policy_endpoint(ctl, key[0], spec)
+        theirs = None if endpoint is None else policy_endpoint(ctl, state.key[0], state.body.get("spec") or {})[0]
         same = None if theirs is None else same_server(endpoint, theirs, ctl.redis_hosts)
         if same is False:
             continue  # another Redis
@@ -195,7 +222,8 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
             unknown = unknown or state.key
             continue
         return Claim(CLAIMED, state.key)
-    return Claim(FREE, lapsed=lapsed) if unknown is None else Claim(UNKNOWN, unknown)
+    return Claim(FREE, lapsed=lapsed) if unknown is None else Claim(UNKNOWN, unknown,
+                                                                    misconfigured=misconfigured)
 
 
 def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
@@ -243,11 +271,15 @@ def owner_text(key: PolicyKey, owner: PolicyKey | None) -> str:
     return f"the older StalledPolicy {owner[0]}/{owner[1]}"
 
 
-def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey | None, deployment_note: str) -> str:
-    if owner is None:  # Claim UNKNOWN, and no claim recorded before
-        return (f"queue {queue} may be swept for an older StalledPolicy on this Redis, which cannot be told "
+def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey | None, deployment_note: str, *,
+                    known: bool = True) -> str:
+    """``known`` False: Claim UNKNOWN, and no claim recorded before (``owner``, if
+    any, is the older policy that cannot be judged)."""
+    if not known or owner is None:
+        return (f"queue {queue} may be swept for {owner_text(key, owner)} on this Redis, which cannot be told "
                 "now (that policy's state or Redis is not known yet: an operator start, the API server or a "
-                "Secret unreadable, a host name not looked up yet): this policy gets no "
+                "Secret unreadable, a host name not looked up yet; or its Secret or URL is wrong while its "
+                "sweeper still runs): this policy gets no "
                 f"sweeper{deployment_note} until it can be told")
     return (f"queue {queue} on this Redis (the same server, port and database) is already swept for "
             f"{owner_text(key, owner)}: two sweepers of one queue race and neither budget holds, so this "
