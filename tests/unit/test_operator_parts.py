@@ -1235,3 +1235,20 @@ def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
     assert sweeper["status"] == "False", sweeper
     assert "the policy for 2" in sweeper["message"]
     assert [c for c in status["conditions"] if c["type"] == "Ready"][0]["reason"] == "ApplyFailed"
+
+
+def test_a_missing_secret_is_looked_at_again_every_interval_not_after_a_growing_backoff():
+    """A user who creates the Secret waited up to max_backoff (5 minutes by default)
+    for the status to see it: the delay doubled as for an outage of Redis."""
+    from stalledpolicy.controller.reconcile import reconcile
+    from stalledpolicy.controller.status import condition_of
+
+    apps = FakeApps()
+    ctl = fake_controller(apps, {}, config=OperatorConfig(sweeper_image="img:1", status_interval=10,
+                                                          max_backoff=300))
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile(ctl, body)
+    delays = [ctl.refresh(("ns", "p")) for _ in range(5)]
+    assert delays == [10] * 5
+    assert condition_of(ctl.policies[("ns", "p")].status, "Ready")["reason"] == "SecretNotFound"

@@ -42,7 +42,7 @@ from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
 from stalledpolicy.controller.redis_hosts import Endpoint, as_seen_from, same_server
-from stalledpolicy.controller.status import Problem
+from stalledpolicy.controller.status import NO_URL_REASONS, Problem
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -53,8 +53,6 @@ CLAIM_LOST_AFTER = 3
 # configuration reasons (a Secret gone or blank, a bad URL): they roll nothing, and
 # the running pods keep sweeping with the URL they started with.
 UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"})
-# Refresh problems that give the policy no Redis URL (its Secret or spec.redis.url).
-MISCONFIGURED_REASONS = frozenset({"SecretNotFound", "SecretKeyNotFound", "SecretValueEmpty", "InvalidRedisURL"})
 
 FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
 
@@ -173,7 +171,7 @@ def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
     unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
     state.queue_failures = state.queue_failures + 1 if unreadable else 0
     state.queue_reads = state.queue_reads + 1 if problem is None else 0
-    state.misconfigured = problem is not None and problem.reason in MISCONFIGURED_REASONS
+    state.misconfigured = problem is not None and problem.reason in NO_URL_REASONS
     return before != (True, state.queue_failures >= CLAIM_LOST_AFTER, state.misconfigured)
 
 

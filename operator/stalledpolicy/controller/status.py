@@ -212,11 +212,12 @@ def redis_condition(problem: Problem | None) -> Condition:
     return Condition(FALSE, problem.reason, problem.message)
 
 
+# RedisReachable reasons that say, from the API server's answer, that the policy's
+# Secret or spec.redis.url gives no Redis URL.
+NO_URL_REASONS = frozenset({"SecretNotFound", "SecretKeyNotFound", "SecretValueEmpty", "InvalidRedisURL"})
 # RedisReachable reasons that a person must fix in the policy or its Secret (or
 # the operator's RBAC), as opposed to an outage that passes.
-CONFIGURATION_REASONS = frozenset({
-    "SecretNotFound", "SecretKeyNotFound", "SecretValueEmpty", "SecretUnreadable", "InvalidRedisURL",
-    "InvalidSpec"})
+CONFIGURATION_REASONS = NO_URL_REASONS | {"SecretUnreadable", "InvalidSpec"}
 
 
 def in_sync_condition(drift_conflict: str | None, deployment_name: str) -> Condition:

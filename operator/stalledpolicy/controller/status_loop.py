@@ -24,12 +24,15 @@ from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_q
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay
-from stalledpolicy.controller.status import (CONFIGURATION_REASONS, READY, REDIS_REACHABLE, TRUE,
+from stalledpolicy.controller.status import (CONFIGURATION_REASONS, NO_URL_REASONS, READY, REDIS_REACHABLE, TRUE,
                                              DeploymentState, Problem, condition_of, utc_now)
 from stalledpolicy.controller.status_document import (desired_status, status_json_patch, status_patch,
                                                       without_queue_figures)
 
 log = logging.getLogger("stalledpolicy.operator")
+# Configuration problems a refresh finds with an answer of the API server (not
+# SecretUnreadable: the API server itself may be down, so that one backs off).
+RECHECKED_AT_INTERVAL = NO_URL_REASONS | {"InvalidSpec"}
 
 
 class StatusLoop:
@@ -74,6 +77,12 @@ class StatusLoop:
             why = self._reapply_reason(state, problem)
             if problem is None:
                 state.failures = 0
+                delay = self.config.status_interval
+            elif problem.reason in RECHECKED_AT_INTERVAL:
+                # Fixed by a user (a Secret created, a URL corrected), not by waiting:
+                # looked at again every interval (no Redis call), not after a backoff
+                # of up to max_backoff.
+                state.failures += 1
                 delay = self.config.status_interval
             else:
                 state.failures += 1
