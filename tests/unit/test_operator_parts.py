@@ -667,6 +667,8 @@ def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
     assert (outcome.ok, outcome.reason) == (False, "ApplyFailed")
     assert outcome.message.startswith("applying Deployment ns/p-sweeper failed: HTTP 422 Unprocessable Entity: ")
     assert "must be less than or equal to cpu limit of 1" in outcome.message
+    # the field to edit is the policy's (the message names the Deployment's)
+    assert outcome.message.endswith("(set by the StalledPolicy's spec.sweeper.resources)")
     warnings = [e for e in ctl.recorder.events if e[2] == "ApplyFailed"]
     assert len(warnings) == 1 and warnings[0][1] == "Warning"  # once, not once per retry
     assert "less than or equal to cpu limit" in warnings[0][3]
@@ -674,6 +676,25 @@ def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
     apps.refuse = None
     assert reconcile(ctl, body).ok
     assert ctl.policies[("ns", "p")].outcome.reason == "Applied"
+
+
+@pytest.mark.parametrize("message, fields", [
+    ('spec.template.spec.containers[0].image: Required value', "spec.sweeper.image"),
+    ('spec.template.spec.priorityClassName: Invalid value', "spec.sweeper.priorityClassName"),
+    ('spec.replicas: Invalid value: -1 and spec.template.spec.tolerations[0].operator: Unsupported',
+     "spec.sweeper.tolerations, spec.sweeper.replicas"),
+])
+def test_an_api_refusal_names_the_policy_fields_of_the_deployment_fields_it_names(message, fields):
+    from stalledpolicy.controller.api_errors import with_policy_fields
+
+    assert with_policy_fields(message) == f"{message} (set by the StalledPolicy's {fields})"
+
+
+def test_an_api_refusal_of_no_policy_field_is_left_as_it_is():
+    from stalledpolicy.controller.api_errors import with_policy_fields
+
+    message = 'metadata.labels: Invalid value: "x"; status.replicas: 0'
+    assert with_policy_fields(message) == message
 
 
 def test_a_failed_read_of_the_deployment_is_an_apply_failure_too():

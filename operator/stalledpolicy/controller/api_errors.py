@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Mapping
 
 from stalledpolicy.controller.status import api_text
@@ -35,6 +36,29 @@ def describe_api_error(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {exc}"
     return api_text(text)
+
+
+# Fields of the sweeper Deployment that a StalledPolicy sets, by the names the API
+# server gives them in a refusal: the message then names the policy's field too.
+_POLICY_FIELDS = (
+    (re.compile(r"spec\.template\.spec\.containers\[0\]\.resources"), "spec.sweeper.resources"),
+    (re.compile(r"spec\.template\.spec\.containers\[0\]\.image\b"), "spec.sweeper.image"),
+    (re.compile(r"spec\.template\.spec\.priorityClassName"), "spec.sweeper.priorityClassName"),
+    (re.compile(r"spec\.template\.spec\.nodeSelector"), "spec.sweeper.nodeSelector"),
+    (re.compile(r"spec\.template\.spec\.tolerations"), "spec.sweeper.tolerations"),
+    (re.compile(r"spec\.template\.spec\.imagePullSecrets"), "spec.sweeper.imagePullSecrets"),
+    (re.compile(r"(?<![\w.])spec\.replicas\b"), "spec.sweeper.replicas"),
+)
+
+
+def with_policy_fields(message: str) -> str:
+    """``message`` (an API refusal of the sweeper Deployment), followed by the
+    StalledPolicy fields that set the Deployment fields it names: the user edits
+    the policy, not the Deployment."""
+    fields = [field for pattern, field in _POLICY_FIELDS if pattern.search(message)]
+    if not fields:
+        return message
+    return f"{message} (set by the StalledPolicy's {', '.join(fields)})"
 
 
 def namespace_terminating(exc: BaseException) -> bool:

@@ -16,7 +16,8 @@ import logging
 from typing import Any, Mapping, NoReturn
 
 from stalledpolicy.controller import events
-from stalledpolicy.controller.api_errors import api_error_types, describe_api_error, namespace_terminating
+from stalledpolicy.controller.api_errors import (api_error_types, describe_api_error, namespace_terminating,
+                                                 with_policy_fields)
 from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid, read_deployment,
                                             scale_to_zero)
 from stalledpolicy.controller.config import backoff
@@ -126,8 +127,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
                 "namespace": namespace, "policy": name, "deployment": deployment_name})
             return None
         _apply_failed(ctl, body, generation, retry,
-                      f"applying Deployment {namespace}/{deployment_name} failed: {describe_api_error(exc)}",
-                      wanted)
+                      with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
+                                         f"{describe_api_error(exc)}"), wanted)
     ctl.observe_deployment(applied, read=True)
     from stalledpolicy.controller.drift import clear_recorded_reverts, end_conflict_by_edit
 
