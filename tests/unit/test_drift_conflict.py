@@ -4,11 +4,11 @@ budget that an operator restart does not refill."""
 from __future__ import annotations
 
 import copy
-import threading
 
 from stalledpolicy.controller import drift
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.status import condition_of
+from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
 
 SECRETS = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
@@ -208,6 +208,7 @@ def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_syn
     ctl.refresh(KEY)
     seen, refreshers = [], []
     end_conflict = drift.end_conflict_by_edit
+    lock = ctl.policies[KEY].lock = WatchedLock(ctl.policies[KEY].lock)
 
     def a_refresh_right_after(state, generation):
         ended = end_conflict(state, generation)
@@ -215,10 +216,8 @@ def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_syn
         def refresh():
             ctl.refresh(KEY)
             seen.append(copy.deepcopy(condition_of(ctl.policies[KEY].status, "SweeperInSync")))
-        refresher = threading.Thread(target=refresh)
-        refresher.start()
-        refresher.join(0.5)  # the status loop's refresh, now
-        refreshers.append(refresher)
+        # the status loop's refresh, now: it ends, or waits for the status lock
+        refreshers.append(run_until_done_or_blocked(refresh, lock))
         return ended
 
     monkeypatch.setattr(drift, "end_conflict_by_edit", a_refresh_right_after)

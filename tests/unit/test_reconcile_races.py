@@ -8,6 +8,7 @@ import copy
 import threading
 
 from stalledpolicy.controller.reconcile import reconcile
+from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 from tests.unit.test_operator_parts import b64, reconciled_policy
 
 KEY = ("ns", "p")
@@ -133,10 +134,8 @@ def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_a_ref
         @property
         def drift_seen_generation(self):
             if threading.current_thread() is reverter and not refreshers:
-                refresher = threading.Thread(target=ctl.refresh, args=(KEY,))
-                refreshers.append(refresher)
-                refresher.start()
-                refresher.join(0.5)  # the status loop's refresh, now
+                # the status loop's refresh, now: it ends, or waits for the status lock
+                refreshers.append(run_until_done_or_blocked(lambda: ctl.refresh(KEY), self.lock))
             return self.__dict__["drift_seen_generation"]
 
         @drift_seen_generation.setter
@@ -144,6 +143,7 @@ def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_a_ref
             self.__dict__["drift_seen_generation"] = value
 
     state.__class__ = RefreshWhileCounting
+    state.lock = WatchedLock(state.lock)
     applied = len(apps.applied)
     now[0] = began + drift.DRIFT_WINDOW + 1  # the refresh's clock
     changed = rival_change(apps)
