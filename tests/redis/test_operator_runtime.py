@@ -227,8 +227,8 @@ def test_missing_secret_then_created(world):
     delay = ctl.refresh(("ns", "p"))
     ready = condition_of(sink.patches[-1], "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
-    assert delay == 1  # first retry after one interval
-    assert ctl.refresh(("ns", "p")) == 2  # then backing off
+    assert delay == 1  # looked at again after one interval
+    assert ctl.refresh(("ns", "p")) == 1  # and every interval: a user creates it, no backoff
     assert len(sink.patches) == 1  # the same problem is not patched again
     assert [e[2] for e in recorder.events].count("SecretNotFound") == 1
     secrets[("ns", "creds")] = saved
