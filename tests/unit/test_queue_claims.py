@@ -454,16 +454,51 @@ def test_a_claim_that_cannot_be_told_names_the_older_policy():
     assert "may be swept for the older StalledPolicy ns/emails on this Redis" in outcome.message, outcome.message
 
 
-def test_a_newer_policy_with_a_bad_url_of_its_own_shows_that_not_queue_claimed():
-    """It cannot sweep either: QueueClaimed hid the InvalidRedisURL to fix."""
+def test_a_newer_policy_with_a_bad_url_of_its_own_is_held_back_and_says_what_to_fix_first():
+    """QueueClaimed said only that the claim "cannot be told", hiding the URL to fix."""
     apps, ctl = start(OLDER, NEWER)
     sweeping(ctl, OLDER)
     broken = changed(NEWER, 1, redis={"url": "redis://:6379/0"})
     ctl.observe_policy(copy.deepcopy(broken), "MODIFIED")
-    assert reconcile(ctl, copy.deepcopy(broken)).ok
+    outcome = reconcile(ctl, copy.deepcopy(broken))
+    assert outcome.reason == "QueueClaimed" and outcome.message.startswith("spec.redis.url "), outcome.message
+    assert "the older StalledPolicy ns/emails" in outcome.message
+    assert apps.of("emails-dup-sweeper").stored is None
+
+
+def test_a_newer_policy_whose_secret_is_missing_starts_no_sweeper_that_would_run_once_it_is_created():
+    """A sweeper applied for it ran as soon as the Secret was created (its pods read
+    the URL by secretKeyRef), a second sweeper of the older policy's queue until the
+    next refresh."""
+    apps, ctl = start(OLDER, NEWER)
+    sweeping(ctl, OLDER)
+    saved = ctl.store.pop(("ns", "creds"))
+    ctl.secrets.forget("ns", "creds")
+    outcome = reconcile(ctl, copy.deepcopy(NEWER))
+    assert outcome.reason == "QueueClaimed" and outcome.message.startswith("Secret ns/creds"), outcome.message
+    assert apps.of("emails-dup-sweeper").stored is None
     ctl.refresh(key_of(NEWER))
-    ready = condition_of(ctl.policies[key_of(NEWER)].status, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "InvalidRedisURL")
+    assert apps.of("emails-dup-sweeper").stored is None
+
+    ctl.store[("ns", "creds")] = saved  # created: the same Redis as the older policy's
+    ctl.refresh(key_of(NEWER))
+    assert newer_state(ctl).claimed_by == ("ns", "emails"), newer_state(ctl)
+    assert apps.of("emails-dup-sweeper").stored is None
+
+
+def test_a_claim_still_unknown_at_the_next_reconcile_keeps_naming_the_older_policy():
+    """The second reconcile dropped the name (and posted a second Warning)."""
+    apps, ctl = start(OLDER_BY_SECRET, NEWER)
+    ctl.store[("ns", "old-creds")] = b64_url("redis://:s3cret@redis.example:6379/0")
+    sweeping(ctl, OLDER_BY_SECRET)
+    pods_available(ctl, apps, OLDER_BY_SECRET, 1)
+    break_secret(ctl, "old-creds", "deleted")
+    ctl.refresh(key_of(OLDER_BY_SECRET))
+    first = reconcile(ctl, copy.deepcopy(NEWER))
+    second = reconcile(ctl, changed(NEWER, 2, maxStalled=11))
+    assert "the older StalledPolicy ns/emails on this Redis" in second.message, second.message
+    assert first.message == second.message
+    assert [e[2] for e in ctl.recorder.events].count("QueueClaimed") == 1
 
 
 def test_a_redis_both_policies_cannot_read_moves_nothing():

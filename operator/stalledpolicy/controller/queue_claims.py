@@ -68,9 +68,9 @@ class Claim:
     verdict: str
     owner: PolicyKey | None = None
     lapsed: bool = False
-    #: UNKNOWN because this policy's own Redis URL cannot be had (its Secret or URL
-    #: is wrong): it cannot sweep either, so there is nothing to hold it back from
-    misconfigured: bool = False
+    #: UNKNOWN because this policy's own Redis URL cannot be had: what is wrong with
+    #: its Secret or URL (the message to lead with: fixing it is the user's next step)
+    misconfigured: str | None = None
 
 
 def redis_endpoint(url: str) -> Endpoint | None:
@@ -93,33 +93,39 @@ def redis_endpoint(url: str) -> Endpoint | None:
     return host, port, db
 
 
-def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpoint | None, bool]:
+def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpoint | None, str | None]:
     """(endpoint, misconfigured): the Redis endpoint of a policy's ``spec.redis``
     (the Secret's URL through the controller's cached reader), a short host name
     taken in the policy's namespace (``as_seen_from``). None when it cannot be told
-    now: unknown, never "another Redis"; ``misconfigured`` says the policy's own
-    Secret or URL is the reason (missing, blank, a URL naming no server), not the
-    API server being down."""
+    now: unknown, never "another Redis"; ``misconfigured`` then says what is wrong
+    with the policy's own Secret or URL (missing, blank, a URL naming no server),
+    None when the reason is the API server being down."""
     try:
         url = resolve_url(namespace, spec.get("redis") or {}, ctl.secrets)
-    except RedisConfigError:
-        return None, True
+    except RedisConfigError as exc:
+        return None, exc.message
     except Exception:  # noqa: BLE001 - the API server down: no claim can be judged
-        return None, False
+        return None, None
     endpoint = redis_endpoint(url)
-    return (None, True) if endpoint is None else (as_seen_from(namespace, endpoint), False)
+    if endpoint is None:
+        return None, "the Redis URL names no server"
+    return as_seen_from(namespace, endpoint), None
+
+
+def own_sweeper(ctl, state) -> Mapping[str, Any] | None:
+    """The policy's sweeper Deployment as last seen, if it is this policy's (its uid)."""
+    namespace, name = state.key
+    deployment = ctl.deployments.get((namespace, sweeper_name(name)))
+    owner = policy_owner(deployment) if deployment is not None else None
+    if owner is None or owner.get("uid") != metadata_of(state.body).get("uid"):
+        return None
+    return deployment
 
 
 def _pods_available(ctl, state) -> bool:
     """Whether a pod of the policy's own sweeper Deployment is available now."""
-    namespace, name = state.key
-    deployment = ctl.deployments.get((namespace, sweeper_name(name)))
-    if deployment is None:
-        return False
-    owner = policy_owner(deployment)
-    if owner is None or owner.get("uid") != metadata_of(state.body).get("uid"):
-        return False
-    return int((deployment.get("status") or {}).get("availableReplicas") or 0) > 0
+    deployment = own_sweeper(ctl, state)
+    return deployment is not None and int((deployment.get("status") or {}).get("availableReplicas") or 0) > 0
 
 
 def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -144,11 +150,8 @@ def sweeps(ctl, state) -> bool | None:
     else:
         # Not applied (InvalidSpec, ApplyFailed, ...): its last applied sweeper, if it
         # still runs, sweeps on.
-        namespace, name = state.key
-        deployment = ctl.deployments.get((namespace, sweeper_name(name)))
-        owner = policy_owner(deployment) if deployment is not None else None
-        if (owner is None or owner.get("uid") != metadata_of(state.body).get("uid")
-                or not asks_for_pods(deployment)):
+        deployment = own_sweeper(ctl, state)
+        if deployment is None or not asks_for_pods(deployment):
             return False
     if state.queue_failures >= CLAIM_LOST_AFTER:
         return False
@@ -204,7 +207,7 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
         rivals.append((_age(other), state))
     unknown = None
     lapsed = False
-    endpoint, misconfigured = _UNSET, False
+    endpoint, misconfigured = _UNSET, None
     for _, state in sorted(rivals, key=lambda r: r[0]):
         sweeping = sweeps(ctl, state)
         if sweeping is False:
@@ -270,10 +273,15 @@ def owner_text(key: PolicyKey, owner: PolicyKey | None) -> str:
 
 
 def claimed_message(key: PolicyKey, queue: str, owner: PolicyKey | None, deployment_note: str, *,
-                    known: bool = True) -> str:
-    """``known`` False: Claim UNKNOWN, and no claim recorded before (``owner``, if
-    any, is the older policy that cannot be judged)."""
-    if not known or owner is None:
+                    owner_confirmed: bool = True, misconfigured: str | None = None) -> str:
+    """``owner_confirmed`` False: Claim UNKNOWN, and no claim recorded before
+    (``owner``, if any, is the older policy that cannot be judged); ``misconfigured``:
+    what is wrong with this policy's own Secret or URL, the reason it cannot be told."""
+    if misconfigured:
+        return (f"{misconfigured}; until it is fixed this policy gets no sweeper{deployment_note}: with no Redis "
+                f"URL it cannot be told whether queue {queue} is on the Redis where {owner_text(key, owner)} "
+                "sweeps it (its pods would start as soon as the Secret is fixed, a second sweeper of that queue)")
+    if not owner_confirmed or owner is None:
         return (f"queue {queue} may be swept for {owner_text(key, owner)} on this Redis, which cannot be told "
                 "now (that policy's state or Redis is not known yet: an operator start, the API server or a "
                 "Secret unreadable, a host name not looked up yet; or its Secret or URL is wrong while its "

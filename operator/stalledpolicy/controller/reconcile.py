@@ -252,20 +252,15 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
     claim = claim_of(ctl, body)
     if claim.verdict == FREE:
         return None
-    owner, known = claim.owner, True
+    owner, owner_confirmed = claim.owner, True
     if claim.verdict == UNKNOWN:
         current = ctl.state(body).outcome
-        if current is not None and current.reason == events.QUEUE_CLAIMED:
+        if current is not None and current.reason == events.QUEUE_CLAIMED and current.claimed_by is not None:
             owner = current.claimed_by  # held back before: stays so, by the same policy
-            known = owner is not None
         elif existing is not None and asks_for_pods(existing):
             return None  # a sweeper runs now: it goes on
-        elif claim.misconfigured:
-            # Its own Secret or URL gives no Redis URL: it cannot sweep either, and
-            # its status names what to fix (QueueClaimed would hide it).
-            return None
         else:
-            known = False  # the older policy is named, not recorded as the holder
+            owner_confirmed = False  # the older policy is named, not recorded as the holder
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
     queue = (body.get("spec") or {}).get("queue")
@@ -281,9 +276,10 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
                               f"Deployment {namespace}/{deployment_name} to 0 failed: {describe_api_error(exc)}", 0)
             log.warning("queue claimed by an older policy: sweeper Deployment scaled to 0", extra={
                 "namespace": namespace, "policy": name, "deployment": deployment_name,
-                "claimed_by": f"{owner[0]}/{owner[1]}" if owner and known else "(cannot be told now)"})
-    message = claimed_message((namespace, name), queue, owner, note, known=known)
+                "claimed_by": f"{owner[0]}/{owner[1]}" if owner and owner_confirmed else "(cannot be told now)"})
+    message = claimed_message((namespace, name), queue, owner, note, owner_confirmed=owner_confirmed,
+                              misconfigured=claim.misconfigured)
     outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, message, replicas=0,
-                               claimed_by=tuple(owner) if owner and known else None)
+                               claimed_by=tuple(owner) if owner and owner_confirmed else None)
     ctl.record_outcome(body, outcome)
     return outcome
