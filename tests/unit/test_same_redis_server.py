@@ -238,3 +238,51 @@ def test_a_short_host_name_and_its_fully_qualified_name_in_another_namespace_are
 def test_localhost_is_no_service_name():
     outcome = in_namespaces("team-a", "redis://localhost:6379/0", "team-b", "redis://127.0.0.1:6379/0", DNS)
     assert (outcome.reason, outcome.claimed_by) == ("QueueClaimed", ("team-a", "emails"))
+
+
+class FlakyDns(FakeDns):
+    """A DNS that answers ``failure`` (a gaierror code) until ``healed``."""
+
+    def __init__(self, names, failure):
+        super().__init__(names)
+        self.failure, self.healed = failure, False
+
+    def __call__(self, host):
+        if not self.healed:
+            self.asked.append(host)
+            raise socket.gaierror(self.failure, "Temporary failure in name resolution")
+        return super().__call__(host)
+
+
+def lookups_ended(hosts):
+    for entry in list(hosts._entries.values()):
+        lookup_done = entry.lookup_done
+        if lookup_done is not None:
+            lookup_done.wait(5)
+
+
+def test_a_dns_failure_that_may_pass_is_cannot_be_told_not_another_redis():
+    """EAI_AGAIN on a name's first lookup counted as "does not resolve", so the name
+    and its IP were two Redis, and a second sweeper of the queue ran until the
+    answer expired (60 s)."""
+    clock = Clock()
+    dns = FlakyDns(DNS, socket.EAI_AGAIN)
+    hosts = HostResolver(lookup=dns, clock=clock)
+    mine, theirs = redis_endpoint("redis://redis.prod.svc:6379/0"), redis_endpoint(f"redis://{SERVICE_IP}:6379/0")
+    assert same_server(mine, theirs, hosts) is None
+    lookups_ended(hosts)
+    assert same_server(mine, theirs, hosts) is None  # still not known, not asked again at once
+    assert dns.asked == ["redis.prod.svc"]
+    dns.healed = True
+    clock.now += 5  # asked again soon, not after the 60 s an answer is kept
+    same_server(mine, theirs, hosts)
+    lookups_ended(hosts)
+    assert same_server(mine, theirs, hosts) is True
+
+
+def test_a_name_the_dns_says_does_not_exist_is_compared_as_a_name():
+    hosts = HostResolver(lookup=FlakyDns(DNS, socket.EAI_NONAME))
+    mine, theirs = redis_endpoint("redis://redis.prod.svc:6379/0"), redis_endpoint(f"redis://{SERVICE_IP}:6379/0")
+    same_server(mine, theirs, hosts)
+    lookups_ended(hosts)
+    assert same_server(mine, theirs, hosts) is False

@@ -13,8 +13,9 @@ for ``ttl`` seconds, and waited for at most ``wait`` seconds: getaddrinfo cannot
 be given a timeout, and a slow DNS must not stall a reconcile or the status loop.
 A name whose first lookup has not ended is "cannot be told now" (None), which
 the claim rules already treat as "nothing moves" (no sweeper started, a running
-one kept); after that, an expired entry is looked up again while its last answer
-serves.
+one kept), and so is a name whose lookups failed for a reason that may pass (the
+DNS server down: asked again after LOOKUP_RETRY seconds); after that, an expired
+entry is looked up again while its last answer serves.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ PENDING: object = object()  # a host name whose first lookup has not ended yet
 
 LOOKUP_TTL = 60.0
 LOOKUP_WAIT = 0.5
+# After a lookup that failed for a passing reason (a DNS server down or slow):
+# asked again this soon, the name "cannot be told" meanwhile if nothing is known.
+LOOKUP_RETRY = 5.0
+# getaddrinfo's answers that say the name does not exist (the others may pass).
+_NO_SUCH_NAME = {getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY")
+                 if hasattr(socket, name)}
 
 
 def normal_address(text: str) -> str:
@@ -90,21 +97,30 @@ class HostResolver:
             if entry.addresses is not PENDING:
                 return entry.addresses
             lookup_done = entry.lookup_done
+        if lookup_done is None:  # a lookup failed for a passing reason; asked again soon
+            return PENDING
         lookup_done.wait(self.wait)
         with self._lock:
             return entry.addresses
 
     def _look_up(self, host: str, entry: _Entry, lookup_done: threading.Event) -> None:
+        passing = False
         try:
             found = frozenset(normal_address(address) for address in self.lookup(host)) or None
-        except Exception:  # noqa: BLE001 - gaierror, OSError, UnicodeError (IDNA): does not resolve
+        except socket.gaierror as exc:
+            found, passing = None, exc.errno not in _NO_SUCH_NAME  # EAI_AGAIN, EAI_FAIL: may pass
+        except UnicodeError:  # not a name IDNA can encode: does not resolve
             found = None
+        except Exception:  # noqa: BLE001 - OSError and the like: may pass
+            found, passing = None, True
         with self._lock:
             # A failed lookup keeps the addresses known before: a DNS blip must not
-            # end a claim (the newer policy would start a second sweeper).
-            if found is not None or not isinstance(entry.addresses, frozenset):
+            # end a claim (the newer policy would start a second sweeper). Nor may it
+            # pass for "does not resolve" (then "another Redis") before any answer:
+            # the name stays PENDING and is asked again soon.
+            if found is not None or not (passing or isinstance(entry.addresses, frozenset)):
                 entry.addresses = found
-            entry.checked_at = self.clock()
+            entry.checked_at = self.clock() - (self.ttl - LOOKUP_RETRY if passing else 0.0)
             entry.lookup_done = None
         lookup_done.set()
 
