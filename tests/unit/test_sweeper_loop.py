@@ -416,6 +416,23 @@ def test_a_pass_that_fails_after_its_first_call_is_unready_again(monkeypatch, cl
     assert ok is False and "EMQWRONGTYPE" in reason
 
 
+def test_after_the_first_drain_a_pass_failing_after_its_first_call_does_not_flip_readiness(monkeypatch, clock):
+    """Every call made the pod ready and the failure unready again: within each pass,
+    for a pass that fails the same way each time (a long reshard, a refused step)."""
+    seen = []
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        on_call(engine.SweepResult(recovered=1, calls=1, more=True), 0.001)
+        seen.append(sweeper.health.ready()[0])
+        raise redis.ResponseError("EMQNOPERM the user may not HSET emq:{orders}:gactive")
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass() is False and sweeper.sweep_pass() is False
+    assert seen == [True, False]  # ready in the first drain only
+    assert sweeper.health.ready()[0] is False
+
+
 # ------------------------------------------------------------------ --once wording
 
 

@@ -13,7 +13,8 @@ Failure policy (the process must never crash-loop):
 - The queue's slot being moved between Redis Cluster nodes (a resharding:
   TRYAGAIN, a script's 'non local key', redis-py's 'TTL exhausted'): Redis
   answered, so no outage; one warning naming the migration, retried every
-  interval, /readyz 503 with that reason until a script call succeeds.
+  interval, /readyz 503 with that reason until a pass succeeds (in the first
+  drain: a script call).
 - ``stalledpolicy_redis_up`` and the readiness's Redis half follow what Redis
   did, never a guess: a completed round trip (a script call, the snapshot, or
   an error reply from the server) sets them up, an outage sets them down, and
@@ -97,6 +98,7 @@ class Sweeper:
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
         self._calls_this_pass = 0
+        self._first_drain = True  # no pass that made a call has ended yet
         self._reported_problems: set[str] = set()
         #: what is wrong with the Redis URL when the last pass failed for it (a
         #: database the server does not have), in our words; else None
@@ -118,6 +120,7 @@ class Sweeper:
         """Drain once; False when the pass failed (the reason is logged)."""
         started = self._clock()
         self.health.beat()
+        self._first_drain = self._first_drain and not self._calls_this_pass
         self._calls_this_pass = 0
         self.bad_setting = None
         self.last_error = None
@@ -201,12 +204,15 @@ class Sweeper:
         self.metrics.count_call(result, seconds)
         self.health.beat()
         self._redis_answered()  # a script call came back: a round trip
-        # A call that came back moved its jobs: the pod sweeps, so it is ready
-        # now, not at the end of its first drain (a new pod with a large backlog
-        # would hold its rollout for as long as that drain lasts). A failure
-        # later in the pass makes it unready again.
-        self.health.last_pass_ok = True
-        self.health.reason = "ok"
+        if self._first_drain:
+            # A call that came back moved its jobs: the pod sweeps, so it is ready
+            # now, not at the end of its first drain (a new pod with a large backlog
+            # would hold its rollout for as long as that drain lasts). A failure
+            # later in the pass makes it unready again. Only in the first drain:
+            # after it, readiness is the last pass's (a pass that fails after its
+            # first call every time would flip it within each pass).
+            self.health.last_pass_ok = True
+            self.health.reason = "ok"
 
     def _log_pass(self, result: Any, seconds: float, snapshot: Any) -> None:
         fields = {

@@ -1,9 +1,9 @@
 """The sweeper's Prometheus metrics and its one small HTTP server.
 
 ``/metrics`` (Prometheus text), ``/healthz`` (the loop is alive: its heartbeat
-is recent) and ``/readyz`` (Redis answered and the last script call or pass
-succeeded) are
-served by one ``ThreadingHTTPServer`` on a daemon thread.
+is recent) and ``/readyz`` (Redis answered and the last pass succeeded, or in
+the first drain a script call) are served by one ``ThreadingHTTPServer`` on a
+daemon thread.
 
 Counters count what *this* process did; the totals every replica shares live
 in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
