@@ -80,8 +80,8 @@ class StatusLoop:
                 delay = self.config.status_interval
             elif problem.reason in RECHECKED_AT_INTERVAL:
                 # Fixed by a user (a Secret created, a URL corrected), not by waiting:
-                # looked at again every interval (no Redis call), not after a backoff
-                # of up to max_backoff.
+                # looked at again every interval (a Secret read, at most a
+                # connection), not after a backoff of up to max_backoff.
                 state.failures += 1
                 delay = self.config.status_interval
             else:
