@@ -126,6 +126,21 @@ def test_an_outage_backs_off_exponentially_and_logs_once(monkeypatch, clock, cap
     assert sweeper.health.redis_up and sweeper.health.last_pass_ok
 
 
+def test_an_outage_whose_cause_changes_logs_the_new_cause_once(monkeypatch, clock, caplog):
+    """Refused, then a password the restarted server no longer takes: the one line
+    of the outage named the first cause only."""
+    down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    auth = redis.AuthenticationError("invalid username-password pair or user is disabled.")
+    _, ref = script_engine(monkeypatch, clock, [down, auth, down, auth, 0.0])
+    ref[0] = sweeper = make_sweeper(clock, interval="60s")
+    with caplog.at_level(logging.DEBUG, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.error_type for w in warnings] == ["ConnectionError", "AuthenticationError"]
+    assert "another reason" in warnings[1].getMessage()
+    assert [r.getMessage() for r in caplog.records].count("redis reachable again") == 1
+
+
 def test_a_read_only_replica_is_named_with_the_fix(monkeypatch, clock, caplog):
     """It logged and served 'redis unreachable: You can't write against a read
     only replica.': true of a failover's moment, but a URL that names a replica

@@ -95,6 +95,7 @@ class Sweeper:
         self._client: Any = None
         self._budgets = engine.Budgets(default=config.max_stalled, lanes=dict(config.lanes))
         self._down_since: float | None = None
+        self._outage_causes: set[str] = set()  # error types logged in this outage
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
         self._calls_this_pass = 0
@@ -244,14 +245,24 @@ class Sweeper:
         self.health.redis_up = False
         self.health.last_pass_ok = False
         self.health.reason = f"redis unreachable: {self._scrub(exc)}"
+        # An outage's cause may change (refused, then a password the restarted
+        # server no longer takes): each cause is logged once per outage.
+        cause = type(exc).__name__
         if self._down_since is None:
             self._down_since = self._clock()
+            self._outage_causes = {cause}
             log.warning(
                 "redis unreachable; the pass failed and --once exits 1" if self.config.once else
                 "redis unreachable; retrying with backoff (logged once per outage)",
                 extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
-                       "error": self._scrub(exc), "error_type": type(exc).__name__},
+                       "error": self._scrub(exc), "error_type": cause},
             )
+        elif cause not in self._outage_causes:
+            self._outage_causes.add(cause)
+            log.warning("redis still unreachable, for another reason now (logged once per reason and outage)",
+                        extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
+                               "error": self._scrub(exc), "error_type": cause,
+                               "attempt": self._failed_attempts})
         else:
             log.debug("redis still unreachable", extra={
                 "queue": self.config.queue, "attempt": self._failed_attempts, "error": self._scrub(exc)})
