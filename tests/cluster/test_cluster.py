@@ -425,6 +425,17 @@ def test_a_purge_on_the_importing_node_leaves_no_row_behind(redis_cluster):
     client.close()
 
 
+def morgue_of_three(redis_cluster, queue, group):
+    """A flushed cluster whose ``queue`` has JOB1-3 in its morgue, in lane ``group``
+    (None: no lane): (client, queue, keys)."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    keys = QueueKeys(queue)
+    for job_id in ("JOB1", "JOB2", "JOB3"):
+        put_dead(client, keys, job_id, group=group)
+    return client, queue, keys
+
+
 def test_the_morgue_scan_never_takes_a_row_that_moved_for_a_missing_one(redis_cluster):
     """`dead` has moved, so `list` and `stats` are redirected (ASK) to the
     importing node, where the rows not moved yet answered EXISTS alone as
@@ -432,13 +443,7 @@ def test_the_morgue_scan_never_takes_a_row_that_moved_for_a_missing_one(redis_cl
     not moved yet. The scan now asks a row's absence with `dead` (lib/refusals,
     here), as the replay and the purge do: the call is refused, and the CLI
     says the slot is migrating."""
-    client = redis_cluster.client(decode_responses=True)
-    client.flushall()
-    queue = "importing-scan"
-    keys = QueueKeys(queue)
-    ids = ["JOB1", "JOB2", "JOB3"]
-    for job_id in ids:
-        put_dead(client, keys, job_id, group="g")
+    client, queue, keys = morgue_of_three(redis_cluster, "importing-scan", "g")
     with slot_migrating(client, queue, [keys.dead, keys.job("JOB1")]):
         for read in (engine.morgue_list, engine.morgue_stats):
             with pytest.raises(redis.ResponseError, match="non local key"):
@@ -457,7 +462,7 @@ def test_the_morgue_scan_never_takes_a_row_that_moved_for_a_missing_one(redis_cl
         result = _cli("morgue", "list", "--redis-url", redis_cluster.url, "--queue", queue)
         assert result.returncode == 1 and "is being migrated" in result.stderr, result.stderr
     assert [(job.id, job.lane, job.problem) for job in engine.morgue_list(client, queue)] == [
-        (job_id, "g", None) for job_id in ids]
+        (job_id, "g", None) for job_id in ("JOB1", "JOB2", "JOB3")]
     assert engine.morgue_stats(client, queue).lanes == {"g": 3}
     client.close()
 

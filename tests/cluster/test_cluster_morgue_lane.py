@@ -9,9 +9,7 @@ import pytest
 import redis
 
 from stalledpolicy import engine
-from stalledpolicy.keyspace import QueueKeys
-from tests.cluster.test_cluster import _cli, slot_migrating
-from tests.redis.engine_rows import put_dead
+from tests.cluster.test_cluster import _cli, morgue_of_three, slot_migrating
 
 pytestmark = pytest.mark.redis
 
@@ -22,13 +20,7 @@ def test_a_lane_list_never_leaves_out_a_row_that_has_not_moved_yet(redis_cluster
     refused; one walk reading a row's `group` alone took a row not moved yet
     (absent on the importing node) for one of no lane: a page and a total short
     of it, exit 0."""
-    client = redis_cluster.client(decode_responses=True)
-    client.flushall()
-    queue = "importing-lane"
-    keys = QueueKeys(queue)
-    ids = ["JOB1", "JOB2", "JOB3"]
-    for job_id in ids:
-        put_dead(client, keys, job_id, group=lane or None)
+    client, queue, keys = morgue_of_three(redis_cluster, "importing-lane", lane or None)
     with slot_migrating(client, queue, [keys.dead, keys.job("JOB1")]):
         for read in (engine.morgue_list, engine.morgue_page):
             with pytest.raises(redis.ResponseError):
