@@ -6,15 +6,16 @@ Each script call is bounded; the functions that may touch many jobs loop over
 bounded calls so Redis is never blocked for long.
 
 ``sweep`` (the counted mark/recover/dead-letter walk), ``morgue`` (stats, list,
-replay, purge), ``snapshot`` (a queue's figures for status and gauges) and
-``calls`` (how a script is called and its reply read). Callers use the names
-below through this package (``engine.drain``), so tests can replace them here.
+a page), ``morgue_change`` (replay, purge), ``snapshot`` (a queue's figures for
+status and gauges) and ``calls`` (how a script is called and its reply read).
+Callers use the names below through this package (``engine.drain``), so tests
+can replace them here.
 """
 
 from stalledpolicy.engine.calls import AclRefused, is_acl_refusal
-from stalledpolicy.engine.morgue import (MORGUE_BATCH, DeadJob, MorguePage, MorgueStats, PurgeResult,
-                                         ReplayResult, lane_of, morgue_list, morgue_page, morgue_purge,
-                                         morgue_replay, morgue_stats)
+from stalledpolicy.engine.morgue import (MORGUE_BATCH, DeadJob, MorguePage, MorgueStats, lane_of, morgue_list,
+                                         morgue_page, morgue_stats)
+from stalledpolicy.engine.morgue_change import PurgeResult, ReplayResult, morgue_purge, morgue_replay
 from stalledpolicy.engine.snapshot import LaneSnapshot, QueueSnapshot, queue_snapshot
 from stalledpolicy.engine.sweep import Budgets, LaneCounts, SweepResult, drain, sweep_batch
 

@@ -1,12 +1,13 @@
-"""The morgue: stats, list, replay and purge, each over bounded script calls
-(docs/scripts.md, morgue_*)."""
+"""The morgue read: stats, list and a page with its total, each over bounded
+script calls (docs/scripts.md, morgue_scan); replay and purge, which change
+it, are in :mod:`stalledpolicy.engine.morgue_change`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from stalledpolicy.engine.calls import as_counter, as_text, check_positive, merged_problems, run_script
+from stalledpolicy.engine.calls import as_counter, as_text, check_positive, run_script
 from stalledpolicy.keyspace import QueueKeys
 
 #: ids per morgue script call (replay, purge, list pages, stats scans)
@@ -55,57 +56,6 @@ class MorguePage:
     holds in all (the morgue's size, or the lane's dead jobs by :func:`lane_of`)."""
     jobs: list[DeadJob]
     total: int
-
-
-@dataclass
-class ReplayResult:
-    replayed: int
-    ids: list[str]
-    lanes: dict[str, int]  # lane -> jobs (to be) replayed; "" = flat
-    missing: list[str]
-    #: dead ids left in the morgue because they cannot be replayed safely (id -> why)
-    unreplayable: dict[str, str] = field(default_factory=dict)
-    #: as :attr:`SweepResult.problems`
-    problems: list[str] = field(default_factory=list)
-
-
-@dataclass
-class PurgeResult:
-    purged: int
-    ids: list[str]
-    missing: list[str] = field(default_factory=list)
-    #: ids kept and why: deleting them could drop a live job, or (ids given with a
-    #: lane filter) they are not in that lane (id -> why)
-    kept: dict[str, str] = field(default_factory=dict)
-    #: entries an age purge kept for want of a valid time of death (no ``dead_at``, a
-    #: malformed one, or one later than now) whose row exists and is a hash: dated now
-    #: (``dead_at`` = the server's now; not in a dry run), so a later age purge can remove them
-    undated: int = 0
-    #: as :attr:`SweepResult.problems`
-    problems: list[str] = field(default_factory=list)
-    #: entries an age purge kept because their row is missing or not a hash: they have
-    #: no time of death and cannot get one; only a purge without an age and without a lane
-    #: (by id, or of the whole morgue) removes them
-    undatable: int = 0
-    #: lane -> jobs (to be) purged; "" = flat, None = in no lane (row missing or not a hash),
-    #: as :func:`lane_of` reads them
-    lanes: dict[str | None, int] = field(default_factory=dict)
-
-
-def _lane_filter(lane: str | None) -> str:
-    return "" if lane is None else "=" + lane
-
-
-def _unique(ids: Iterable[str]) -> list[str]:
-    unique = list(dict.fromkeys(as_text(i) for i in ids))
-    for job_id in unique:
-        if not isinstance(job_id, str) or not job_id:
-            raise ValueError(f"ids: every id must be a non-empty string, got {job_id!r}")
-    return unique
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
-    return [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 def _job(raw: Sequence[Any]) -> DeadJob:
@@ -208,113 +158,3 @@ def morgue_page(client: Any, queue: str, *, lane: str | None = None, limit: int 
         return MorguePage(jobs=jobs, total=total)
     jobs = morgue_list(client, queue, limit=limit, offset=offset)
     return MorguePage(jobs=jobs, total=int(client.zcard(keys.dead)))
-
-
-def _replay_keys(keys: QueueKeys) -> list[str]:
-    return [keys.dead, keys.pending, keys.ring, keys.gactive, keys.glimit, keys.paused, keys.wake,
-            keys.sweeper_totals]
-
-
-def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequence[str] | None = None,
-                  limit: int | None = None, dry_run: bool = False,
-                  progress: Callable[[ReplayResult], None] | None = None,
-                  should_stop: Callable[[], bool] = lambda: False) -> ReplayResult:
-    """Move dead jobs back to their lane (or ``pending``) with the stall count reset.
-
-    Selection: ``ids`` (only those; ids not in the morgue come back in
-    ``missing``), else every dead job of ``lane`` (``""`` = flat jobs), else the
-    whole morgue; at most ``limit`` jobs. Each script call is bounded, and
-    ``progress`` (if given) sees the result so far after each one: a caller
-    that meets an error half-way knows what already moved. ``should_stop`` is
-    asked between calls only, as in :func:`drain` (never after the last one):
-    once it says yes, no other call is sent and the result so far is returned.
-    """
-    if limit is not None:
-        check_positive("limit", limit)
-    keys = QueueKeys(queue)
-    result = ReplayResult(replayed=0, ids=[], lanes={}, missing=[])
-    dry = "1" if dry_run else "0"
-
-    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
-        budget = MORGUE_BATCH if limit is None else min(MORGUE_BATCH, limit - result.replayed)
-        args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, MORGUE_BATCH, budget, *chunk]
-        replayed, refused, missing, next_cursor, problems = run_script(
-            "morgue_replay", client, keys, _replay_keys(keys), args)
-        for job_id, job_lane in _pairs(replayed):
-            result.ids.append(job_id)
-            result.lanes[job_lane] = result.lanes.get(job_lane, 0) + 1
-        result.replayed = len(result.ids)
-        result.unreplayable.update(_pairs(refused))
-        result.missing += [as_text(m) for m in missing]
-        result.problems = merged_problems(result.problems, (as_text(p) for p in problems))
-        if progress is not None:
-            progress(result)
-        return next_cursor  # as sent (see _scan)
-
-    if ids is not None:
-        wanted = _unique(ids)
-        for start in range(0, len(wanted), MORGUE_BATCH):
-            if limit is not None and result.replayed >= limit:
-                break
-            if start and should_stop():
-                break
-            call("ids", "", wanted[start:start + MORGUE_BATCH])
-        return result
-    cursor = call("scan", "", ())
-    while cursor and (limit is None or result.replayed < limit) and not should_stop():
-        cursor = call("scan", cursor, ())
-    return result
-
-
-def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, lane: str | None = None,
-                 ids: Sequence[str] | None = None, dry_run: bool = False,
-                 progress: Callable[[PurgeResult], None] | None = None,
-                 should_stop: Callable[[], bool] = lambda: False) -> PurgeResult:
-    """Delete dead jobs (the morgue entry and the row) for good.
-
-    Selection as :func:`morgue_replay`, narrowed by ``older_than_s``: only jobs
-    whose ``dead_at`` is at least that old on the server clock. The others
-    without a valid ``dead_at`` are kept and counted: ``undated`` (dated now)
-    and ``undatable`` (their row is missing or not a hash). ``progress`` and
-    ``should_stop`` as in :func:`morgue_replay`.
-    """
-    min_age = ""
-    if older_than_s is not None:
-        if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or older_than_s < 0:
-            raise ValueError(f"older than: must be a duration >= 0 seconds, got {older_than_s!r}")
-        min_age = str(int(older_than_s * 1000))
-    keys = QueueKeys(queue)
-    result = PurgeResult(purged=0, ids=[])
-    dry = "1" if dry_run else "0"
-
-    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
-        args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, MORGUE_BATCH, *chunk]
-        purged, kept, missing, undated, next_cursor, problems, undatable, lanes = run_script(
-            "morgue_purge", client, keys, [keys.dead, keys.sweeper_totals], args)
-        result.ids += [as_text(p) for p in purged]
-        for raw in lanes:
-            # '=' .. group, '=' flat, '' in no lane: the script's reading of the lane filter
-            label = as_text(raw)
-            name = label[1:] if label else None
-            result.lanes[name] = result.lanes.get(name, 0) + 1
-        result.purged = len(result.ids)
-        result.kept.update(_pairs(kept))
-        result.missing += [as_text(m) for m in missing]
-        result.undated += int(undated)
-        result.undatable += int(undatable)
-        result.problems = merged_problems(result.problems, (as_text(p) for p in problems))
-        if progress is not None:
-            progress(result)
-        return next_cursor  # as sent (see _scan)
-
-    if ids is not None:
-        wanted = _unique(ids)
-        for start in range(0, len(wanted), MORGUE_BATCH):
-            if start and should_stop():
-                break
-            call("ids", "", wanted[start:start + MORGUE_BATCH])
-        return result
-    cursor = call("scan", "", ())
-    while cursor and not should_stop():
-        cursor = call("scan", cursor, ())
-    return result
