@@ -236,11 +236,28 @@ REFUSED = [
             with_(redis={"url": "redis://r:6379/0", "secretRef": {"name": "r", "key": "url"}}),
             ["spec.redis", "set exactly one of redis.url"],
         ),
-        (without("redis"), ["spec.redis", "Required value"]),
+        (without("redis"), ["spec.redis", "Required value", "set redis.url", "or redis.secretRef {name, key}"]),
         (with_(redis={"url": "http://r:6379"}), ["spec.redis.url", "must start with redis:// or rediss://"]),
         (with_(redis={"url": "redis://:s3cret@r:6379/0"}), ["spec.redis.url", "must not carry credentials", "secretRef"]),
         (with_(redis={"url": "redis://r:6379/0?password=s3cret"}), ["spec.redis.url", "must not carry credentials"]),
-        (with_(redis={"secretRef": {"name": "Bad_Name"}}), ["spec.redis.secretRef.name"]),
+        (
+            with_(redis={"secretRef": {"name": "Bad_Name"}}),
+            ["spec.redis.secretRef.name", "redis.secretRef.name must be a Secret name: lowercase letters"],
+        ),
+        (
+            with_(redis={"secretRef": {"name": "r", "key": "b c"}}),
+            ["spec.redis.secretRef.key", "redis.secretRef.key must be a Secret key: letters, digits"],
+        ),
+        (
+            with_(redis={"url": "redis://h:99999/0"}),
+            ["spec.redis.url", "redis.url has a port that is not a number from 1 to 65535",
+             "write redis://host[:port][/db]"],
+        ),
+        (with_(redis={"url": "redis://:6379/0"}), ["spec.redis.url", "redis.url has no host; write redis://host"]),
+        (
+            with_(redis={"url": "redis://h:6379/1x"}),
+            ["spec.redis.url", "redis.url has a path that is not a database number; write /0, /1"],
+        ),
         (with_(sweeper={"replicas": -1}), ["spec.sweeper.replicas", "greater than or equal to 0"]),
         (with_(sweeper={"tolerations": [{"operator": "Maybe"}]}), ["spec.sweeper.tolerations[0].operator", "Exists"]),
         (
@@ -278,6 +295,12 @@ ONE_PROBLEM = [
     with_(sweeper={"priorityClassName": ""}), with_(sweeper={"resources": {"limits": {"cpu": "-1"}}}),
     with_(sweeper={"imagePullSecrets": [{"name": "Registry_Credentials"}]}),
     with_(sweeper={"imagePullSecrets": [{"name": ""}]}),
+    # each showed a raw regex (twice over for sweepInterval), or a bare "Required value"
+    with_(redis={"secretRef": {"name": "Bad Name"}}), with_(redis={"secretRef": {"name": ""}}),
+    with_(redis={"secretRef": {"name": "r", "key": "b c"}}), with_(redis={"secretRef": {"name": "r", "key": ""}}),
+    with_(sweepInterval="1d"), with_(sweepInterval="2x"), without("redis"),
+    with_(redis={"url": "redis://h:99999/0"}), with_(redis={"url": "redis://:6379/0"}),
+    with_(redis={"url": "redis://h:6379/1x"}),
 ]
 
 
@@ -290,6 +313,7 @@ def test_one_bad_value_is_one_message(crd_installed, objects, kube_namespace, sp
     causes = json.loads(info.value.body)["details"]["causes"]
     assert len(causes) == 1, causes
     assert "should match" not in causes[0]["message"] and "chars long" not in causes[0]["message"]
+    assert causes[0]["message"] not in ("Required value", ""), causes
 
 
 @pytest.mark.parametrize("sweeper", [
@@ -335,6 +359,72 @@ def test_credentials_in_any_spelling_are_refused_without_echo(crd_installed, obj
     with pytest.raises(PolicyError) as info:
         StalledPolicySpec.from_k8s(with_(redis={"url": url}))
     assert info.value.field == "spec.redis.url" and "zq7" not in str(info.value) and "xk9" not in str(info.value)
+
+
+_FORM = "write redis://host[:port][/db]"
+WALKTHROUGH = [
+    ({"redis": {"url": "redis://h:99999/0"}},
+     f"spec.redis.url: Invalid value: redis.url has a port that is not a number from 1 to 65535; {_FORM}"),
+    ({"redis": {"url": "redis://:6379/0"}}, f"spec.redis.url: Invalid value: redis.url has no host; {_FORM}"),
+    ({"redis": {"url": "redis://h:6379/1x"}},
+     "spec.redis.url: Invalid value: redis.url has a path that is not a database number; write /0, /1, ..."),
+    ({"redis": {"secretRef": {"name": "Bad Name"}}},
+     'spec.redis.secretRef.name: Invalid value: "Bad Name": redis.secretRef.name must be a Secret name'),
+    ({"sweepInterval": "1d", "redis": {"url": "redis://h:6379/0"}},
+     'spec.sweepInterval: Invalid value: "1d": sweepInterval must be a number with a unit'),
+    ({}, "spec.redis: Required value: redis is required; set redis.url (without credentials) or "
+         "redis.secretRef {name, key}"),
+]
+
+
+@pytest.mark.parametrize("spec, line", WALKTHROUGH,
+                         ids=[line.split(":")[0] + f"-{i}" for i, (_, line) in enumerate(WALKTHROUGH)])
+def test_kubectl_apply_shows_the_field_and_the_fix_once(crd_installed, control_plane, kube_namespace, tmp_path,
+                                                         spec, line):
+    """Found in a user walkthrough: these were admitted (and Ready=False at
+    reconcile), or refused with a raw regex, or with a bare "Required value"."""
+    manifest = tmp_path / "p.yaml"
+    manifest.write_text(yaml.safe_dump(policy("walk", {"queue": "emails", **spec})))
+    done = control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(manifest), check=False)
+    assert done.returncode != 0 and line in done.stderr, done.stderr
+    assert "should match" not in done.stderr
+    assert done.stderr.count("Invalid value") + done.stderr.count("Required value") == 1, done.stderr
+
+
+def test_every_url_the_operator_accepts_is_admitted(crd_installed, objects, kube_namespace):
+    """Admission must never refuse an inline URL the operator takes
+    (validation.check_redis_url): a sample of the corpus it accepts, its edge
+    cases first (brackets, percent-encoded paths, leading zeros, a tab or a
+    newline urlsplit drops), each a dry-run create."""
+    from tests.unit.inline_urls import accepted_sample
+
+    refused = {}
+    for url in accepted_sample(300) + ["redis://h", "redis://h:/", "rediss://h:065535/%31%2F", "redis://:[::1]:6379/0"]:
+        try:
+            objects.create_namespaced_custom_object(
+                GROUP, VERSION, kube_namespace, PLURAL, policy("p", with_(redis={"url": url})), dry_run="All")
+        except ApiException as exc:
+            refused[url] = json.loads(exc.body)["message"]
+    assert refused == {}
+
+
+def test_the_api_server_and_the_model_refuse_the_same_urls_in_the_same_words(crd_installed, objects, kube_namespace):
+    """The CEL rules (RE2) and the model (Python re) run the same patterns: on
+    URLs of the wrong form both give the same problems."""
+    import random
+
+    from stalledpolicy.policy.models import url_form_problems
+    from tests.unit.inline_urls import all_urls
+
+    wrong = [url for url in all_urls() if url_form_problems(url)]
+    for url in random.Random(3).sample(wrong, 120):
+        with pytest.raises(ApiException) as info:
+            objects.create_namespaced_custom_object(
+                GROUP, VERSION, kube_namespace, PLURAL, policy("p", with_(redis={"url": url})), dry_run="All")
+        causes = json.loads(info.value.body)["details"]["causes"]
+        assert sorted(c["message"].removeprefix("Invalid value: ") for c in causes) == \
+            sorted(f"redis.url {problem}" for problem in url_form_problems(url)), url
+        assert {c["field"] for c in causes} == {"spec.redis.url"}
 
 
 @pytest.mark.parametrize("url", ["redis://r:6379/0?socket_timeout=5&db=1",

@@ -341,7 +341,9 @@ def test_crd_limits_are_the_model_limits():
 
     props = _spec_schema()
     assert props["queue"]["maxLength"] == QUEUE_NAME_MAX == models.QUEUE_MAX_LENGTH
-    assert props["sweepInterval"]["pattern"] == SWEEP_INTERVAL_PATTERN
+    # judged by its rules only (a pattern beside them showed the raw regex too)
+    assert "pattern" not in props["sweepInterval"]
+    assert f'self.matches(r"{SWEEP_INTERVAL_PATTERN}")' in props["sweepInterval"]["x-kubernetes-validations"][0]["rule"]
     batch = props["batchSize"]
     assert (batch["minimum"], batch["maximum"], batch["default"]) == (
         models.BATCH_SIZE_MIN, models.BATCH_SIZE_MAX, models.BATCH_DEFAULT)
@@ -355,11 +357,16 @@ def test_crd_limits_are_the_model_limits():
     assert pull_secrets["maxItems"] == models.SWEEPER_PULL_SECRETS_MAX
     assert pull_secrets["x-kubernetes-list-map-keys"] == ["name"]
     secret_name = props["redis"]["properties"]["secretRef"]["properties"]["name"]
-    assert secret_name["pattern"] == models._DNS_SUBDOMAIN.pattern
     dns_rule = f'self.matches(r"{models._DNS_SUBDOMAIN.pattern}")'
     [pull_rule] = pull_secrets["items"]["properties"]["name"]["x-kubernetes-validations"]
     [priority_rule] = props["sweeper"]["properties"]["priorityClassName"]["x-kubernetes-validations"]
-    assert pull_rule["rule"] == priority_rule["rule"] == dns_rule
+    [secret_rule] = secret_name["x-kubernetes-validations"]
+    assert pull_rule["rule"] == priority_rule["rule"] == secret_rule["rule"] == dns_rule
+    secret_key = props["redis"]["properties"]["secretRef"]["properties"]["key"]
+    [key_rule] = secret_key["x-kubernetes-validations"]
+    assert key_rule["rule"] == f'self.matches(r"{models._SECRET_KEY.pattern}")'
+    # rules only: a pattern or minLength beside them showed the raw regex (or a second message)
+    assert not {"pattern", "minLength"} & (secret_name.keys() | secret_key.keys())
     for which in ("limits", "requests"):
         value = props["sweeper"]["properties"]["resources"]["properties"][which]["additionalProperties"]
         assert value["pattern"] == models.QUANTITY_PATTERN and value["maxLength"] == models.QUANTITY_MAX_LENGTH
@@ -388,7 +395,7 @@ def test_the_crd_refuses_inline_credentials_with_the_model_rule():
     from stalledpolicy.policy import models
 
     rules = [v["rule"] for v in _spec_schema()["redis"]["x-kubernetes-validations"]]
-    [rule] = [r for r in rules if "@" in r]
+    [rule] = [r for r in rules if '.contains("@")' in r]
     assert f'!self.url.contains("{models.URL_CREDENTIALS_MARK}")' in rule
     assert f'!self.url.matches(r"{models.URL_SECRET_QUERY_KEY_PATTERN}")' in rule
 
@@ -411,3 +418,63 @@ def test_a_url_in_the_wrong_field_shows_no_password(changes):
 ])
 def test_sweeper_values_the_pod_api_takes_are_accepted(sweeper):
     assert StalledPolicySpec.from_k8s(spec_with(sweeper=sweeper)).sweeper is not None
+
+
+# --- the url's form: port, host, database path --------------------------------
+
+def _form_rules():
+    from stalledpolicy.policy import models
+
+    rules = _spec_schema()["redis"]["x-kubernetes-validations"]
+    return {rule["message"]: rule["rule"] for rule in rules if models.URL_FORM_UNJUDGED_PATTERN in rule["rule"]}
+
+
+def test_the_crd_judges_the_url_form_with_the_model_patterns_and_words():
+    from stalledpolicy.policy import models
+
+    rules = _form_rules()
+    assert set(rules) == {f"redis.url {problem}" for problem in
+                          (models.URL_PORT_PROBLEM, models.URL_NO_HOST_PROBLEM, models.URL_DB_PATH_PROBLEM)}
+    guard = (f'!has(self.url) || !self.url.matches(r"{models.URL_FORM_JUDGED_PATTERN}") || '
+             f'self.url.matches(r"{models.URL_FORM_UNJUDGED_PATTERN}") || ')
+    assert rules[f"redis.url {models.URL_PORT_PROBLEM}"] == guard + (
+        f'!self.url.matches(r"{models.URL_WITH_PORT_PATTERN}") || self.url.matches(r"{models.URL_PORT_PATTERN}")')
+    assert rules[f"redis.url {models.URL_NO_HOST_PROBLEM}"] == guard + f'!self.url.matches(r"{models.URL_NO_HOST_PATTERN}")'
+    assert rules[f"redis.url {models.URL_DB_PATH_PROBLEM}"] == guard + f'self.url.matches(r"{models.URL_DB_PATH_PATTERN}")'
+
+
+def test_the_url_form_rules_refuse_no_url_the_operator_accepts():
+    """Admission must never refuse what the operator takes: every URL of the
+    corpus (ports, brackets, percent-encoding, dropped tabs and newlines) that
+    check_redis_url accepts passes the rules (the kube test feeds a sample of
+    them to the API server)."""
+    from stalledpolicy.policy.models import url_form_problems
+    from tests.unit.inline_urls import all_urls, operator_accepts
+
+    urls = all_urls()
+    accepted = [url for url in urls if operator_accepts(url)]
+    assert len(accepted) > 1000
+    assert [url for url in accepted if url_form_problems(url)] == []
+    # and what the rules refuse, the operator refuses too (it is the same judgment, earlier)
+    assert all(not operator_accepts(url) for url in urls if url_form_problems(url))
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("redis://h:99999/0", "has a port that is not a number from 1 to 65535"),
+    ("redis://h:0/0", "has a port that is not a number from 1 to 65535"),
+    ("redis://h:6s/0", "has a port that is not a number from 1 to 65535"),
+    ("redis://:6379/0", "has no host"),
+    ("rediss:///0", "has no host"),
+    ("redis://h:6379/1x", "has a path that is not a database number"),
+    ("redis://h/%2F", "has a path that is not a database number"),
+])
+def test_an_inline_url_of_the_wrong_form_is_refused_with_the_fix(url, words):
+    error = problem_of(spec_with(redis={"url": url}))
+    assert error.field == "spec.redis.url" and words in str(error)
+    assert "write " in str(error) and "redis.queues.svc:6379/0" in str(error)
+
+
+@pytest.mark.parametrize("url", ["redis://h", "redis://h:/", "redis://h:065535/%31%2F", "redis://[::1]:6379/0",
+                                 "rediss://h/0?db=2", "redis://10.0.0.1:6379/15/"])
+def test_an_inline_url_of_the_right_form_is_accepted(url):
+    assert StalledPolicySpec.from_k8s(spec_with(redis={"url": url})).redis.url == url

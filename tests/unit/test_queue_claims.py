@@ -458,7 +458,8 @@ def test_a_newer_policy_with_a_bad_url_of_its_own_is_held_back_and_says_what_to_
     """QueueClaimed said only that the claim "cannot be told", hiding the URL to fix."""
     apps, ctl = start(OLDER, NEWER)
     sweeping(ctl, OLDER)
-    broken = changed(NEWER, 1, redis={"url": "redis://:6379/0"})
+    # a URL only the operator can judge (the CRD and the model refuse one without a host)
+    broken = changed(NEWER, 1, redis={"url": "redis://redis.example:6379/0?protocol=9"})
     ctl.observe_policy(copy.deepcopy(broken), "MODIFIED")
     outcome = reconcile(ctl, copy.deepcopy(broken))
     assert outcome.reason == "QueueClaimed" and outcome.message.startswith("spec.redis.url "), outcome.message

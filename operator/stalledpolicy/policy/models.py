@@ -12,7 +12,10 @@ One rule goes further than a plain URL check: an inline ``redis.url`` may not
 carry credentials (an '@' with a user or password before it, or a query option
 such as ``password=``, ``ssl_password=`` or ``pass%77ord=``), because the URL
 would be readable in the sweeper Deployment. Such a URL is refused with a
-message pointing at ``redis.secretRef``; the CRD refuses it too.
+message pointing at ``redis.secretRef``; the CRD refuses it too. Its form is
+judged as the CRD does (a port from 1 to 65535, a host, a database number as
+the path: :func:`url_form_problems`); the rest of what makes a URL usable is
+the operator's (``validation.check_redis_url``, Ready=False InvalidRedisURL).
 
 Entry point: :meth:`StalledPolicySpec.from_k8s`. The sweeper's configuration
 is :meth:`StalledPolicySpec.sweeper_env` (the env var names are the contract
@@ -90,6 +93,43 @@ URL_CREDENTIALS_MARK = "@"
 # very pattern (RE2 and Python read it alike; a unit test compares).
 URL_SECRET_QUERY_KEY_PATTERN = r"[?&][^=&]*(%|(?i:password|username))"
 _URL_SECRET_QUERY_KEY = re.compile(URL_SECRET_QUERY_KEY_PATTERN)
+# The URL's form (port, host, database path), as the operator reads it
+# (urlsplit, validation.check_redis_url), judged with the CRD's very patterns
+# (RE2 and Python read them alike; a unit test compares): only a redis:// or
+# rediss:// URL without '@' (refused above) or a tab, CR or LF (urlsplit drops
+# them), and the port and host only without [brackets] (an IPv6 host is left to
+# check_redis_url). Nothing check_redis_url accepts is refused (a unit test
+# tries it on many URLs). re.search, as CEL's matches().
+URL_FORM_JUDGED_PATTERN = r"^rediss?://"
+URL_FORM_UNJUDGED_PATTERN = r"[@\t\r\n]"
+_PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+URL_WITH_PORT_PATTERN = r"^rediss?://[^/?#:\[\]]*:[^/?#\[\]]*([/?#]|$)"
+URL_PORT_PATTERN = r"^rediss?://[^/?#:\[\]]*:(" + _PORT + r")?([/?#]|$)"
+URL_NO_HOST_PATTERN = r"^rediss?://(:(" + _PORT + r")?)?([/?#]|$)"
+URL_DB_PATH_PATTERN = r"^rediss?://[^/?#]*(/(([0-9]|%3[0-9])+(/|%2[fF])?)?)?([?#]|$)"
+INLINE_URL_EXAMPLE = "redis://redis.queues.svc:6379/0"
+_URL_FORM_FIX = f"write redis://host[:port][/db] (rediss:// for TLS), for example {INLINE_URL_EXAMPLE}"
+URL_PORT_PROBLEM = f"has a port that is not a number from 1 to 65535; {_URL_FORM_FIX}"
+URL_NO_HOST_PROBLEM = f"has no host; {_URL_FORM_FIX}"
+URL_DB_PATH_PROBLEM = ("has a path that is not a database number; write /0, /1, ... after the host "
+                       f"(or no path for 0), for example {INLINE_URL_EXAMPLE}")
+
+
+def url_form_problems(url: str) -> list[str]:
+    """What the CRD's form rules refuse in an inline ``redis.url`` (port, host,
+    database path), in their words; [] when they let it pass."""
+    if not re.search(URL_FORM_JUDGED_PATTERN, url) or re.search(URL_FORM_UNJUDGED_PATTERN, url):
+        return []
+    problems = []
+    if re.search(URL_WITH_PORT_PATTERN, url) and not re.search(URL_PORT_PATTERN, url):
+        problems.append(URL_PORT_PROBLEM)
+    if re.search(URL_NO_HOST_PATTERN, url):
+        problems.append(URL_NO_HOST_PROBLEM)
+    if not re.search(URL_DB_PATH_PATTERN, url):
+        problems.append(URL_DB_PATH_PROBLEM)
+    return problems
+
+
 # Lane names are joined as "name=budget,name=budget" in STALLEDPOLICY_LANES.
 _LANE_EXTRA_FORBIDDEN = ",="
 
@@ -221,7 +261,8 @@ class LanePolicy(_Model):
 
 def _check_secret_name(value: str) -> str:
     if not _DNS_SUBDOMAIN.fullmatch(value):
-        raise _problem(f"{value!r} is not a Secret name; use lowercase letters, digits, '-' and '.'")
+        raise _problem(f"{tables.shown(value, 78, quoted=True, keep=70)} is not a Secret name; use lowercase "
+                       "letters, digits, '-' and '.', starting and ending with a letter or digit")
     return value
 
 
@@ -262,6 +303,9 @@ class RedisSource(_Model):
                 "'username' or '%'), which would be readable in the sweeper Deployment; "
                 "put the URL in a Secret and use spec.redis.secretRef instead"
             )
+        problems = url_form_problems(value)
+        if problems:
+            raise _problem("; and ".join(problems))
         return value
 
     @model_validator(mode="after")
