@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from stalledpolicy.engine.calls import as_counter, as_text, check_positive, run_script
 from stalledpolicy.keyspace import QueueKeys
 
-#: ids per morgue script call (replay, purge, list pages, stats scans)
+#: ids per morgue script call (replay, purge, list pages; stats: MORGUE_STATS_BATCH)
 MORGUE_BATCH = 500
 #: ids per stats call: only counts come back, yet a larger window does not pay:
 #: the server's per-row work dominates (bench/morgue.py, 300,000 entries: 1.2 s at
