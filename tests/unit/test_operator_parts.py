@@ -180,6 +180,16 @@ def test_clients_are_shared_per_url_and_closed_when_unused():
     assert clients.client(("ns", "p1"), "redis://two") is not c  # reconnects
 
 
+def test_an_invalidated_client_another_policy_uses_is_left_open_for_it():
+    clients = RedisClients(connect_fn=lambda url, timeout: FakeClient(url))
+    shared = clients.client(("ns", "p1"), "redis://one")
+    assert clients.client(("ns", "p2"), "redis://one") is shared
+    clients.invalidate(("ns", "p1"))
+    assert not shared.closed  # p2 may be reading on it (tests/redis/test_shared_client.py)
+    renewed = clients.client(("ns", "p2"), "redis://one")
+    assert renewed is not shared and clients.client(("ns", "p1"), "redis://one") is renewed
+
+
 # -- ownership -----------------------------------------------------------------------
 
 def test_conflict_reason():

@@ -221,11 +221,18 @@ class RedisClients:
             self._close_unused(digest)
 
     def invalidate(self, policy: PolicyKey) -> None:
-        """Close the policy's client after an error so the next use reconnects."""
+        """Forget the policy's client after an error so the next use reconnects.
+
+        Closed only when no other policy uses it: closing a shared client's
+        pool closes the sockets of other policies' reads in flight on other
+        threads (they failed with ValueError: I/O operation on closed file).
+        A shared one is left to them; it is closed when the last of them lets
+        it go (redis-py closes a client it frees)."""
         with self._lock:
             digest = self._policy_digest.get(policy)
             client = self._by_digest.pop(digest, None) if digest else None
-        if client is not None:
+            shared = any(other != policy and theirs == digest for other, theirs in self._policy_digest.items())
+        if client is not None and not shared:
             try:
                 client.close()
             except Exception:  # noqa: BLE001 - a broken connection may fail to close
