@@ -499,6 +499,47 @@ def test_a_replay_whose_status_write_was_lost_is_not_run_again_after_a_restart(r
     assert r.zscore(keys.pending, "JOB0002") is not None
 
 
+class FailingStatus(StatusSink):
+    """An API server that refuses status writes while ``down``."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = True
+
+    def patch_namespaced_custom_object_status(self, *args, **kwargs):
+        if self.down:
+            raise ConnectionError("the API server is down")
+        super().patch_namespaced_custom_object_status(*args, **kwargs)
+
+
+def test_two_replays_served_before_one_status_write_are_both_announced(redis_server, r, queue_name):
+    secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
+    keys = QueueKeys(queue_name)
+    sink, recorder = FailingStatus(), NullRecorder()
+    ctl = make_controller(secrets, sink, recorder)
+    first = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
+    ctl.observe_policy(first, "ADDED")
+    ctl.observe_deployment(sweeper())
+    ctl.record_outcome(first, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
+    dead_letter(r, queue_name, "JOB0001")
+    ctl.refresh(("ns", "p"))
+    assert r.zscore(keys.pending, "JOB0001") is not None  # replayed; its status write failed
+    assert sink.patches == [] and recorder.events == []
+
+    dead_letter(r, queue_name, "JOB0002")
+    ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "t2"}, rv="9"), "MODIFIED")
+    sink.down = False
+    ctl.refresh(("ns", "p"))
+    ctl.stop()
+    assert r.zscore(keys.pending, "JOB0002") is not None
+    assert sink.patches[-1]["lastReplay"]["token"] == "t2"
+    replayed = [message for _, _, reason, message in recorder.events if reason == "Replayed"]
+    # each once, in the order served (t1's was lost: t2's record took its place)
+    assert [message.endswith(f"(token {token!r})") and message.startswith("replayed 1 job ")
+            for message, token in zip(replayed, ["t1", "t2"])] == [True, True], recorder.events
+    assert len(replayed) == 2, recorder.events
+
+
 def test_an_unreadable_replay_record_does_not_block_a_replay(redis_server, r, queue_name):
     secrets = {("ns", "creds"): {"url": b64(redis_server.url)}}
     keys = QueueKeys(queue_name)

@@ -34,8 +34,9 @@ class PolicyState:
     # replay tokens served, oldest first (the last SERVED_HISTORY): never replayed again
     served_tokens: list = field(default_factory=list)
     refused_token: str | None = None  # an invalid replay request, warned about once
-    unwritten_replay: dict | None = None  # a replay done whose record is not in status yet
-    replay_warning: str | None = None  # what that replay left undone, announced with it
+    # replays done whose record is not in status yet, oldest first, each with
+    # what it left undone; status shows the last, each is announced once it lands
+    unwritten_replays: list[tuple[dict, str | None]] = field(default_factory=list)
     # One reconcile (apply) of this policy at a time: kopf's handlers, the
     # re-applies after drift or deletion, and the status loop's after a Secret change.
     apply_lock: threading.RLock = field(default_factory=threading.RLock)

@@ -3,7 +3,7 @@
 A refresh that has read the queue asks ``serve_requested_replay`` whether the
 annotation holds a token not served yet; if so the replay runs (or is found
 already served in Redis: replay.py) on a connection of its own, and its record
-waits in ``state.unwritten_replay`` until the status write that carries it
+waits in ``state.unwritten_replays`` until the status write that carries it
 lands; ``announce_replay`` then posts its event, so a write that fails never
 announces a replay that status does not show.
 """
@@ -72,7 +72,9 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
         # Counted by the run that moved the jobs only: a record served from
         # Redis (after a restart) was counted by the process that ran it.
         metrics.count_replay("done", int(record.get("replayed") or 0))
-    state.unwritten_replay, state.replay_warning = record, warning
+    # Kept beside any earlier one whose status write has not landed yet: each
+    # replay is announced (its Replayed event) once status shows the last.
+    state.unwritten_replays.append((record, warning))
     try:
         snapshot = read_snapshot()
     except (redis.RedisError, OSError):

@@ -163,17 +163,17 @@ class StatusLoop:
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
-            last_replay=state.unwritten_replay, now=now, drift_conflict=state.drift_conflict)
+            last_replay=state.unwritten_replays[-1][0] if state.unwritten_replays else None, now=now,
+            drift_conflict=state.drift_conflict)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:
             if not self._write_status(state, stored, patch):
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = state.stored_status = desired
-            if state.unwritten_replay is not None:
-                announce_replay(self.recorder, state, spec.get("queue"), state.unwritten_replay,
-                                state.replay_warning)
-                state.unwritten_replay = state.replay_warning = None
+            for record, warning in state.unwritten_replays:
+                announce_replay(self.recorder, state, spec.get("queue"), record, warning)
+            state.unwritten_replays = []
             self._announce_changes(state, previous, desired, spec)
         self._log_problem(state, problem)
         return problem
