@@ -125,3 +125,31 @@ def test_a_deleted_sweepers_late_events_do_not_hide_the_new_one():
     assert known[("ns", "p-sweeper")]["metadata"]["uid"] == "d-2", "the old one's deletion took the new one"
     ctl.observe_deployment(sweeper("d-1", "100", created="2026-12-03T10:00:01Z"), "MODIFIED")
     assert known[("ns", "p-sweeper")]["metadata"]["uid"] == "d-2"
+
+
+def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
+    """Our status write returned W; the watch then shows V1 (kopf's annotation
+    patch, sent before the write), then W. kopf's handler for V1 runs after
+    that: V1 is older than W, though it was never the body we knew."""
+    import time
+
+    from stalledpolicy.controller.status import ReconcileOutcome
+
+    ctl = fake_controller(FakeApps())
+    ctl.observe_policy(policy("u-1", "v0"), "ADDED")
+    state = ctl.policies[("ns", "p")]
+    written = policy("u-1", "w")
+    written["status"] = {"deadLetters": 1}
+    annotated = policy("u-1", "v1")  # no status yet: the write came after it
+    annotated["metadata"]["annotations"] = {"kopf.zalando.org/last-handled-configuration": "{}"}
+    with state.lock:  # as StatusLoop._write_status leaves it
+        state.seen_versions.append("v0")
+        state.body, state.stored_status = copy.deepcopy(written), dict(written["status"])
+        state.awaited_version, state.awaited_since = "w", time.monotonic()
+    ctl.observe_policy(annotated, "MODIFIED")
+    assert state.body["metadata"]["resourceVersion"] == "w"
+    ctl.observe_policy(written, "MODIFIED")  # the watch catches up with our write
+    assert state.awaited_version is None
+    ctl.record_outcome(annotated, ReconcileOutcome(1, True, "Applied", "applied"))  # kopf's handler body
+    assert state.body["metadata"]["resourceVersion"] == "w", "an older body replaced the one known"
+    assert state.stored_status == {"deadLetters": 1}

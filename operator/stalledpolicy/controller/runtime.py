@@ -204,6 +204,10 @@ class Controller(StatusLoop):
                          or status_patch(fresh.get("status") or {}, state.stored_status or {}) is None
                          or time.monotonic() - state.awaited_since > WRITE_ECHO_TIMEOUT)
             if not caught_up:
+                # older than our write, and so for good: kopf's handler may bring
+                # it back after the watch has caught up
+                if version != current:
+                    state.seen_versions.append(version)
                 return False
             state.awaited_version = None
         if version != current and version in state.seen_versions:
