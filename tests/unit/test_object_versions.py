@@ -153,3 +153,38 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
     ctl.record_outcome(annotated, ReconcileOutcome(1, True, "Applied", "applied"))  # kopf's handler body
     assert state.body["metadata"]["resourceVersion"] == "w", "an older body replaced the one known"
     assert state.stored_status == {"deadLetters": 1}
+
+
+def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_refresh():
+    """forget() of the deleted policy and the first reconcile of its successor
+    (same name, another thread): the successor's first refresh is not cancelled
+    by the predecessor's removal from the scheduler."""
+    from stalledpolicy.controller.status import ReconcileOutcome
+    from tests.unit.contention import WatchedLock, run_until_done_or_blocked
+
+    ctl = fake_controller(FakeApps())
+    old, new = policy("u-1", "1"), policy("u-2", "5", created="2026-12-03T10:00:09Z")
+    ctl.custom = Names(holder=new)
+    ctl.observe_policy(old, "ADDED")
+    registry = WatchedLock(ctl._lock)
+    ctl._lock = registry
+    successor: list = []
+
+    class Scheduler:
+        def __init__(self):
+            self.due: set = set()
+
+        def kick(self, key):
+            self.due.add(key)
+
+        def remove(self, key):
+            # the successor's reconcile, on its own thread, gets this far first
+            successor.append(run_until_done_or_blocked(
+                lambda: ctl.record_outcome(new, ReconcileOutcome(1, True, "Applied", "applied")), registry))
+            self.due.discard(key)
+
+    ctl.scheduler = Scheduler()
+    ctl.forget(("ns", "p"), "u-1")
+    successor[0].join(10)
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+    assert ("ns", "p") in ctl.scheduler.due, "the successor's first refresh was cancelled"

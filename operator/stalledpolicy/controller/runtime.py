@@ -231,9 +231,11 @@ class Controller(StatusLoop):
             popped = self.policies.pop(key, None)
             if popped is not None:
                 self._unindex(popped)
-        if self.scheduler is not None:
-            self.scheduler.remove(key)
-        self.clients.drop(key)
+            # Under the lock: a policy created again under this name, on another
+            # thread, would otherwise lose its first refresh (or its new client).
+            if self.scheduler is not None:
+                self.scheduler.remove(key)
+            self.clients.drop(key)
 
     def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
                            read: bool = False) -> PolicyKey | None:
