@@ -240,3 +240,31 @@ def test_an_edit_made_while_the_operator_was_down_during_a_conflict_is_applied_a
     second = started(apps, now, body)
     assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift_conflict
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]
+
+
+def test_a_conflict_ended_by_the_window_is_in_sync_only_once_the_spec_is_applied_again():
+    """The window is over, the re-apply refused: SweeperInSync said True (written
+    before the re-apply) while the other writer's spec ran on."""
+    from tests.unit.test_operator_parts import api_error
+
+    apps, now = FakeApps(), [1_800_000_000.25]
+    ctl = started(apps, now)
+    fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
+    ctl.refresh(KEY)
+    now[0] += drift.DRIFT_WINDOW + 1
+    apps.refuse = api_error(500, "Internal Server Error", "etcdserver: request timed out")
+    ctl.refresh(KEY)  # left alone for a whole window: the re-apply is refused
+    assert apps.stored["spec"]["replicas"] == 0
+    ctl.refresh(KEY)
+    status = ctl.policies[KEY].status
+    in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
+    assert (in_sync["status"], in_sync["reason"]) == ("False", "Reverting"), in_sync
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
+
+    apps.refuse = None
+    ctl.refresh(KEY)  # the status loop retries the re-apply
+    assert apps.stored["spec"]["replicas"] == 1
+    ctl.refresh(KEY)
+    status = ctl.policies[KEY].status
+    assert condition_of(status, "SweeperInSync")["status"] == "True"
+    assert condition_of(status, "Ready")["reason"] == "RollingOut"  # the new spec's rollout, nothing else

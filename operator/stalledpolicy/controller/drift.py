@@ -192,10 +192,11 @@ def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
     """The status loop's check (under the policy's status lock): True, and the
     conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
     the caller applies the policy's spec again (what the other writer left is
-    reverted) and SweeperInSync turns True."""
+    reverted); SweeperInSync is False Reverting until an apply succeeds, then True."""
     if not state.drift_conflict or now - (state.drift_last_seen or now) < DRIFT_WINDOW:
         return False
     _end_drift_conflict(state)
+    state.drift_reverting = True
     log.info("sweeper Deployment left alone since the drift conflict; reverting again",
              extra={"namespace": state.key[0], "policy": state.key[1]})
     return True

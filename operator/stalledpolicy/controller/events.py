@@ -68,6 +68,9 @@ INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 DRIFT_REVERTED = "DriftReverted"
 DRIFT_CONFLICT = "DriftConflict"
+# SweeperInSync's reason (no event) between the end of a DriftConflict and the
+# apply that puts the policy's spec back.
+DRIFT_REVERTING = "Reverting"
 # An older policy of the operator's sweeps the same queue on the same Redis: this
 # one gets no sweeper (two sweepers of one queue race, neither budget holds).
 QUEUE_CLAIMED = "QueueClaimed"

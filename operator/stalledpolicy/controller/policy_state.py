@@ -55,6 +55,9 @@ class PolicyState:
     # applied (an edit of the policy) ends the conflict.
     drift_conflict_generation: int = 0
     drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
+    # ended by the window, the spec not applied since: not in sync yet (the
+    # re-apply may fail); cleared by the next successful reconcile
+    drift_reverting: bool = False
     # One sweeper per queue (queue_claims.py): whether a refresh of this process has
     # read (or failed to read) the queue yet, how many refreshes in a row could not
     # (Redis unreachable or refusing), and how many in a row read it without a problem.

@@ -268,6 +268,8 @@ class Controller(StatusLoop):
         with state.lock:
             before = state.outcome
             state.outcome = outcome
+            if outcome.ok:
+                state.drift_reverting = False  # the policy's spec is on the sweeper again
             self._take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)

@@ -220,11 +220,17 @@ NO_URL_REASONS = frozenset({"SecretNotFound", "SecretKeyNotFound", "SecretValueE
 CONFIGURATION_REASONS = NO_URL_REASONS | {"SecretUnreadable", "InvalidSpec"}
 
 
-def in_sync_condition(drift_conflict: str | None, deployment_name: str) -> Condition:
+def in_sync_condition(drift_conflict: str | None, deployment_name: str, *, reverting: bool = False) -> Condition:
     """SweeperInSync: False with DriftConflict (``drift_conflict``, its message) while
-    the operator has stopped putting back a sweeper another writer keeps changing."""
+    the operator has stopped putting back a sweeper another writer keeps changing;
+    False with Reverting once that is over until the policy's spec is applied again
+    (an apply that fails leaves the other writer's spec running)."""
     if drift_conflict:
         return Condition(FALSE, events.DRIFT_CONFLICT, drift_conflict)
+    if reverting:
+        return Condition(FALSE, events.DRIFT_REVERTING,
+                         f"Deployment {deployment_name} has been left alone since the drift conflict; "
+                         "the policy's spec is being applied over it again")
     return Condition(TRUE, "InSync", f"Deployment {deployment_name} holds the policy's spec; "
                                      "changes made to it outside the policy are reverted")
 

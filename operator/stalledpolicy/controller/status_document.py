@@ -59,18 +59,19 @@ def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutc
                    deployment: DeploymentState | None, deployment_name: str,
                    snapshot=None, problem: Problem | None = None,
                    last_replay: Mapping[str, Any] | None = None, now: str | None = None,
-                   drift_conflict: str | None = None) -> dict:
+                   drift_conflict: str | None = None, drift_reverting: bool = False) -> dict:
     """The status to show. Numbers of a failed read keep their last values.
     ``drift_conflict``: the DriftConflict message while the operator has stopped
-    reverting the sweeper; SweeperInSync appears with the first one (True once over)."""
+    reverting the sweeper; SweeperInSync appears with the first one (True once over).
+    ``drift_reverting``: the conflict is over, the policy's spec not applied again yet."""
     previous = dict(previous or {})
     now = now or utc_now()
     generation = outcome.generation
     redis = redis_condition(problem)
     sweeper = sweeper_condition(outcome, deployment, deployment_name, drift_conflict)
     in_sync = None
-    if drift_conflict or condition_of(previous, SWEEPER_IN_SYNC) is not None:
-        in_sync = in_sync_condition(drift_conflict, deployment_name)
+    if drift_conflict or drift_reverting or condition_of(previous, SWEEPER_IN_SYNC) is not None:
+        in_sync = in_sync_condition(drift_conflict, deployment_name, reverting=drift_reverting)
     ready = ready_condition(outcome, sweeper, redis, in_sync)
     conditions = list(previous.get("conditions") or [])
     updates = [(READY, ready), (SWEEPER_AVAILABLE, sweeper), (REDIS_REACHABLE, redis)]

@@ -164,7 +164,7 @@ class StatusLoop:
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
             last_replay=state.unwritten_replays[-1][0] if state.unwritten_replays else None, now=now,
-            drift_conflict=state.drift_conflict)
+            drift_conflict=state.drift_conflict, drift_reverting=state.drift_reverting)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:
