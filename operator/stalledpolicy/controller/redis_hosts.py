@@ -1,6 +1,8 @@
 """Whether two Redis endpoints are one server named two ways (one sweeper per
-queue, queue_claims.py): ``redis.prod.svc`` and ``redis.prod.svc.cluster.local``
-or the Service's IP, ``localhost`` and ``127.0.0.1``. The URL's scheme is no part
+queue, queue_claims.py; whether a policy's status figures came from another
+Redis, queue_reading.endpoint_changed): ``redis.prod.svc`` and
+``redis.prod.svc.cluster.local`` or the Service's IP, ``localhost`` and
+``127.0.0.1``. The URL's scheme is no part
 of an endpoint: a port speaks TLS or not, never both.
 
 Two endpoints of equal port and database are the same server when their host
@@ -16,6 +18,11 @@ the claim rules already treat as "nothing moves" (no sweeper started, a running
 one kept), and so is a name whose lookups failed for a reason that may pass (the
 DNS server down: asked again after LOOKUP_RETRY seconds); after that, an expired
 entry is looked up again while its last answer serves.
+
+A name not asked about for ``forget_after`` seconds (FORGET_AFTER_TTLS times
+the TTL: ten minutes) is dropped from the cache: the host names of URLs since
+edited and of policies since deleted would otherwise stay for the life of the
+operator.
 """
 
 from __future__ import annotations
@@ -36,6 +43,15 @@ LOOKUP_WAIT = 0.5
 # After a lookup that failed for a passing reason (a DNS server down or slow):
 # asked again this soon, the name "cannot be told" meanwhile if nothing is known.
 LOOKUP_RETRY = 5.0
+# An entry not asked about for this many TTLs is dropped (HostResolver._forget_unused).
+# By age, not a size cap: a cap would evict names still in use once a cluster
+# has more of them than the cap, and each would then be "cannot be told" (no
+# sweeper moves) while it is looked up again. Ten times the TTL is well over the
+# status interval and the longest retry backoff (MAX_BACKOFF, 300 s by default),
+# so a name any policy still names is asked about long before it could go. One
+# dropped anyway (a STATUS_INTERVAL that long) is merely looked up again as at an
+# operator start: "cannot be told" (nothing moves) until its first answer.
+FORGET_AFTER_TTLS = 10
 # getaddrinfo's answers that say the name does not exist (the others may pass).
 _NO_SUCH_NAME = {getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY")
                  if hasattr(socket, name)}
@@ -68,6 +84,7 @@ class _Entry:
     addresses: frozenset | None | object = PENDING  # None: the name does not resolve
     checked_at: float = float("-inf")
     lookup_done: threading.Event | None = None  # set when the lookup in flight ends
+    asked_at: float = float("-inf")  # the last ``addresses`` call for the name
 
 
 class HostResolver:
@@ -75,10 +92,12 @@ class HostResolver:
 
     def __init__(self, lookup: Callable[[str], Iterable[str]] = lookup_addresses, *,
                  ttl: float = LOOKUP_TTL, wait: float = LOOKUP_WAIT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, forget_after: float | None = None) -> None:
         self.lookup, self.ttl, self.wait, self.clock = lookup, ttl, wait, clock
+        self.forget_after = FORGET_AFTER_TTLS * ttl if forget_after is None else forget_after
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self._forgot_at = float("-inf")
 
     def addresses(self, host: str) -> frozenset | None | object:
         """The addresses of ``host``; None when it does not resolve; PENDING when its
@@ -87,8 +106,11 @@ class HostResolver:
         if literal is not None:
             return frozenset({literal})
         with self._lock:
+            now = self.clock()
             entry = self._entries.setdefault(host, _Entry())
-            if entry.lookup_done is None and self.clock() - entry.checked_at >= self.ttl:
+            entry.asked_at = now
+            self._forget_unused(now)
+            if entry.lookup_done is None and now - entry.checked_at >= self.ttl:
                 entry.lookup_done = threading.Event()
                 # A daemon thread, not an executor: a lookup hanging in the C library
                 # must not hold up the operator's exit.
@@ -102,6 +124,18 @@ class HostResolver:
         lookup_done.wait(self.wait)
         with self._lock:
             return entry.addresses
+
+    def _forget_unused(self, now: float) -> None:
+        """Drop the entries not asked about for ``forget_after`` seconds (under the
+        lock). A scan of the cache at most once per ``ttl``, not on every call. An
+        entry whose lookup is in flight stays: its thread writes into it."""
+        if now - self._forgot_at < self.ttl:
+            return
+        self._forgot_at = now
+        unused = [host for host, entry in self._entries.items()
+                  if entry.lookup_done is None and now - entry.asked_at > self.forget_after]
+        for host in unused:
+            del self._entries[host]
 
     def _look_up(self, host: str, entry: _Entry, lookup_done: threading.Event) -> None:
         passing = False
