@@ -4,16 +4,26 @@ and the new morgue's first reading is a baseline, not a DeadLettered event."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
+from stalledpolicy.controller import queue_reading
 from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.status_document import REMOVED, status_json_patch, status_patch
 from stalledpolicy.engine import QueueSnapshot
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
+from tests.unit.test_same_redis_server import FakeDns
 
 KEY = ("ns", "p")
 FIGURES = ("deadLetters", "pending", "active", "recoveredTotal", "deadLetteredTotal", "orphansTotal",
            "quarantinedTotal", "lanes")
+
+
+@pytest.fixture(autouse=True)
+def no_dns(monkeypatch):
+    """No real lookups: these host names resolve nowhere (compared as names)."""
+    monkeypatch.setattr(queue_reading, "HOSTS", HostResolver(lookup=FakeDns({})))
 
 
 def snap(dead):
@@ -28,6 +38,7 @@ class Cluster:
         self.servers = {}
         self.patches = []
         self.ctl = fake_controller(FakeApps(), secrets if secrets is not None else {})
+        self.ctl.redis_hosts = queue_reading.HOSTS
         outer = self
 
         class Custom:

@@ -3,7 +3,9 @@
 ``read_queue`` gives the queue's snapshot, or the ``Problem`` that says why it
 could not be read, in words that never show the URL's password;
 ``endpoint_changed`` tells whether the policy names another Redis than the one
-its status figures came from (those figures must then be dropped).
+its status figures came from (those figures must then be dropped), with the
+judgement of the one-sweeper-per-queue claims (redis_hosts.same_server): one
+server named two ways is no change.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, RedisConfigError, SecretReader,
                                                     resolve_url)
+from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
 from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
 from stalledpolicy.redis_url.redaction import redact_url, scrub
@@ -79,13 +82,28 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
     return Problem("RedisUnreachable", f"cannot read queue {spec.get('queue')} at {where}: {detail}")
 
 
-def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader) -> bool:
+# The host name cache endpoint_changed uses when its caller gives none.
+# status_loop.py calls it without one for now, so this is a second cache beside
+# the Controller's ``redis_hosts`` (the claims'), with the same rules and its own
+# lookups; passing ``self.redis_hosts`` there would share one.
+HOSTS = HostResolver()
+
+
+def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader,
+                     hosts: HostResolver | None = None) -> bool:
     """Whether the policy names another Redis than the one its status figures were
     read from (under the status lock): another server or database (host, port,
     database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
     names: new credentials for the same server are no change), or another
     spec.redis whose URL cannot be resolved now. The same spec.redis with a Secret
-    unreadable for now is no change."""
+    unreadable for now is no change.
+
+    The server is judged as the one-sweeper-per-queue claims judge it
+    (``same_server`` with ``hosts``, a short host name taken in the policy's
+    namespace): ``redis``, ``redis.<namespace>.svc.cluster.local`` and the
+    Service's IP are one server, whose figures are kept. It may wait ``hosts.wait`` seconds for a host name's
+    first lookup, under the status lock (as the queue's read after it waits for
+    Redis); only when the host name was spelt another way, not each refresh."""
     import json
 
     from stalledpolicy.controller.queue_claims import redis_endpoint
@@ -97,12 +115,29 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
         endpoint = redis_endpoint(url)
     except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
         endpoint = None
+    if endpoint is not None:
+        endpoint = as_seen_from(state.key[0], endpoint)
     known = state.redis_endpoint
     if known is None:
         state.redis_endpoint = (described, endpoint)
         return False
     if endpoint is not None and known[1] is not None:
-        changed = endpoint != known[1]
+        same = same_server(endpoint, known[1], HOSTS if hosts is None else hosts)
+        if same is None:
+            # Cannot be told yet (a host name's first lookup still running, or the
+            # DNS failing, for a reason that may pass, before any answer): no
+            # change, the figures kept, as the claims let nothing move meanwhile.
+            # A drop cannot be taken back: the next reading would be a new
+            # baseline, so the jobs dead-lettered meanwhile on what is most often
+            # the same server (a host spelt another way) would raise no
+            # DeadLettered, and until a read succeeds status would show no figures.
+            # Waiting is cheap: the endpoint the figures came from is kept (not
+            # replaced by this one), so a refresh after the lookup judges again
+            # and drops them then if this is another Redis. Meanwhile the old
+            # figures may show a little longer, and at most one reading of the
+            # new Redis is compared with the old one's (one DeadLettered at worst).
+            return False
+        changed = not same
     else:
         changed = described != known[0]
     if changed or endpoint is not None:
