@@ -10,7 +10,6 @@ import socket
 
 import pytest
 
-from stalledpolicy.controller import queue_reading
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_reading import endpoint_changed
 from stalledpolicy.controller.redis_clients import SecretReader
@@ -29,17 +28,16 @@ SHORT = "redis://redis:6379/0"
 
 
 @pytest.fixture
-def dns(monkeypatch):
-    """The fake DNS, behind the resolver endpoint_changed uses in the status loop
-    (the Controller's own one too, should the status loop pass that)."""
-    dns = FakeDns(NAMES)
-    monkeypatch.setattr(queue_reading, "HOSTS", HostResolver(lookup=dns), raising=False)
-    return dns
+def dns():
+    return FakeDns(NAMES)
 
 
-def on_secret(url):
+def on_secret(url, dns):
+    """A policy reading its Redis URL from a Secret, its controller's host names
+    answered by ``dns`` (the cache the claims and the status loop share)."""
     secrets = {("ns", "creds"): {"url": b64(url)}}
     cluster = Cluster({"queue": "emails", "redis": {"secretRef": {"name": "creds", "key": "url"}}}, secrets)
+    cluster.ctl.redis_hosts = HostResolver(lookup=dns)
     return cluster, secrets
 
 
@@ -51,7 +49,7 @@ def on_secret(url):
 def test_a_secret_spelling_its_redis_host_another_way_keeps_the_figures(dns, new_url):
     """Before, the names were compared as written: the figures were dropped, and
     the jobs dead-lettered meanwhile raised no DeadLettered (a new baseline)."""
-    cluster, secrets = on_secret(SHORT)
+    cluster, secrets = on_secret(SHORT, dns)
     cluster.servers.update({SHORT: 1, new_url: 3})
     cluster.ctl.refresh(KEY)
     assert cluster.status["deadLetters"] == 1
@@ -65,7 +63,7 @@ def test_a_secret_spelling_its_redis_host_another_way_keeps_the_figures(dns, new
 
 
 def test_a_secret_naming_another_server_still_drops_the_figures(dns):
-    cluster, secrets = on_secret(SHORT)
+    cluster, secrets = on_secret(SHORT, dns)
     cluster.servers[SHORT] = 1
     cluster.ctl.refresh(KEY)
     secrets[("ns", "creds")] = {"url": b64("redis://other.ns.svc:6379/0")}  # unreachable: nothing read

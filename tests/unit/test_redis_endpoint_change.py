@@ -4,10 +4,8 @@ and the new morgue's first reading is a baseline, not a DeadLettered event."""
 
 from __future__ import annotations
 
-import pytest
 import redis
 
-from stalledpolicy.controller import queue_reading
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.status_document import REMOVED, status_json_patch, status_patch
@@ -18,12 +16,6 @@ from tests.unit.test_same_redis_server import FakeDns
 KEY = ("ns", "p")
 FIGURES = ("deadLetters", "pending", "active", "recoveredTotal", "deadLetteredTotal", "orphansTotal",
            "quarantinedTotal", "lanes")
-
-
-@pytest.fixture(autouse=True)
-def no_dns(monkeypatch):
-    """No real lookups: these host names resolve nowhere (compared as names)."""
-    monkeypatch.setattr(queue_reading, "HOSTS", HostResolver(lookup=FakeDns({})))
 
 
 def snap(dead):
@@ -38,7 +30,8 @@ class Cluster:
         self.servers = {}
         self.patches = []
         self.ctl = fake_controller(FakeApps(), secrets if secrets is not None else {})
-        self.ctl.redis_hosts = queue_reading.HOSTS
+        # no real lookups: these host names resolve nowhere (compared as names)
+        self.ctl.redis_hosts = HostResolver(lookup=FakeDns({}))
         outer = self
 
         class Custom:

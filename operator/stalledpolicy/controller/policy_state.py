@@ -67,6 +67,7 @@ class PolicyState:
     # The last refresh found no Redis URL for it (its Secret or URL is wrong).
     misconfigured: bool = False
     # The Redis endpoint the queue figures in status were read from, as
-    # (spec.redis as JSON, (host, port, database) of the resolved URL or None when
-    # it cannot be resolved now); None until the first refresh of this process.
+    # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
+    # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it
+    # cannot be resolved now); None until the first refresh of this process.
     redis_endpoint: tuple | None = None

@@ -82,15 +82,8 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
     return Problem("RedisUnreachable", f"cannot read queue {spec.get('queue')} at {where}: {detail}")
 
 
-# The host name cache endpoint_changed uses when its caller gives none.
-# status_loop.py calls it without one for now, so this is a second cache beside
-# the Controller's ``redis_hosts`` (the claims'), with the same rules and its own
-# lookups; passing ``self.redis_hosts`` there would share one.
-HOSTS = HostResolver()
-
-
 def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader,
-                     hosts: HostResolver | None = None) -> bool:
+                     hosts: HostResolver) -> bool:
     """Whether the policy names another Redis than the one its status figures were
     read from (under the status lock): another server or database (host, port,
     database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
@@ -122,7 +115,7 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
         state.redis_endpoint = (described, endpoint)
         return False
     if endpoint is not None and known[1] is not None:
-        same = same_server(endpoint, known[1], HOSTS if hosts is None else hosts)
+        same = same_server(endpoint, known[1], hosts)
         if same is None:
             # Cannot be told yet (a host name's first lookup still running, or the
             # DNS failing, for a reason that may pass, before any answer): no

@@ -143,7 +143,7 @@ class StatusLoop:
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
-        if endpoint_changed(state, spec, self.secrets):
+        if endpoint_changed(state, spec, self.secrets, self.redis_hosts):
             # Another Redis: the figures in status are the old one's. Dropped until the
             # new one is read, and no DeadLettered for its morgue's first reading.
             state.status = without_queue_figures(state.status)
