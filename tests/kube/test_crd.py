@@ -231,6 +231,21 @@ REFUSED = [
             with_(sweeper={"resources": {"requests": {"memory": -1}}}),
             ["spec.sweeper.resources.requests", "sweeper.resources.requests must not be negative"],
         ),
+        (
+            with_(sweeper={"resources": {"requests": {"memory": "5 gigs"}}}),
+            ["spec.sweeper.resources.requests", "spec.sweeper.resources.requests[memory]", '"5 gigs"',
+             "sweeper.resources.requests must hold quantities; write a number with an optional unit, "
+             "for example 250m, 0.5, 1e3, 512Mi or 1Gi"],
+        ),
+        (
+            with_(sweeper={"resources": {"limits": {"cpu": "1.2.3"}}}),
+            ["spec.sweeper.resources.limits", "spec.sweeper.resources.limits[cpu]",
+             "sweeper.resources.limits must hold quantities; write a number with an optional unit"],
+        ),
+        (
+            with_(sweeper={"resources": {"limits": {"memory": "1e1.5"}}}),
+            ["spec.sweeper.resources.limits", "spec.sweeper.resources.limits[memory]", "must hold quantities"],
+        ),
         (with_(redis={}), ["spec.redis", "set exactly one of redis.url"]),
         (
             with_(redis={"url": "redis://r:6379/0", "secretRef": {"name": "r", "key": "url"}}),
@@ -301,6 +316,10 @@ ONE_PROBLEM = [
     with_(sweepInterval="1d"), with_(sweepInterval="2x"), without("redis"),
     with_(redis={"url": "redis://h:99999/0"}), with_(redis={"url": "redis://:6379/0"}),
     with_(redis={"url": "redis://h:6379/1x"}),
+    # a quantity pattern showed the raw regex
+    with_(sweeper={"resources": {"limits": {"cpu": "5 gigs"}}}),
+    with_(sweeper={"resources": {"requests": {"memory": "1.2.3"}}}),
+    with_(sweeper={"resources": {"requests": {"memory": ""}}}),
 ]
 
 
@@ -320,11 +339,66 @@ def test_one_bad_value_is_one_message(crd_installed, objects, kube_namespace, sp
     {"priorityClassName": "high-priority"}, {"priorityClassName": "system.node-critical"},
     {"resources": {"limits": {"cpu": "-0", "memory": "+1Gi"}, "requests": {"cpu": 0, "memory": "1e3"}}},
     {"resources": {"limits": {"cpu": 2, "memory": "1.5Gi"}, "requests": {"cpu": "250m", "memory": "64Mi"}}},
+    {"resources": {"limits": {"cpu": "0.5", "memory": "1Gi"}, "requests": {"cpu": "250m", "memory": "1e3"}}},
+    {"resources": {"limits": {"cpu": ".5", "memory": "512Mi"}, "requests": {"cpu": "1e-3", "memory": "1.5Ki"}}},
 ])
 def test_sweeper_values_the_pod_api_takes_are_accepted(crd_installed, objects, kube_namespace, sweeper):
     assert create(objects, kube_namespace, with_(sweeper=sweeper))["spec"]["sweeper"] == \
         {"replicas": 1, **sweeper}
     assert StalledPolicySpec.from_k8s(with_(sweeper=sweeper)).sweeper is not None
+
+
+def _quantity_corpus() -> list[str]:
+    """Signs, numbers and suffixes of every kind, well and badly formed."""
+    numbers = ["", "0", "00", "1", "12", "007", ".", "1.", ".5", "1.5", "0.0", "1.2.3", "123456789012345678",
+               "1234567890123456789", "12345678901234"]
+    suffixes = ["", "n", "u", "m", "k", "K", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "ki",
+                "mi", "KI", "i", "mm", "e", "E3", "e3", "e-3", "e+3", "e-9", "e-10", "e-12", "e18", "e1.5", "e.5",
+                "e999", "e-999", "e1000", "e0001000", "e99999999999", "ee3", "e-", "e+-3", "Ei5", " ", "x", "gigs",
+                " Gi"]
+    return [sign + number + suffix for sign in ("", "+", "-") for number in numbers for suffix in suffixes]
+
+
+def test_the_api_server_and_the_model_judge_quantities_alike(crd_installed, objects, kube_namespace):
+    """The CRD's rules (CEL isQuantity(), the Pod API's parser) and the model
+    (is_quantity, a port of it) admit and refuse the same quantities, negative
+    ones refused as negative, in the same words. Sixteen values a request, as
+    limits (all refusals are listed, one per key)."""
+    from stalledpolicy.policy.models import QUANTITY_FIX, _is_negative_quantity, is_quantity
+
+    corpus = _quantity_corpus()
+    assert len(corpus) > 2000
+    refused: dict[str, str] = {}
+    for start in range(0, len(corpus), 16):
+        values = {f"r{start + i}": text for i, text in enumerate(corpus[start:start + 16])}
+        body = policy("q", with_(sweeper={"resources": {"limits": values}}))
+        try:
+            objects.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, body, dry_run="All")
+        except ApiException as exc:
+            assert exc.status == 422, exc.body
+            for cause in json.loads(exc.body)["details"]["causes"]:
+                key = cause["field"].removeprefix("spec.sweeper.resources.limits[").removesuffix("]")
+                assert key in values and key not in refused, cause
+                refused[values[key]] = cause["message"]
+    not_quantities = {text for text in corpus if not is_quantity(text)}
+    negatives = {text for text in corpus if is_quantity(text) and _is_negative_quantity(text)}
+    message = f"sweeper.resources.limits must hold quantities; {QUANTITY_FIX}"
+    assert {text for text, why in refused.items() if why.endswith(message)} == not_quantities
+    assert {text for text, why in refused.items() if "must not be negative" in why} == negatives
+    assert refused.keys() == not_quantities | negatives
+    assert {"1.2.3", "1e1.5", "1e99999999999", "1K", "1 Gi", "12gigs"} <= not_quantities
+    assert {"1Gi", "1.5", "1e3", "12m", "+1.5Gi", "-", "Ki"} <= set(corpus) - refused.keys()
+
+
+@pytest.mark.parametrize("text", ["1e99999999999", "-1e2147483647", "1E1000", "1e-0001000"])
+def test_a_huge_exponent_is_refused_at_once(crd_installed, objects, kube_namespace, text):
+    """Go's parser computes 10 to the exponent's power: unguarded, 1e99999999999
+    timed the request out (504) and kept the API server at 100% CPU after it."""
+    started = time.monotonic()
+    message = refusal(objects, kube_namespace, with_(sweeper={"resources": {"requests": {"cpu": text}}}))
+    assert time.monotonic() - started < 20  # unguarded: a 504 once the request timed out
+    assert "spec.sweeper.resources.requests[cpu]" in message and "must hold quantities" in message, message
+    assert "must not be negative" not in message
 
 
 def test_refused_credentials_are_not_echoed_back(crd_installed, objects, kube_namespace):
@@ -374,6 +448,9 @@ WALKTHROUGH = [
      'spec.sweepInterval: Invalid value: "1d": sweepInterval must be a number with a unit'),
     ({}, "spec.redis: Required value: redis is required; set redis.url (without credentials) or "
          "redis.secretRef {name, key}"),
+    ({"sweeper": {"resources": {"limits": {"cpu": "5 gigs"}}}, "redis": {"url": "redis://h:6379/0"}},
+     'spec.sweeper.resources.limits[cpu]: Invalid value: "5 gigs": sweeper.resources.limits must hold '
+     "quantities; write a number with an optional unit, for example 250m, 0.5, 1e3, 512Mi or 1Gi"),
 ]
 
 
@@ -555,12 +632,37 @@ def test_status_is_only_written_through_the_subresource(tenants, objects, kube_n
     assert stored["status"]["deadLetters"] == 3
 
 
-def test_a_status_condition_with_a_bad_reason_is_refused(tenants, objects, kube_namespace):
+@pytest.mark.parametrize("field, value", [("reason", "not a reason"), ("reason", ""), ("reason", "Ends,"),
+                                          ("type", "not a type"), ("type", "-Ready"), ("type", "Bad_Prefix/Ready")])
+def test_a_status_condition_with_a_bad_type_or_reason_is_refused_once_in_words(tenants, objects, kube_namespace,
+                                                                               field, value):
+    """Refused by the rule alone (a pattern showed the raw regex, and an empty
+    reason got a second message from minLength), as set_condition refuses it."""
+    from stalledpolicy.policy import conditions
+
     bad = copy.deepcopy(tenants["conditions"])
-    bad[0]["reason"] = "not a reason"
+    bad[0][field] = value
     with pytest.raises(ApiException) as info:
         objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": {"conditions": bad}})
-    assert info.value.status == 422 and "reason" in json.loads(info.value.body)["message"]
+    assert info.value.status == 422
+    [cause] = json.loads(info.value.body)["details"]["causes"]
+    fix = {"type": conditions.CONDITION_TYPE_FIX, "reason": conditions.CONDITION_REASON_FIX}[field]
+    assert cause["field"] == f"status.conditions[0].{field}"
+    assert cause["message"] == f"Invalid value: {json.dumps(value)}: status.conditions {field} {fix}"
+    assert "should match" not in cause["message"]
+    with pytest.raises(ValueError, match=f"status.conditions {field} must be"):
+        conditions.set_condition([], value if field == "type" else READY, True,
+                                 value if field == "reason" else "Sweeping", "", 1, "2026-12-02T16:00:00Z")
+
+
+@pytest.mark.parametrize("type_, reason", [("example.com/SweeperAvailable", "A"), ("a_b.c-d", "Drift:Conflict_2"),
+                                           ("Drifted", "x,y_")])
+def test_a_status_condition_the_crd_takes_is_stored(tenants, objects, kube_namespace, type_, reason):
+    good = copy.deepcopy(tenants["conditions"])
+    good[0]["type"], good[0]["reason"] = type_, reason
+    stored = objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants",
+                                                           {"status": {"conditions": good}})
+    assert (stored["status"]["conditions"][0]["type"], stored["status"]["conditions"][0]["reason"]) == (type_, reason)
 
 
 def table(control_plane, *args: str) -> list[list[str]]:

@@ -85,6 +85,34 @@ def test_a_reason_the_crd_would_refuse_is_refused(reason):
         set_condition([], READY, True, reason, "", 1, T0)
 
 
+@pytest.mark.parametrize("type_", ["", "has space", "-Ready", "Ready.", "Bad_Prefix/Ready", "a/b/c"])
+def test_a_type_the_crd_would_refuse_is_refused(type_):
+    with pytest.raises(ValueError, match="status.conditions type must be a condition type"):
+        set_condition([], type_, True, "Sweeping", "", 1, T0)
+
+
+@pytest.mark.parametrize("type_", [READY, SWEEPER_AVAILABLE, REDIS_REACHABLE, "example.com/SweeperAvailable", "a_b.c-d"])
+def test_a_type_the_crd_takes_is_taken(type_):
+    assert set_condition([], type_, True, "Sweeping", "", 1, T0)[0]["type"] == type_
+
+
+def test_the_crd_judges_type_and_reason_with_the_same_patterns_and_words():
+    """The CRD's rules on status.conditions (no pattern or minLength beside
+    them: one message per bad value) are the ones set_condition applies."""
+    from stalledpolicy.policy import conditions, crd
+
+    schema = crd.load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    item = schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    for field, pattern, fix in (("type", conditions.CONDITION_TYPE_PATTERN, conditions.CONDITION_TYPE_FIX),
+                                ("reason", conditions.CONDITION_REASON_PATTERN, conditions.CONDITION_REASON_FIX)):
+        assert not {"pattern", "minLength"} & item[field].keys(), field
+        [rule] = item[field]["x-kubernetes-validations"]
+        assert rule == {"rule": f'self.matches(r"{pattern}")', "message": f"status.conditions {field} {fix}"}
+    with pytest.raises(ValueError) as info:
+        set_condition([], READY, True, "not a reason", "", 1, T0)
+    assert f"status.conditions reason {conditions.CONDITION_REASON_FIX}" in str(info.value)
+
+
 def test_a_huge_message_is_cut_to_the_crd_limit():
     (condition,) = set_condition([], READY, False, "Failed", "x" * 40000, 1, T0)
     assert len(condition["message"]) == 32768

@@ -30,7 +30,19 @@ _STATUSES = (TRUE, FALSE, UNKNOWN)
 # Reasons used by the summary below; the operator may use any CamelCase word.
 
 MESSAGE_MAX = 32768
-_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+# The CRD judges a condition's type and reason with CEL rules using these very
+# patterns and words (a unit test compares): RE2 and Python read them alike
+# (fullmatch here: "$" in Python also matches before a final newline).
+CONDITION_TYPE_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                          r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+CONDITION_TYPE_FIX = ("must be a condition type: letters, digits, '-', '_' and '.', starting and ending "
+                      "with a letter or digit, with an optional DNS-subdomain prefix and '/', for example "
+                      "Ready or example.com/SweeperAvailable")
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_REASON_FIX = ("must be a CamelCase word: a letter, then letters, digits, '_', ',' or ':', "
+                        "ending with a letter, digit or '_', for example SweeperAvailable")
+_TYPE = re.compile(CONDITION_TYPE_PATTERN)
+_REASON = re.compile(CONDITION_REASON_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -92,16 +104,18 @@ def set_condition(
 
     ``status`` may be a bool. ``lastTransitionTime`` is kept when the status is
     unchanged and set to ``now`` when it changes (or the condition is new).
-    Raises ValueError for a status outside True/False/Unknown or a reason the
-    CRD would refuse (it must be a CamelCase word). Messages are cut to the
-    CRD's limit.
+    Raises ValueError for a status outside True/False/Unknown or a type or
+    reason the CRD would refuse (in its words: the reason must be a CamelCase
+    word). Messages are cut to the CRD's limit.
     """
     if isinstance(status, bool):
         status = TRUE if status else FALSE
     if status not in _STATUSES:
         raise ValueError(f"status: {status!r}; use True, False or Unknown")
+    if not _TYPE.fullmatch(type or ""):
+        raise ValueError(f"type: {type!r}; status.conditions type {CONDITION_TYPE_FIX}")
     if not _REASON.fullmatch(reason or ""):
-        raise ValueError(f"reason: {reason!r}; use a CamelCase word such as DeploymentAvailable")
+        raise ValueError(f"reason: {reason!r}; status.conditions reason {CONDITION_REASON_FIX}")
 
     previous = get_condition(conditions, type)
     keep_time = previous is not None and previous.get("status") == status and previous.get(

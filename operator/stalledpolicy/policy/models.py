@@ -72,13 +72,16 @@ SWEEPER_PULL_SECRETS_MAX = 16
 # which is Go's parser); digit counts bounded so the sum never overflows int64 ns.
 SWEEP_INTERVAL_PATTERN = r"^([0-9]{1,5}(\.[0-9]{1,9})?(ms|s|m|h))+$"
 _SWEEP_INTERVAL = re.compile(SWEEP_INTERVAL_PATTERN)
-# Kubernetes resource.Quantity syntax.
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-_QUANTITY = re.compile(QUANTITY_PATTERN)
-QUANTITY_MAX_LENGTH = 64  # the CRD's maxLength (it bounds the cost of its quantity() rule)
+# A resource quantity is what the CRD's CEL isQuantity() takes (the Pod API's
+# own parser, resource.ParseQuantity: is_quantity mirrors it, a kube test
+# compares), but for an exponent of 4 or more significant digits, refused
+# before any parse (the parser computes 10 to that power: 1e99999999999 timed
+# the request out and kept the API server's CPU busy after it). The CRD's
+# rules use this very pattern (re.search, as CEL's matches()) and these words
+# (a unit test compares).
+QUANTITY_HUGE_EXPONENT_PATTERN = r"[eE][+-]?0*[1-9][0-9]{3}"
+QUANTITY_FIX = "write a number with an optional unit, for example 250m, 0.5, 1e3, 512Mi or 1Gi"
+QUANTITY_MAX_LENGTH = 64  # the CRD's maxLength (it bounds the cost of its isQuantity() rules)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _URL_SCHEME = re.compile(r"^rediss?://")
@@ -209,20 +212,62 @@ def _check_interval(text: str) -> str:
 
 def _check_quantity(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _problem("must be a quantity such as 100m, 0.5, 128Mi or 1Gi")
+        raise _problem(f"must be a quantity; {QUANTITY_FIX}")
     if isinstance(value, str) and len(value) > QUANTITY_MAX_LENGTH:
-        raise _problem(f"must be at most {QUANTITY_MAX_LENGTH} characters (got {len(value)}); "
-                       "write for example 100m, 0.5, 128Mi or 1Gi")
-    if isinstance(value, str) and not _QUANTITY.fullmatch(value):
-        raise _problem(f"{value!r} is not a quantity; write for example 100m, 0.5, 128Mi or 1Gi")
+        raise _problem(f"must be at most {QUANTITY_MAX_LENGTH} characters (got {len(value)}); {QUANTITY_FIX}")
+    if isinstance(value, str) and not is_quantity(value):
+        raise _problem(f"{value!r} is not a quantity; {QUANTITY_FIX}")
     if _is_negative_quantity(value):
         # the API server would refuse the sweeper Deployment, naming its own fields
         raise _problem(f"{value!r} is negative; use 0 or more, for example 100m, 0.5, 128Mi or 1Gi")
     return value
 
 
+# resource.ParseQuantity's suffixes: decimal SI (power of 10) and binary SI (power of 2)
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_QUANTITY_SHAPE = re.compile(
+    r"(?P<sign>[+-]?)0*(?P<num>[0-9]*)(?:\.(?P<denom>[0-9]*))?(?P<suffix>[eEinumkKMGTP]*(?:[+-]?[0-9]*))")
+_INT64_MAX = 2**63 - 1
+
+
+def is_quantity(text: str) -> bool:
+    """What the CRD's rule admits: CEL's isQuantity() (Go's
+    resource.ParseQuantity, its quirks included: ".", "-", "m" and "Ki" are
+    zero, "1e1.5" is refused) without an exponent of 4 or more significant
+    digits (QUANTITY_HUGE_EXPONENT_PATTERN)."""
+    if re.search(QUANTITY_HUGE_EXPONENT_PATTERN, text):
+        return False
+    if text == "0":
+        return True
+    shape = _QUANTITY_SHAPE.fullmatch(text)
+    if not text or shape is None:
+        return False
+    num, denom, suffix = shape["num"] or "0", shape["denom"] or "", shape["suffix"]
+    if shape["num"] == "" and shape["denom"] is None and suffix == "":
+        return True  # "+", "-", "000": all zeros (ParseQuantity stops before its suffix check)
+    if suffix in _DECIMAL_SUFFIXES:
+        binary, exponent = False, _DECIMAL_SUFFIXES[suffix]
+    elif suffix in _BINARY_SUFFIXES:
+        binary, exponent = True, _BINARY_SUFFIXES[suffix]
+    elif len(suffix) > 1 and suffix[0] in "eE" and re.fullmatch(r"[+-]?[0-9]+", suffix[1:]) \
+            and abs(int(suffix[1:])) <= _INT64_MAX:
+        binary, exponent = False, int(suffix[1:])
+    else:
+        return False
+    # ParseQuantity's int64 fast path needs no digit; the other one (inf.Dec) does.
+    if not binary:
+        precision, scale = 18 - len(num) - len(denom), exponent - len(denom)
+    elif not denom:
+        precision, scale = 15 - len(num) - int(exponent * 3 / 10) - 1, 0
+    else:
+        precision, scale = -1, 0
+    fast_path = precision >= 0 and scale >= -9
+    return fast_path or any(ch.isdigit() for ch in text[:len(text) - len(suffix)])
+
+
 def _is_negative_quantity(value: int | str) -> bool:
-    """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` matches QUANTITY_PATTERN."""
+    """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` is a quantity (is_quantity)."""
     if isinstance(value, int):
         return value < 0
     mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value).group(1)
