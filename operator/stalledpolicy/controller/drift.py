@@ -113,7 +113,8 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
             state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
 
 
-def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float) -> bool:
+def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float,
+                   posts: events.DeferredPosts) -> bool:
     """Whether the policy's budget allows another revert (under its apply_lock and
     its status lock; a revert that happens is counted by the caller); False (a
     DriftConflict Warning and the policy's SweeperInSync condition, once per
@@ -147,7 +148,7 @@ def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: f
     state.drift_conflict_generation = _applied_generation(state)
     log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
                                 "reason": events.DRIFT_CONFLICT})
-    ctl.recorder.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
+    posts.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
     ctl.kick(state.key)  # the condition
     return False
 
@@ -218,8 +219,9 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         now = (clock or ctl.clock)()
         # The status loop ends a conflict under the status lock (drift_conflict_over):
         # the window checked and this change counted are one step to it.
-        with state.lock:
-            allowed = _drift_allowed(ctl, state, deployment, now)
+        posts = events.DeferredPosts()  # a DriftConflict is posted after the status lock
+        with posts.flushed_to(ctl.recorder), state.lock:
+            allowed = _drift_allowed(ctl, state, deployment, now, posts)
         if not allowed:
             return
         meta = deployment.get("metadata") or {}

@@ -26,6 +26,7 @@ is the last line) and are cut to ``MESSAGE_MAX`` characters.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -35,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, VERSION
 
@@ -313,6 +314,33 @@ class EventRecorder:
             else:  # no name to patch: the next repeat creates again
                 self._posted.pop(key)
         self._remember(group, digest, now)
+
+
+class DeferredPosts:
+    """Events decided under a policy's lock, posted once it is let go: a post is an
+    API call (up to the 30 s deadline), and while the lock is held the policy's
+    watch events and reconciles wait for it. Same ``post`` as a recorder."""
+
+    def __init__(self) -> None:
+        self._posts: list[tuple[Mapping[str, Any], str, str, str]] = []
+
+    def post(self, policy: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self._posts.append((policy, type_, reason, message))
+
+    def flush(self, recorder: Any) -> None:
+        """Post what was kept to ``recorder``, in order (call without the lock)."""
+        posts, self._posts = self._posts, []
+        for post in posts:
+            recorder.post(*post)
+
+    @contextlib.contextmanager
+    def flushed_to(self, recorder: Any) -> Iterator["DeferredPosts"]:
+        """``with posts.flushed_to(recorder), state.lock:`` posts once the lock is let
+        go (context managers exit in reverse order), however the block ends."""
+        try:
+            yield self
+        finally:
+            self.flush(recorder)
 
 
 class NullRecorder:

@@ -61,7 +61,8 @@ class StatusLoop:
         state = self.policies.get(key)
         if state is None:
             return None
-        with state.lock:
+        posts = events.DeferredPosts()  # the events this refresh decides, posted after the lock
+        with posts.flushed_to(self.recorder), state.lock:
             if state.outcome is None:
                 return 1.0  # the reconcile handler has not run yet in this process
             if state.drift_conflict:
@@ -69,7 +70,7 @@ class StatusLoop:
 
                 state.drift_resume = drift_conflict_over(self, state, self.clock()) or state.drift_resume
             with self.metrics.refresh_duration.time():
-                problem = self._refresh_locked(state)
+                problem = self._refresh_locked(state, posts)
             if self.policies.get(key) is not state:
                 return None
             self.metrics.count_refresh(problem)
@@ -137,7 +138,7 @@ class StatusLoop:
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
                 f"(digest {outcome.secret_digest} -> {digest})")
 
-    def _refresh_locked(self, state: PolicyState) -> Problem | None:
+    def _refresh_locked(self, state: PolicyState, posts: events.DeferredPosts) -> Problem | None:
         body, outcome = state.body, state.outcome
         spec = body.get("spec") or {}
         namespace, name = state.key
@@ -156,7 +157,7 @@ class StatusLoop:
                 state, url, spec.get("queue"), snapshot, now,
                 read_snapshot=lambda: self.snapshot_fn(client, spec.get("queue"), lanes_of(spec)),
                 replay_fn=self.replay_fn, redis_timeout=self.config.redis_timeout,
-                clients=self.clients, metrics=self.metrics, recorder=self.recorder)
+                clients=self.clients, metrics=self.metrics, recorder=posts)
 
         previous = state.status or {}
         desired = desired_status(
@@ -172,9 +173,9 @@ class StatusLoop:
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = state.stored_status = desired
             for record, warning in state.unwritten_replays:
-                announce_replay(self.recorder, state, spec.get("queue"), record, warning)
+                announce_replay(posts, state, spec.get("queue"), record, warning)
             state.unwritten_replays = []
-            self._announce_changes(state, previous, desired, spec)
+            self._announce_changes(state, previous, desired, spec, posts)
         self._log_problem(state, problem)
         return problem
 
@@ -234,21 +235,22 @@ class StatusLoop:
         state.stored_status = dict(current.get("status") or {})
         return False
 
-    def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec) -> None:
+    def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec,
+                          posts: events.DeferredPosts) -> None:
         before = condition_of(previous, REDIS_REACHABLE)
         after = condition_of(desired, REDIS_REACHABLE)
         if after is not None and (before is None or (before.get("status"), before.get("reason"))
                                   != (after.get("status"), after.get("reason"))):
             if after.get("status") != TRUE:
-                self.recorder.post(state.body, events.WARNING, after.get("reason") or events.REDIS_UNREACHABLE,
+                posts.post(state.body, events.WARNING, after.get("reason") or events.REDIS_UNREACHABLE,
                                    after.get("message") or "")
             elif before is not None:
-                self.recorder.post(state.body, events.NORMAL, events.REDIS_REACHABLE,
+                posts.post(state.body, events.NORMAL, events.REDIS_REACHABLE,
                                    f"queue {spec.get('queue')} is readable again")
         grown = events.dead_letter_growth_message(
             spec.get("queue"), previous.get("deadLetters"), desired.get("deadLetters", 0))
         if grown:
-            self.recorder.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
+            posts.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
         ready_before, ready_after = condition_of(previous, READY), condition_of(desired, READY)
         if ready_after and (ready_before is None or ready_before.get("status") != ready_after.get("status")):
             log.info("Ready is now %s", ready_after.get("status"), extra={
