@@ -246,3 +246,23 @@ def test_the_purge_quotes_a_state_as_a_valid_utf8_excerpt(r_bytes, keys, state, 
     kept = reply[1]
     assert [kept[0], kept[1].decode("utf-8", "strict")] == [b"JOBlive", f"state is '{quoted}', not dead"]
     assert r_bytes.zrange(keys.dead, 0, -1) == [b"JOBlive"]
+
+
+@pytest.mark.parametrize("change", ["purge", "replay"])
+def test_a_bytes_id_that_is_not_utf8_names_its_own_job_not_its_lookalike(r_bytes, keys, change):
+    """ids given as bytes went out decoded with U+FFFD for the bad byte: the job
+    asked for was never found, and a job whose id holds U+FFFD there was changed."""
+    asked, lookalike = b"JOB\xe9", "JOB\ufffd".encode()
+    for job_id in (asked, lookalike):
+        r_bytes.hset(keys.job("").encode() + job_id,
+                     mapping={"state": "dead", "attempts": "2", "payload": b"payload of " + job_id})
+        r_bytes.zadd(keys.dead, {job_id: 0})
+    if change == "purge":
+        result = engine.morgue_purge(r_bytes, keys.queue, ids=[asked])
+        assert result.purged == 1
+    else:
+        result = engine.morgue_replay(r_bytes, keys.queue, ids=[asked])
+        assert result.replayed == 1
+        assert r_bytes.zscore(keys.pending, asked) is not None
+    assert r_bytes.zrange(keys.dead, 0, -1) == [lookalike]
+    assert r_bytes.hget(keys.job("").encode() + lookalike, "payload") == b"payload of " + lookalike

@@ -55,10 +55,12 @@ def _lane_filter(lane: str | None) -> str:
     return "" if lane is None else "=" + lane
 
 
-def _unique(ids: Iterable[str]) -> list[str]:
-    unique = list(dict.fromkeys(as_text(i) for i in ids))
+def _unique(ids: Iterable[str | bytes]) -> list[str | bytes]:
+    """The ids once each, as given: a bytes id is sent as it is (decoded, a byte
+    that is not UTF-8 would become U+FFFD: another job's id, or none)."""
+    unique = list(dict.fromkeys(ids))
     for job_id in unique:
-        if not isinstance(job_id, str) or not job_id:
+        if not isinstance(job_id, (str, bytes)) or not job_id:
             raise ValueError(f"ids: every id must be a non-empty string, got {job_id!r}")
     return unique
 
