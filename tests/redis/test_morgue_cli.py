@@ -1567,3 +1567,17 @@ def test_a_url_in_the_queue_setting_shows_no_password(url):
     result = morgue(url, "stats", "--queue", "redis://:s3cr3t@elsewhere")
     assert result.returncode == 2 and "--queue" in result.stderr
     assert "s3cr3t" not in result.stderr and "***" in result.stderr
+
+
+def test_a_ghost_row_is_shown_as_one_and_refused_by_the_replay(r, url, queue_name):
+    keys = QueueKeys(queue_name)
+    r.hset(keys.job("JOB001"), mapping={"stalled": "1", "state": "dead", "last_error": "stalled"})
+    r.zadd(keys.dead, {"JOB001": 0})
+    listed = morgue(url, "list", "--queue", queue_name)
+    assert listed.returncode == 0, listed.stderr
+    assert "[ghost row: no attempts and no payload" in listed.stdout
+    doc = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
+    assert doc["jobs"][0]["warning"].startswith("ghost row:") and doc["jobs"][0]["problem"] is None
+    replay = morgue(url, "replay", "--queue", queue_name, "--all", "--yes")
+    assert replay.returncode == 1, replay.stdout + replay.stderr  # as for any job left in the morgue
+    assert "ghost row" in replay.stderr and r.zrange(keys.dead, 0, -1) == ["JOB001"]

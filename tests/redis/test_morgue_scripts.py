@@ -855,3 +855,36 @@ def test_stats_and_a_lane_list_read_the_same_over_many_calls_as_over_one(r, keys
                     got = [j.id for j in engine.morgue_list(r, keys.queue, lane=lane, limit=limit, offset=offset)]
                     assert got == ids[offset:offset + limit], (batch, lane, offset, limit)
     assert whole.unreadable == 2 and sum(whole.lanes.values()) == 10
+
+
+def put_ghost(r, keys, job_id: str) -> None:
+    """What EchoMQ's reference sweep leaves in `dead` for a job that completed
+    while its id was still in `active`: a row recreated with `stalled` and
+    `state`, dead-lettered at its default budget of 1 (the contract)."""
+    r.hset(keys.job(job_id), mapping={"stalled": "1", "state": "dead", "last_error": "stalled"})
+    r.zadd(keys.dead, {job_id: 0})
+
+
+def test_a_ghost_row_of_a_completed_job_is_never_replayed(r, keys):
+    """Replayed, a worker claimed the completed job again, with no payload."""
+    put_ghost(r, keys, "JOBghost")
+    put_dead(r, keys, "JOBreal")
+    r.hdel(keys.job("JOBreal"), "attempts")  # no attempts but a payload: a job all the same
+    for ids in (None, ["JOBghost"]):
+        result = engine.morgue_replay(r, keys.queue, ids=ids, dry_run=True)
+        assert "JOBghost" not in result.ids
+        assert result.unreplayable["JOBghost"].startswith("ghost row: no attempts and no payload")
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOBreal"]
+    assert r.zrange(keys.dead, 0, -1) == ["JOBghost"] and r.zcard(keys.pending) == 1
+    assert r.hgetall(keys.job("JOBghost")) == {"stalled": "1", "state": "dead", "last_error": "stalled"}
+
+
+def test_a_ghost_row_is_listed_as_flat_with_a_warning_and_purged_like_any_entry(r, keys):
+    put_ghost(r, keys, "JOBghost")
+    [job] = engine.morgue_list(r, keys.queue, lane="")
+    assert (job.id, job.lane, job.problem) == ("JOBghost", None, None)
+    assert job.warning.startswith("ghost row:") and "purge it" in job.warning
+    assert engine.morgue_stats(r, keys.queue).lanes == {"": 1}
+    assert engine.morgue_purge(r, keys.queue, lane="").ids == ["JOBghost"]
+    assert r.exists(keys.job("JOBghost"), keys.dead) == 0

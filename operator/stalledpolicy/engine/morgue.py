@@ -29,6 +29,8 @@ class DeadJob:
     state: str | None
     #: set when the row cannot be read as a job: missing, or not a hash
     problem: str | None = None
+    #: set for a row the replay refuses though it reads as a job (a ghost row)
+    warning: str | None = None
 
 
 def lane_of(job: DeadJob) -> str | None:
@@ -59,10 +61,11 @@ class MorguePage:
 
 
 def _job(raw: Sequence[Any]) -> DeadJob:
-    job_id, group, stalled, attempts, last_error, dead_at, state, problem = (as_text(v) for v in raw)
+    job_id, group, stalled, attempts, last_error, dead_at, state, problem, warning = (as_text(v) for v in raw)
     return DeadJob(
         id=job_id, lane=group or None, stalled=as_counter(stalled), attempts=as_counter(attempts),
         last_error=last_error, dead_at_ms=as_counter(dead_at), state=state, problem=problem,
+        warning=warning,
     )
 
 

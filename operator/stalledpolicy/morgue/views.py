@@ -83,7 +83,12 @@ def report_view_failure(args: argparse.Namespace, out: IO[str], error: str) -> N
 
 def _error_cell(job: Any) -> str | None:
     problem = getattr(job, "problem", None)
-    return f"[unreadable row: {problem}]" if problem else job.last_error
+    if problem:
+        return f"[unreadable row: {problem}]"
+    warning = getattr(job, "warning", None)
+    if warning:
+        return f"[{warning}] {job.last_error or ''}".rstrip()
+    return job.last_error
 
 
 def _last_error_width(out: IO[str], other_columns: int) -> int:
@@ -140,6 +145,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
                     "dead_at_ms": job.dead_at_ms, "dead_at": iso_time(job.dead_at_ms),
                     "age_s": age_seconds(now_ms, job.dead_at_ms),
                     "problem": getattr(job, "problem", None),
+                    "warning": getattr(job, "warning", None),
                 }
                 for job in jobs
             ],

@@ -17,6 +17,7 @@
 
 -- @include chunked
 -- @include counters
+-- @include ghost
 -- @include guard
 -- @include lanes
 -- @include refusals
@@ -109,6 +110,8 @@ for _, id in ipairs(candidates) do
       reason = "state is '" .. excerpt(f[3]) .. "', not dead"
     elseif count_of(f[2]) == nil then
       reason = 'malformed: attempts is not a non-negative integer: ' .. excerpt(f[2])
+    elseif f[2] == false and is_ghost(row) then
+      reason = GHOST_ROW
     elseif g and lane_refusal(g) ~= '' then
       reason = lane_refusal(g)
     end

@@ -26,10 +26,11 @@
 --           wire, so a caller may send a larger count (each call stays short).
 --
 -- Returns ('index', 'lex') {rows, next} where each row is
---   {id, group, stalled, attempts, last_error, dead_at, state, problem}
+--   {id, group, stalled, attempts, last_error, dead_at, state, problem, warning}
 -- (raw field values, nil when absent, but dead_at: the time of death as the
 -- purge reads it (lib/death), nil when the entry is undated; `problem` names
--- a row that is missing or not a hash) and `next` is the cursor for the
+-- a row that is missing or not a hash, `warning` a ghost row (lib/ghost),
+-- which the replay refuses) and `next` is the cursor for the
 -- following window, '' at the end. On a cluster whose slot is being migrated
 -- a row that moved is never reported missing: the call is refused instead
 -- (lib/refusals: read_refused, here), as the replay and the purge are.
@@ -37,6 +38,7 @@
 -- @include chunked
 -- @include counters
 -- @include death
+-- @include ghost
 -- @include refusals
 -- @include morgue_window
 
@@ -66,17 +68,19 @@ local function row_of(id, key)
     -- the slot migrates, the ACL) stops the call
     read_refused(f)
     local problem = 'malformed: job row is a ' .. redis.call('TYPE', key).ok .. ', not a hash'
-    return {id, false, false, false, false, false, false, problem}
+    return {id, false, false, false, false, false, false, problem, false}
   end
-  local problem = false
+  local problem, warning = false, false
   -- absent, or moved to the importing node while the slot migrates: asked
   -- with `dead` (lib/refusals, here), which refuses the call if it moved
   if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and not here(key) then
     problem = 'job row is missing'
+  elseif f[3] == false and is_ghost(key) then
+    warning = GHOST_ROW  -- a hash: in its lane (flat) as for the replay and the purge
   end
   local died = false
   if time_of_death(f[5], f[7], f[3], now) then died = f[5] end
-  return {id, f[1], f[2], f[3], f[4], died, f[6], problem}
+  return {id, f[1], f[2], f[3], f[4], died, f[6], problem, warning}
 end
 
 local function cursor_after(last)
