@@ -180,13 +180,22 @@ def test_replay_ring_rule(r, keys, setup, ringed):
     assert r.llen(keys.wake) == (1 if ringed else 0)
 
 
-def test_replay_reads_a_corrupt_gactive_as_zero_and_leaves_it(r, keys):
+@pytest.mark.parametrize("limit", [None, "1"])
+def test_replay_leaves_a_corrupt_gactive_and_its_lane_off_the_ring_and_says_so(r, keys, limit):
+    """Ringed (the value read as 0), the lane's jobs were claimed by EchoMQ, whose
+    HINCRBY gactive then failed half-way: each job active with no worker, then
+    dead-lettered by the next sweep as if it had stalled (reviewer's reproduction)."""
     r.hset(keys.gactive, "g", "many")
-    r.hset(keys.glimit, "g", 1)
+    if limit:
+        r.hset(keys.glimit, "g", limit)
     put_dead(r, keys, "JOB1", group="g")
-    engine.morgue_replay(r, keys.queue)
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOB1"] and r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
     assert r.hget(keys.gactive, "g") == "many"
-    assert r.lrange(keys.ring, 0, -1) == ["g"]
+    assert r.lrange(keys.ring, 0, -1) == [] and r.llen(keys.wake) == 0
+    assert result.problems == [
+        f"{keys.gactive} field g is not a count (many): left as it is, and lane g not put back on the ring "
+        "(EchoMQ's claim of a lane job fails half-way on it); set it to the number of the lane's jobs in flight"]
 
 
 def test_replay_keeps_jobs_whose_lane_key_has_the_wrong_type(r, keys):

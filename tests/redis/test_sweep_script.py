@@ -439,6 +439,8 @@ def test_gactive_that_hincrby_would_refuse_is_left_and_its_lane_not_ringed(r, ke
     assert r.hget(keys.gactive, "g") == corrupt
     assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
     assert r.lrange(keys.ring, 0, -1) == ["h"]
+    assert len(result.problems) == 1 and result.problems[0].startswith(
+        f"{keys.gactive} field g is not a count ({corrupt}): left as it is, and lane g not put back on the ring")
 
 
 def test_negative_gactive_is_decremented_then_deleted_like_hincrby(r, keys):

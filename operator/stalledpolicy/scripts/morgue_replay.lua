@@ -165,10 +165,12 @@ if not dry then
     variadic('ZADD', prefix .. 'g:' .. g .. ':pending', lanes[g], true)
   end
   -- no slot freed: a replayed job was not in flight
+  local unsettled = {}
   guarded(problems, {KEYS[4], 'hash', KEYS[6], 'set', KEYS[5], 'hash', KEYS[3], 'list', KEYS[7], 'list'},
     "the replayed lanes were not (all) put back on the ring",
     settle_lanes, {prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
-      gactive = KEYS[4], wake = KEYS[7]}, lane_order, {}, lanes)
+      gactive = KEYS[4], wake = KEYS[7], unsettled = unsettled}, lane_order, {}, lanes)
+  unsettled_problems(problems, KEYS[4], unsettled)
   if n > 0 then
     guarded(problems, {KEYS[8], 'hash'}, "this call's replays were not counted", add_counts, KEYS[8], {'replayed', n})
   end

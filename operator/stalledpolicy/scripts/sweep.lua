@@ -336,10 +336,12 @@ if unsent > 0 then
   problems[#problems + 1] = 'the Redis user may not PUBLISH to ' .. channel .. ' (ACL): the events of '
     .. 'recovered and dead-lettered jobs are not sent (the jobs move all the same); grant it &' .. channel
 end
+local unsettled = {}
 guarded(problems, {KEYS[5], 'hash', KEYS[7], 'set', KEYS[6], 'hash', KEYS[4], 'list', KEYS[8], 'list'},
   "this call's lane slots, ring and wake were not (all) settled",
   settle_lanes, {prefix = prefix, ring = KEYS[4], paused = KEYS[7], glimit = KEYS[6],
-    gactive = KEYS[5], wake = KEYS[8]}, touched, lane_freed, lane_jobs)
+    gactive = KEYS[5], wake = KEYS[8], unsettled = unsettled}, touched, lane_freed, lane_jobs)
+unsettled_problems(problems, KEYS[5], unsettled)
 
 local deaths = dead_lettered + quarantined
 -- EchoMQ's counter: a corrupt one is left as it is, reported.

@@ -5,17 +5,20 @@
 --
 --   settle_lanes(k, groups, freed, gained)
 --
--- k       {prefix=, ring=, paused=, glimit=, gactive=, wake=} (keys of the queue)
+-- k       {prefix=, ring=, paused=, glimit=, gactive=, wake=} (keys of the queue),
+--         and unsettled=: a table the lanes whose gactive is not a count are
+--         added to (group, value, group, value, ...)
 -- groups  the lanes touched by the call, each once, in the order first seen
 -- freed   group -> slots the call gives back in gactive (nil or 0: none)
 -- gained  group -> true when the call has just added jobs to the lane
 --
 -- gactive[g] -= freed[g], the field deleted at 0 or below. A gactive that is
--- not an integer is EchoMQ's corruption, not ours to rewrite: where slots are
--- freed it is left as it is and the lane is not ringed; where none are it
--- only reads as 0. Then each lane goes back on ring, with one wake, when it
--- has work, is not paused, is under its glimit (a limit that is not a number
--- is no limit) and is not on ring yet.
+-- not an integer is EchoMQ's corruption, not ours to rewrite: it is left as it
+-- is and the lane is not ringed (EchoMQ's claim of a lane job increments it,
+-- and fails half-way on it: the job popped and active with no worker), and
+-- the lane goes into k.unsettled for the caller to report. Then each lane goes
+-- back on ring, with one wake, when it has work, is not paused, is under its
+-- glimit (a limit that is not a number is no limit) and is not on ring yet.
 
 -- gactive as HINCRBY reads it (an optional minus, no leading zero), within
 -- the 15 digits a Lua double holds exactly; a missing field is 0.
@@ -55,8 +58,12 @@ local function settle_lanes(k, groups, freed, gained)
   for i, g in ipairs(groups) do
     local n = in_flight(counts[i])
     local give_back = freed[g] or 0
-    if give_back > 0 then
-      if n ~= nil then
+    if n == nil then
+      local unsettled = k.unsettled
+      unsettled[#unsettled + 1] = g
+      unsettled[#unsettled + 1] = counts[i]
+    else
+      if give_back > 0 then
         n = n - give_back
         if n <= 0 then
           drops[#drops + 1] = g
@@ -66,10 +73,6 @@ local function settle_lanes(k, groups, freed, gained)
           writes[#writes + 1] = string.format('%d', n)
         end
       end
-    elseif n == nil then
-      n = 0
-    end
-    if n ~= nil then
       active[g] = n
       ringable[#ringable + 1] = g
     end

@@ -18,6 +18,10 @@
 --   lane_type_problem(prefix, g, kind)
 --                               the reason given for a lane key of the wrong
 --                               type (sweep and replay both refuse such a lane)
+--   unsettled_problems(problems, gactive, unsettled)
+--                               a problem added for each lane settle_lanes
+--                               (lib/lanes) left off the ring: its gactive
+--                               value is not a count
 
 -- Nothing is built when the library loads (it loads on every call of a
 -- script): the rules are comparisons, not tables.
@@ -112,4 +116,13 @@ end
 local function lane_type_problem(prefix, g, kind)
   -- the group quoted as an excerpt, like any value a reason quotes
   return 'malformed: lane ' .. prefix .. 'g:' .. excerpt(g) .. ':pending is a ' .. kind .. ', not a sorted set'
+end
+
+local function unsettled_problems(problems, gactive, unsettled)
+  for i = 1, #unsettled, 2 do
+    local g = excerpt(unsettled[i])
+    problems[#problems + 1] = gactive .. ' field ' .. g .. ' is not a count (' .. excerpt(unsettled[i + 1])
+      .. "): left as it is, and lane " .. g .. " not put back on the ring (EchoMQ's claim of a lane job "
+      .. "fails half-way on it); set it to the number of the lane's jobs in flight"
+  end
 end
