@@ -123,6 +123,7 @@ def test_scrub_masks_a_password_holding_url_delimiters():
     "rediss://h/0?socket_timeout=2.5&db=3&ssl_check_hostname=false&password=a%26b",
     "redis://h/0?password=me@corp", "unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock",
     "redis://h/2147483647?socket_timeout=0.5&socket_connect_timeout=10",
+    "redis://redis.ns.svc.cluster.local./0", "redis://b\u00fccher.example/0",
 ])
 def test_check_redis_url_accepts_what_redis_py_reads_as_written(url):
     assert check_redis_url(url) is None
@@ -143,6 +144,10 @@ SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
     ("redis://:s3cr@[::1/0", "malformed host"),
     ("redis://:s3cr\u2100x@h/0", "malformed host"),
     ("redis://:s3cr@h:6379/1x", "database number"),
+    # the socket layer's IDNA encoding refuses these before any lookup
+    ("redis://:s3cr@redis..svc:6379/0", "malformed host: each part of a host name"),
+    ("redis://:s3cr@.redis:6379/0", "malformed host"),
+    ("redis://:s3cr@" + "x" * 64 + ".svc/0", "malformed host"),
     ("redis://:s3cr@h:6379/s3cr", "database number"),
     ("redis://:s3cr@h:6379/1/2", "database number"),
     ("redis://:s3cr@h:6379//", "database number"),
@@ -290,3 +295,17 @@ def test_a_missing_database_names_the_servers_count_when_known():
     assert "database 16" in known and "it has 16" in known and "0 to 15" in known and "pw" not in known
     unknown = missing_database_problem("redis://h/20")
     assert "database 20" in unknown and "16 by default" in unknown
+
+
+@pytest.mark.parametrize("command", [["sweep", "--queue", "q", "--once"], ["morgue", "stats", "--queue", "q"]])
+def test_a_host_with_an_empty_label_is_a_bad_setting_not_an_outage(command):
+    """It was taken for a failed pass retried forever (sweep), or shown as a codec's
+    own error text (morgue)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "stalledpolicy", *command, "--redis-url",
+                             "redis://:s3cr@redis..svc:6379/0"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "malformed host: each part of a host name between dots" in result.stderr
+    assert "s3cr" not in result.stdout + result.stderr and "idna" not in result.stderr

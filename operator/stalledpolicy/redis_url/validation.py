@@ -105,6 +105,14 @@ def _check_host_and_path(parts: Any, write: str) -> str | None:
         return f"has a port that is not a number from 1 to 65535; {write}{hint}"
     if not parts.hostname:
         return f"has no host; {write}"
+    try:
+        # as the socket layer encodes a host name before any lookup: an empty
+        # label (redis..svc) or one over 63 characters fails there, and was
+        # taken for an unreachable server (or a failed pass, retried forever)
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return ("has a malformed host: each part of a host name between dots must be 1 to 63 "
+                f"characters (no '..', no leading dot); {write}")
     if port == 0:
         return "has port 0; use the server's port (6379 by default)"
     if not _DB_PATH.fullmatch(unquote(parts.path)):
