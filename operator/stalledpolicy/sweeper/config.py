@@ -9,7 +9,6 @@ with a message that names the flag, the variable and the fix.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, field_va
 from pydantic_core import PydanticCustomError
 
 from stalledpolicy.durations import format_duration, parse_duration
-from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.keyspace import InvalidLaneName, InvalidQueueName, validate_lane_name, validate_queue_name
 from stalledpolicy.listen import EVERY_ADDRESS
 from stalledpolicy.redis_url.redaction import redact_url
 from stalledpolicy.redis_url.validation import check_redis_url, stored_url
@@ -38,7 +37,6 @@ PORT_MAX = 65_535
 # storm still drains at 25,000+ jobs/s; raise it for raw speed
 # (bench/README.md, "Choosing the default batch").
 BATCH_DEFAULT = 25
-LANE_NAME_MAX = 128
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}
@@ -219,14 +217,12 @@ class SweeperConfig(BaseModel):
             name = name.strip() if isinstance(name, str) else name
             if not isinstance(name, str) or not name:
                 raise _fail("has a lane with an empty name; write NAME=BUDGET, for example imports=1")
-            if len(name) > LANE_NAME_MAX:
-                raise _fail(f"lane name {shown(name, 20, quoted=True)} is longer than {LANE_NAME_MAX} characters")
-            bad = _bad_lane_character(name)
-            if bad is not None:
-                raise _fail(
-                    f"lane name {shown(name, LANE_NAME_MAX, quoted=True)} contains {bad!r}; lane names may not contain "
-                    "'{', '}', ':', '=', ',', whitespace or control characters"
-                )
+            try:
+                # the keyspace's rule, the one place for it (the queue's rule and no ',' or '=';
+                # no whitespace, separator, control character or undecodable byte)
+                validate_lane_name(name)
+            except InvalidLaneName as exc:
+                raise _fail(str(exc).removeprefix("lane: "), **{_SHOWS_VALUE: True}) from None
             if name in lanes:
                 raise _fail(f"lane {name!r} is given twice; give each lane one budget")
             number = _parse_int(
@@ -330,17 +326,6 @@ class SweeperConfig(BaseModel):
 
 def _shown_number(value: Any) -> str:
     return shown(str(value).strip(), _NUMBER_SHOWN_MAX, keep=_NUMBER_SHOWN_KEPT)
-
-
-def _bad_lane_character(name: str) -> str | None:
-    """Lane names end up inside keys (``emq:{q}:g:<lane>:pending``) and in the
-    ``a=3,b=0`` list syntax: the queue-name rule plus the two list separators,
-    and (like the CRD) no Unicode separators or control characters."""
-    for ch in name:
-        if ch in "{}:=," or ch.isspace() or unicodedata.category(ch)[0] == "Z" \
-                or unicodedata.category(ch) == "Cc":
-            return ch
-    return None
 
 
 def _split_lane(entry: Any) -> tuple[Any, Any]:

