@@ -275,13 +275,15 @@ def test_a_set_but_blank_redis_url_is_refused_not_taken_for_the_default(blank, c
     with pytest.raises(ConfigError) as caught:
         load_config(flags_of(["--queue", "q"]), env)
     [problem] = caught.value.problems
-    assert problem.startswith("--redis-url (STALLEDPOLICY_REDIS_URL): is set but empty (or only whitespace); ")
+    # the variable is the blank one: named alone
+    assert problem.startswith("STALLEDPOLICY_REDIS_URL: is set but empty (or only whitespace); ")
     assert "redis://[:password@]host[:port][/db]" in problem and "spec.redis.secretRef" in problem
     assert cli.run(parse(["--queue", "q"]), environ=env) == cli.EXIT_USAGE
-    assert "STALLEDPOLICY_REDIS_URL): is set but empty" in capsys.readouterr().err
+    assert "error: STALLEDPOLICY_REDIS_URL: is set but empty" in capsys.readouterr().err
     # the flag given blank is refused the same way (it never falls back to the variable)
     with pytest.raises(ConfigError) as caught:
         load_config(flags_of(["--queue", "q", "--redis-url", blank]), {"STALLEDPOLICY_REDIS_URL": "redis://h/0"})
-    assert caught.value.problems[0].startswith("--redis-url (STALLEDPOLICY_REDIS_URL): is set but empty")
+    # the flag is the blank one (the variable is set and valid): only the flag is named
+    assert caught.value.problems[0].startswith("--redis-url: is set but empty")
     # unset: still the documented default
     assert load_config(flags_of(["--queue", "q"]), {}).redis_url.get_secret_value() == "redis://127.0.0.1:6379/0"

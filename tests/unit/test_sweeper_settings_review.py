@@ -57,3 +57,25 @@ def test_the_cli_exits_2_for_an_undecodable_lane(capsys):
                           "--lane", f"{UNDECODABLE}=1"]), environ={}) == 2
     err = capsys.readouterr().err
     assert "error: --lane (STALLEDPOLICY_LANES): " in err and "undecodable byte" in err
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n"])
+def test_a_blank_redis_url_flag_beside_a_set_variable_names_the_flag_alone(blank, capsys):
+    # before: "--redis-url (STALLEDPOLICY_REDIS_URL): is set but empty", blaming a valid variable too
+    env = {"STALLEDPOLICY_REDIS_URL": "redis://127.0.0.1:1/0"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of(["--queue", "q", "--redis-url", blank]), env)
+    [problem] = caught.value.problems
+    assert problem.startswith("--redis-url: is set but empty (or only whitespace); ")
+    assert "STALLEDPOLICY_REDIS_URL" not in problem
+    assert cli.run(parse(["--queue", "q", "--once", "--redis-url", blank]), environ=env) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "error: --redis-url: is set but empty" in err and "STALLEDPOLICY_REDIS_URL" not in err.splitlines()[0]
+
+
+def test_a_blank_redis_url_variable_without_the_flag_names_the_variable_alone():
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags_of(["--queue", "q"]), {"STALLEDPOLICY_REDIS_URL": "  "})
+    [problem] = caught.value.problems
+    assert problem.startswith("STALLEDPOLICY_REDIS_URL: is set but empty (or only whitespace); ")
+    assert "--redis-url" not in problem

@@ -353,7 +353,9 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _problems(error: ValidationError, given: Mapping[str, Any]) -> list[str]:
+def _problems(error: ValidationError, given: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """One line per bad setting, naming its flag and variable; ``sources``: the
+    one (flag or variable) each given value came from."""
     problems = []
     for item in error.errors(include_url=False):
         field = str(item["loc"][0]) if item["loc"] else ""
@@ -362,6 +364,11 @@ def _problems(error: ValidationError, given: Mapping[str, Any]) -> list[str]:
             problems.append(f"{setting.names}: is required; set {setting.flag} or {setting.env}")
             continue
         names = setting.names if setting else field or "settings"
+        if field == "redis_url" and item["msg"] == REDIS_URL_BLANK:
+            # set but blank: only the one that is (a blank flag beside a set variable
+            # is the flag's fault; the variable is not read then)
+            problems.append(f"{sources.get(field, names)}: {item['msg']}")
+            continue
         if field == "redis_url":
             # Never the URL, not even redacted: a malformed one may hide its
             # password from the redaction. The message says what part is wrong.
@@ -389,15 +396,16 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Sweeper
     Raises :class:`ConfigError` naming every bad setting.
     """
     given: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for field, setting in SETTINGS.items():
         flag_value = flags.get(field)
         if flag_value is not None and flag_value != []:
-            given[field] = flag_value
+            given[field], sources[field] = flag_value, setting.flag
             continue
         env_value = environ.get(setting.env)
         if env_value is not None and (env_value.strip() != "" or field == "redis_url"):
-            given[field] = env_value
+            given[field], sources[field] = env_value, setting.env
     try:
         return SweeperConfig(**given)
     except ValidationError as exc:
-        raise ConfigError(_problems(exc, given)) from None
+        raise ConfigError(_problems(exc, given, sources)) from None
