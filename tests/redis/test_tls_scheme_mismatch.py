@@ -29,7 +29,8 @@ pytestmark = pytest.mark.redis
 
 PLAIN_SERVER = "is the server speaking TLS? rediss:// needs the server's TLS port (tls-port); " \
                "a server without TLS takes redis://"
-TLS_SERVER = "is the server speaking TLS only? then use rediss:// (and the server's TLS port)"
+TLS_SERVER = ("is the server speaking TLS only? then use rediss:// (and the server's TLS port); "
+              "else check that the host and port are a Redis server's")
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,8 @@ def missing_database_problem(url: str, databases: int | None = None,
 # that the server's TLS layer drops the connection on, with no reply.
 PLAIN_SERVER_ADVICE = ("is the server speaking TLS? rediss:// needs the server's TLS port (tls-port); "
                        "a server without TLS takes redis://")
-TLS_SERVER_ADVICE = "is the server speaking TLS only? then use rediss:// (and the server's TLS port)"
+TLS_SERVER_ADVICE = ("is the server speaking TLS only? then use rediss:// (and the server's TLS port); "
+                     "else check that the host and port are a Redis server's")
 # OpenSSL's reasons for a handshake answered with bytes that are not TLS
 _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
                               "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING"})
@@ -136,10 +137,25 @@ def tls_mismatch_problem(exc: BaseException, url: str, timeout_s: float | None =
     return None
 
 
+NOT_REDIS_PROBLEM = ("the server at this host and port does not answer in Redis's protocol (another service, "
+                     "such as an HTTP server or a proxy, or the wrong port): check the URL's host and port")
+
+
+def not_redis_problem(exc: BaseException) -> str | None:
+    """NOT_REDIS_PROBLEM when ``exc`` is redis-py's reading of an answer that is
+    not Redis's protocol ("Protocol Error: b'HTTP/1.1 400 ..."), else None."""
+    from redis.exceptions import InvalidResponse
+
+    return NOT_REDIS_PROBLEM if any(isinstance(link, InvalidResponse) for link in _chain(exc)) else None
+
+
 def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
     """What a person must fix in ``url`` when ``exc`` says so (credentials, a
-    database, a replica, a scheme that does not match the server's TLS), in our
-    words and without any part of the URL; else None."""
+    database, a replica, a scheme that does not match the server's TLS, a
+    server that is not Redis), in our words and without any part of the URL;
+    else None."""
+    if not_redis_problem(exc):
+        return NOT_REDIS_PROBLEM
     if is_credentials_refusal(exc):
         return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
     if is_missing_database(exc):
@@ -169,12 +185,13 @@ def unreachable_errors() -> tuple[type[BaseException], ...]:
     a cluster mid-failover), as opposed to "this call is wrong"."""
     import redis
     from redis.exceptions import (
-        ClusterDownError, MasterDownError, ReadOnlyError, RedisClusterException, TryAgainError,
+        ClusterDownError, InvalidResponse, MasterDownError, ReadOnlyError, RedisClusterException, TryAgainError,
     )
 
     return (
         redis.ConnectionError,  # also AuthenticationError, BusyLoadingError
         redis.TimeoutError,
+        InvalidResponse,  # not Redis's protocol: another service on that port (not_redis_problem)
         ClusterDownError,
         TryAgainError,
         MasterDownError,

@@ -1,0 +1,58 @@
+"""A URL that points at a service that is not Redis (a wrong Service port, an HTTP
+proxy) is said in our words and handled as an unreachable Redis: it was a raw
+"Protocol Error: b'HTTP/1.1 400 ...'" and, for the sweeper, a failed pass retried
+at every interval instead of an outage with its backoff."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from stalledpolicy.redis_url.errors import NOT_REDIS_PROBLEM, refusal_in_our_words, unreachable_errors
+
+
+@pytest.fixture
+def http_port():
+    """A TCP server that answers whatever it is sent as an HTTP server does."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_an_answer_that_is_not_redis_is_named_and_counts_as_unreachable(http_port):
+    import redis
+
+    with pytest.raises(redis.RedisError) as caught:
+        redis.Redis(port=http_port, socket_timeout=5).ping()
+    assert isinstance(caught.value, unreachable_errors())
+    assert refusal_in_our_words(caught.value, f"redis://127.0.0.1:{http_port}/0") == NOT_REDIS_PROBLEM
+
+
+def test_sweep_once_says_the_server_is_not_redis(http_port):
+    result = subprocess.run(
+        [sys.executable, "-m", "stalledpolicy", "sweep", "--queue", "q", "--once", "--metrics-port", "0",
+         "--redis-url", f"redis://:s3cret@127.0.0.1:{http_port}/0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["error"] == f"redis unreachable: {NOT_REDIS_PROBLEM}"
+    assert "error_type=InvalidResponse" in result.stderr and "Traceback" not in result.stderr
+    assert "s3cret" not in result.stdout + result.stderr
