@@ -65,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              f"(:: = every address, IPv4 too where the host allows; every IPv4 address on a host "
              f"without IPv6) [{_env('metrics_address')}] (default ::)")
     add("--once", action="store_true", default=None,
-        help=f"one pass (drain), print its result, exit: 0 done, 1 the pass failed, "
-             f"130/143 stopped by SIGINT/SIGTERM before it finished [{_env('once')}=true]")
+        help=f"one pass (drain), print its result, exit: 0 done, 1 the pass failed, 2 a bad setting "
+             f"(also a database the server does not have), 130/143 stopped by SIGINT/SIGTERM before it "
+             f"finished (after the script call in flight); serves no metrics, but --metrics-address "
+             f"is still checked [{_env('once')}=true]")
     add("--log-format", choices=LOG_FORMATS, help=f"[{_env('log_format')}] (default text)")
     add("--log-level", choices=LOG_LEVELS, help=f"[{_env('log_level')}] (default info)")
 
@@ -117,6 +119,30 @@ def _listen_problem(exc: OSError, address: str, port: int) -> str:
     return f"{address_names}/{port_names}: cannot listen on {where}: {exc.strerror or exc}"
 
 
+def _address_problem(address: str) -> str | None:
+    """Why the metrics server could not listen on ``address``, whatever the port
+    (it listens on a free one, closed at once), or None. For the modes that serve
+    no metrics (--once, --metrics-port 0): the same address is refused with the same words."""
+    from stalledpolicy.listen import listening_socket
+
+    try:
+        listening_socket(address, 0).close()
+    except OSError as exc:
+        return _listen_problem(exc, address, 0)
+    return None
+
+
+def _fatal(config, problem: str) -> int:
+    """The last line of a run refused for a bad setting found after start (exit 2):
+    the usage-style line on stderr, or with --log-format json a JSON log line
+    (every line on stderr is then JSON)."""
+    if config.log_format == "json":
+        log.error(problem, extra={"queue": config.queue, "exit_code": EXIT_USAGE})
+    else:
+        print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _serve(config) -> int:
     from stalledpolicy.sweeper.loop import Sweeper, result_summary
     from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics
@@ -133,21 +159,31 @@ def _serve(config) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if config.once:
+            # --once serves no metrics, but a --metrics-address the long-running mode
+            # would refuse is refused here too (exit 2, the setting named)
+            problem = _address_problem(config.metrics_address)
+            if problem is not None:
+                return _fatal(config, problem)
             # --once serves no metrics: its start line names no port
             log.info("sweeping once", extra={k: v for k, v in _start_fields(config).items() if k != "metrics_port"})
             ok = sweeper.sweep_pass()
             sweeper.close()
             if not ok and sweeper.bad_setting:
-                print(f"stalledpolicy sweep: error: {SETTINGS['redis_url'].names} {config.redis_url_redacted}: "
-                      f"{sweeper.bad_setting}", file=sys.stderr)
-                return EXIT_USAGE
-            if not ok:
+                return _fatal(config, f"{SETTINGS['redis_url'].names} {config.redis_url_redacted}: "
+                                      f"{sweeper.bad_setting}")
+            # stopped by a signal before the pass finished: it stopped between two calls
+            # with work left, or the call in flight when the signal came failed (no
+            # retry is made after a signal: StoppableRetry)
+            interrupted = bool(received) and (not ok or sweeper.last_stopped_early)
+            if not ok and not interrupted:
                 # the one JSON line on failure too (`| jq` gets a document): the error, and
                 # what the calls answered before it moved
                 _print_line(result_summary(config.queue, sweeper.so_far, False, sweeper.last_error))
                 return EXIT_FAILED
-            interrupted = bool(received) and sweeper.last_stopped_early
-            _print_line(result_summary(config.queue, sweeper.last_result, interrupted))
+            if ok:
+                _print_line(result_summary(config.queue, sweeper.last_result, interrupted))
+            else:
+                _print_line(result_summary(config.queue, sweeper.so_far, True, sweeper.last_error))
             if interrupted:
                 code = EXIT_SIGNALLED_BASE + received[0]
                 log.warning("sweep --once stopped by a signal before the pass finished; jobs still "
@@ -162,9 +198,12 @@ def _serve(config) -> int:
             try:
                 server = StatusServer(config.metrics_address, config.metrics_port, metrics, sweeper.health).start()
             except OSError as exc:
-                problem = _listen_problem(exc, config.metrics_address, config.metrics_port)
-                print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
-                return EXIT_USAGE
+                return _fatal(config, _listen_problem(exc, config.metrics_address, config.metrics_port))
+        else:
+            # no server, but the address is judged as when there is one
+            problem = _address_problem(config.metrics_address)
+            if problem is not None:
+                return _fatal(config, problem)
         log.info("sweeper started", extra=_start_fields(config))
         try:
             sweeper.run_forever()

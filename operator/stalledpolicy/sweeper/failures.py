@@ -16,7 +16,9 @@ Failure policy (the process must never crash-loop):
   an error reply from the server) sets them up, an outage sets them down, and
   an error that is neither (a bug in our code, a reply we could not read)
   leaves them as they were.
-- With ``--once`` there is no retry: the log lines say the process exits 1.
+- With ``--once`` there is no retry: the log lines say the process exits 1, or
+  2 for a bad setting (a database the server lacks), or that a signal stops
+  it (the pass failed after SIGTERM/SIGINT: exit 143/130, cli.py).
 - A pass that succeeds but could not do part of its work (a malformed shared
   key, a command the ACL refuses) warns once per problem while it lasts.
 """
@@ -24,6 +26,7 @@ Failure policy (the process must never crash-loop):
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable
 
 import redis
@@ -56,6 +59,7 @@ class PassFailures:
     _clock: Callable[[], float]
     _jitter: Callable[[], float]
     _calls_this_pass: int
+    stop: threading.Event
     bad_setting: str | None
     last_error: str | None
 
@@ -86,6 +90,17 @@ class PassFailures:
             self._pass_error(exc)
         self.last_error = self.health.reason
 
+    def _then(self, retrying: str) -> str:
+        """What comes after a failed pass, for its log line: ``retrying`` in the
+        long-running mode; with --once the exit it leads to (cli.py)."""
+        if not self.config.once:
+            return retrying
+        if self.bad_setting is not None:
+            return "--once exits 2 (a bad setting)"
+        if self.stop.is_set():
+            return "--once stops: a signal came during the pass (exit 143 SIGTERM, 130 SIGINT)"
+        return "--once exits 1"
+
     def _pass_succeeded(self) -> None:
         """/readyz says ok, and each failure is logged again the next time it is met."""
         self.health.last_pass_ok = True
@@ -115,7 +130,7 @@ class PassFailures:
             self._down_since = self._clock()
             self._outage_causes = {cause}
             log.warning(
-                "redis unreachable; the pass failed and --once exits 1" if self.config.once else
+                f"redis unreachable; the pass failed and {self._then('')}" if self.config.once else
                 "redis unreachable; retrying with backoff (logged once per outage)",
                 extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
                        "error": self._scrub(exc), "error_type": cause},
@@ -152,8 +167,7 @@ class PassFailures:
             return
         log.error(
             ("Redis is a read-only replica and refused the sweep's writes: " + errors.READ_ONLY_ADVICE
-             + "; nothing was moved; " + ("--once exits 1" if self.config.once else
-                                          "retrying next interval (logged once until a pass succeeds)")),
+             + "; nothing was moved; " + self._then("retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                    "error_type": type(exc).__name__})
 
@@ -166,7 +180,7 @@ class PassFailures:
         self._redis_answered()
         moved = ("nothing was moved" if not self._calls_this_pass else
                  "the script calls before it were applied, the one that met the migration moved nothing")
-        then = "--once exits 1" if self.config.once else "retrying next interval"
+        then = self._then("retrying next interval")
         what = (f"the slot of queue {self.config.queue} is being migrated between Redis Cluster nodes "
                 f"(resharding); {moved}; {then}")
         if not self._failed_pass(what, "slot migrating", "sweep pass met the slot migration again"):
@@ -188,12 +202,13 @@ class PassFailures:
         if not self._failed_pass(message, f"{type(exc).__name__}: {message}", "sweep pass failed again"):
             return
         is_redis_error = isinstance(exc, redis.RedisError)
-        then = "--once exits 1" if self.config.once else "retrying next interval (logged once until a pass succeeds)"
+        then = self._then("retrying next interval (logged once until a pass succeeds)")
         log.error(
             # an ACL refusal names the grant in `error` (EMQNOPERM ...); nothing moved
             f"sweep pass refused by the Redis ACL (the user may not use the queue's keys or a command; "
             f"the error names the grant); nothing was moved; {then}" if engine.is_acl_refusal(exc) else
-            f"sweep pass failed; {then}",
+            f"sweep pass failed: the Redis URL names a database this server does not have; {then}"
+            if self.bad_setting is not None else f"sweep pass failed; {then}",
             extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
             exc_info=None if is_redis_error else exc,
         )

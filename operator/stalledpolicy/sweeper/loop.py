@@ -30,6 +30,7 @@ from stalledpolicy.redis_url import connecting
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.failures import UNREACHABLE, PassFailures
 from stalledpolicy.sweeper.metrics import Health, SweeperMetrics, per_lane
+from stalledpolicy.tables import printable
 
 log = logging.getLogger("stalledpolicy.sweeper")
 
@@ -43,15 +44,51 @@ HEALTH_FLOOR_S = 20.0
 _WAIT_SLICE_S = 1.0
 
 
-def connect(url: str) -> Any:
-    """The sweeper's client for ``url`` (a RedisCluster on a cluster node)."""
+class StoppableRetry(Retry):
+    """redis-py's Retry, with no retry once ``should_stop()`` says a stop was
+    requested: the call in flight ends (its answer, or its timeout) and its error
+    is raised as is, instead of a new connection and a second wait (a SIGTERM to
+    ``--once`` facing a server that never answers ended it after two timeouts,
+    exit 1, the signal not said)."""
+
+    def __init__(self, retries: int, should_stop: Callable[[], bool]):
+        super().__init__(NoBackoff(), retries)
+        self._should_stop = should_stop
+
+    def __deepcopy__(self, memo: dict) -> "StoppableRetry":
+        # redis-py gives each connection a deep copy of its retry: the copy must
+        # ask the same stop (an Event, which holds a lock, cannot be copied)
+        return StoppableRetry(self._retries, self._should_stop)
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], is_retryable: Any = None,
+                        with_failure_count: bool = False) -> Any:
+        should_stop = self._should_stop
+
+        def failed(error: Exception, *count: int) -> Any:
+            fail(error, *count)  # redis-py's own clean-up of the connection first
+            if should_stop():
+                raise error
+
+        return super().call_with_retry(do, failed, is_retryable, with_failure_count)
+
+
+def connect(url: str, should_stop: Callable[[], bool] = lambda: False) -> Any:
+    """The sweeper's client for ``url`` (a RedisCluster on a cluster node).
+
+    Replies are decoded with ``surrogateescape`` (as the morgue CLI's are): a
+    lane name that is not UTF-8 keeps its bytes as lone surrogates, so two lanes
+    whose names differ only in such bytes stay two (``"l\\udcfe"`` and
+    ``"l\\udcff"`` in JSON), and neither reads as a lane really named with
+    U+FFFD (``errors="replace"`` made all three one)."""
     return connecting.connect(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
+        decode_responses=True,
+        encoding_errors="surrogateescape",
         # One immediate retry replaces a pooled connection a restart broke;
-        # the loop's own backoff handles real outages.
-        retry=Retry(NoBackoff(), 1),
+        # the loop's own backoff handles real outages. None once a stop is requested.
+        retry=StoppableRetry(1, should_stop),
     )
 
 
@@ -62,7 +99,7 @@ class Sweeper(PassFailures):
         metrics: SweeperMetrics,
         *,
         stop: threading.Event | None = None,
-        connect_fn: Callable[[str], Any] = connect,
+        connect_fn: Callable[[str], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ):
@@ -70,7 +107,8 @@ class Sweeper(PassFailures):
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self.health = Health(stale_after_s=max(3 * config.interval, HEALTH_FLOOR_S), clock=clock)
-        self._connect = connect_fn
+        # the default client retries nothing once a stop is requested
+        self._connect = connect_fn or (lambda url: connect(url, should_stop=self.stop.is_set))
         self._clock = clock
         self._jitter = jitter
         self._client: Any = None
@@ -174,8 +212,11 @@ class Sweeper(PassFailures):
             "duration_ms": round(seconds * 1000, 1),
         }
         if result.lanes:
+            # each lane as the morgue's tables show one (tables.printable, exact): a byte
+            # that is not UTF-8 as \xNN, so lanes that differ only there stay apart
             fields["lanes"] = ",".join(
-                f"{name or '-'}:{c.recovered}/{c.dead_lettered}" for name, c in sorted(result.lanes.items())
+                f"{printable(name, exact=True) if name else '-'}:{c.recovered}/{c.dead_lettered}"
+                for name, c in sorted(result.lanes.items())
             )
         if snapshot is not None:
             fields["morgue"] = snapshot.dead
