@@ -1,0 +1,104 @@
+"""The sweeper's client retries nothing once a stop is requested, and a
+failed --once pass's log line names the exit it leads to (no Redis here;
+tests/redis/test_sweeper_once_review.py runs the process)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+
+import pytest
+import redis
+
+from stalledpolicy.sweeper import loop
+from stalledpolicy.sweeper.config import SweeperConfig
+from stalledpolicy.sweeper.metrics import SweeperMetrics
+
+
+def test_one_retry_without_a_stop():
+    calls: list[int] = []
+    retry = loop.StoppableRetry(1, lambda: False)
+
+    def do():
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.TimeoutError("Timeout reading from socket")
+        return "answer"
+
+    assert retry.call_with_retry(do, lambda error: None) == "answer"
+    assert len(calls) == 2
+
+
+def test_no_retry_once_a_stop_is_requested_and_the_failure_is_cleaned_up_first():
+    stop = threading.Event()
+    failed: list[Exception] = []
+    calls: list[int] = []
+    retry = loop.StoppableRetry(1, stop.is_set)
+
+    def do():
+        calls.append(1)
+        stop.set()  # the signal came while the call was in flight
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    with pytest.raises(redis.TimeoutError):
+        retry.call_with_retry(do, failed.append)
+    assert len(calls) == 1
+    assert len(failed) == 1  # redis-py's own clean-up (the connection closed) still ran
+
+
+def test_a_copy_asks_the_same_stop():
+    """redis-py deep-copies a connection's retry; an Event cannot be copied."""
+    stop = threading.Event()
+    retry = copy.deepcopy(loop.StoppableRetry(1, stop.is_set))
+    stop.set()
+    calls: list[int] = []
+
+    def do():
+        calls.append(1)
+        raise redis.ConnectionError("gone")
+
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(do, lambda error: None)
+    assert len(calls) == 1
+
+
+def _once_sweeper(stop: threading.Event) -> loop.Sweeper:
+    config = SweeperConfig(queue="orders", once=True)
+
+    def connect(url):
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    return loop.Sweeper(config, SweeperMetrics("orders", ()), stop=stop, connect_fn=connect)
+
+
+def test_a_once_pass_failing_after_a_stop_does_not_say_exit_1(caplog):
+    stop = threading.Event()
+    stop.set()
+    sweeper = _once_sweeper(stop)
+    with caplog.at_level(logging.WARNING, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+    [record] = caplog.records
+    assert "exits 1" not in record.getMessage() and "a signal came during the pass" in record.getMessage()
+
+
+def test_a_once_pass_failing_without_a_stop_says_exit_1(caplog):
+    sweeper = _once_sweeper(threading.Event())
+    with caplog.at_level(logging.WARNING, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+    [record] = caplog.records
+    assert record.getMessage().endswith("--once exits 1")
+
+
+def test_a_missing_database_says_exit_2(caplog):
+    config = SweeperConfig(queue="orders", once=True, redis_url="redis://127.0.0.1:1/16")
+
+    def connect(url):
+        raise redis.ResponseError("DB index is out of range")
+
+    sweeper = loop.Sweeper(config, SweeperMetrics("orders", ()), connect_fn=connect)
+    with caplog.at_level(logging.WARNING, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+    assert sweeper.bad_setting is not None
+    [record] = caplog.records
+    assert "--once exits 2" in record.getMessage() and "exits 1" not in record.getMessage()
