@@ -1581,3 +1581,89 @@ def test_a_ghost_row_is_shown_as_one_and_refused_by_the_replay(r, url, queue_nam
     replay = morgue(url, "replay", "--queue", queue_name, "--all", "--yes")
     assert replay.returncode == 1, replay.stdout + replay.stderr  # as for any job left in the morgue
     assert "ghost row" in replay.stderr and r.zrange(keys.dead, 0, -1) == ["JOB001"]
+
+
+# ------------------------------------------- a queue with no key, errors of exit 1, a row not dead
+
+NO_KEY = "exists on this database (emq:{{{queue}}}:*): check --queue and the URL's database"
+
+
+def test_a_queue_with_no_key_is_named_by_replay_purge_and_every_json_document(r, url, queue_name):
+    """`replay --all` said `nothing to replay` and `purge -o json` gave a plain
+    document with exit 0: a mistyped --queue passed for an empty morgue there
+    and in the JSON of stats and list (their tables had the note)."""
+    note = f"no key of queue {queue_name} " + NO_KEY.format(queue=queue_name)
+    replay = morgue(url, "replay", "--queue", queue_name, "--all", "--yes")
+    assert replay.returncode == 0, replay.stderr  # nothing failed
+    assert replay.stdout == f"nothing to replay in queue {queue_name}; {note}\n"
+    dry = morgue(url, "purge", "--queue", queue_name, "--all", "--dry-run")
+    assert dry.returncode == 0 and note in dry.stdout, dry.stdout + dry.stderr
+    for argv in (("replay", "--all", "--yes"), ("purge", "--older-than", "1d", "--yes"),
+                 ("purge", "--all", "--dry-run"), ("stats",), ("list",), ("list", "--lane", "a")):
+        result = morgue(url, *argv, "--queue", queue_name, "-o", "json")
+        assert result.returncode == 0, (argv, result.stderr)
+        doc = json.loads(result.stdout)
+        assert doc["note"] == note and doc["error"] is None, (argv, doc)
+    by_id = morgue(url, "replay", "--queue", queue_name, "--id", "JOB001", "--yes", "-o", "json")
+    assert by_id.returncode == 1 and json.loads(by_id.stdout)["note"] == note
+
+    r.hset(QueueKeys(queue_name).metrics_completed, "count", 3)  # a queue in use, its morgue empty
+    for argv in (("replay", "--all", "--yes"), ("purge", "--older-than", "1d", "--yes"), ("stats",), ("list",)):
+        result = morgue(url, *argv, "--queue", queue_name, "-o", "json")
+        assert result.returncode == 0 and "note" not in json.loads(result.stdout), (argv, result.stdout)
+    assert morgue(url, "replay", "--queue", queue_name, "--all", "--yes").stdout == (
+        f"nothing to replay in queue {queue_name}\n")
+
+
+def test_a_change_that_exits_1_says_why_in_the_json_error(r, url, queue_name):
+    """`error` was null on exit 1 (ids missing, jobs left in the morgue); the
+    README promises null on success only."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001")
+    bury(r, queue_name, "JOB002", age_ms=3 * 86400 * 1000)
+    r.hset(keys.job("JOB002"), "state", "active")
+    result = morgue(url, "replay", "--queue", queue_name, "--id", "JOB002", "--id", "NOPE", "--yes", "-o", "json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["error"] == "1 id not in the morgue; 1 job not replayed (left in the morgue)"
+    assert doc["missing"] == ["NOPE"] and list(doc["refused"]) == ["JOB002"]  # the details, as they were
+    dry = morgue(url, "replay", "--queue", queue_name, "--all", "--dry-run", "-o", "json")
+    assert dry.returncode == 1 and json.loads(dry.stdout)["error"] == (
+        "1 job would not be replayed (left in the morgue)")
+    aged = morgue(url, "purge", "--queue", queue_name, "--older-than", "1d", "--yes", "-o", "json")
+    assert aged.returncode == 1 and json.loads(aged.stdout)["error"] == "1 job not purged (left in the morgue)"
+    ok = morgue(url, "purge", "--queue", queue_name, "--id", "JOB001", "--yes", "-o", "json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["error"] is None
+
+
+def test_a_signal_between_calls_says_so_in_the_json_error(r, url, queue_name, monkeypatch):
+    big_morgue(r, queue_name, 1600)
+    signal_after_first_call(monkeypatch, "morgue_replay", signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    code = morgue_cli.run(_args("replay", "--all", "--yes", "-o", "json", "--redis-url", url, "--queue", queue_name),
+                          stdin=io.StringIO(), stdout=out, stderr=err)
+    doc = json.loads(out.getvalue())
+    assert code == 143, err.getvalue()
+    assert doc["error"] == (f"stopped by SIGTERM with {doc['replayed']} jobs replayed and "
+                            f"{len(doc['not_reached'])} jobs not reached")
+
+
+def test_list_shows_the_state_of_a_row_that_is_not_dead(r, url, queue_name):
+    """Such a row showed `-` everywhere, with no hint that replay and purge
+    leave it in the morgue (and that a lane replay or an age purge exits 1)."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001")
+    bury(r, queue_name, "JOB002", last_error="boom")
+    r.hset(keys.job("JOB002"), "state", "active")
+    # a state and a payload (no ghost row): every other column `-`
+    r.hset(keys.job("JOB003"), mapping={"state": "pending", "payload": "{}"})
+    r.zadd(keys.dead, {"JOB003": 0})
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    body = {line.split()[0]: line for line in table_rows(result.stdout, "ID")[1:]}
+    assert "[state:" not in body["JOB001"]
+    assert body["JOB002"].endswith("[state: active, not dead: replay and purge leave it] boom"), body
+    assert body["JOB003"].endswith("[state: pending, not dead: replay and purge leave it]"), body
+    listed = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
+    jobs = {job["id"]: job for job in listed["jobs"]}
+    assert (jobs["JOB002"]["state"], jobs["JOB003"]["state"]) == ("active", "pending")

@@ -60,7 +60,10 @@ exit codes:
        starts (preview, prompt) nothing was changed.
   With -o json a replay or purge prints one document on every exit but 2:
   a failure (1, 3, 4, 5) or a signal too, with what was changed so far,
-  "error" (null on success) and "outcome_unknown" (true with exit 5).
+  "error" (null on success, else one sentence saying why, exit 1 included)
+  and "outcome_unknown" (true with exit 5). Every action's output (table
+  or JSON "note") says when nothing was found and no key of the queue
+  exists on the database: check --queue and the URL's database.
 
 environment:
   STALLEDPOLICY_REDIS_URL  default for --redis-url

@@ -11,6 +11,7 @@ from stalledpolicy import tables
 from stalledpolicy.durations import format_duration
 from stalledpolicy.morgue.exit_codes import EXIT_FAILED, EXIT_OK
 from stalledpolicy.morgue.render import EXACT_COLUMNS, PREVIEW_IDS, emit_json, ids_preview, jobs_phrase, lane_rows
+from stalledpolicy.morgue.views import with_note
 
 if TYPE_CHECKING:  # change imports this module to report its outcomes
     from stalledpolicy.morgue.change import Outcome
@@ -51,10 +52,12 @@ def show_preview(err: IO[str], args: argparse.Namespace, preview: Outcome, *,
 
 def _document(args: argparse.Namespace, outcome: Outcome, *, dry_run: bool, verb: str, past: str,
               vanished: Sequence[str] = (), dated: bool = True, not_reached: Sequence[str] | None = None,
-              error: str | None = None, outcome_unknown: bool = False) -> dict[str, Any]:
+              error: str | None = None, outcome_unknown: bool = False, note: str | None = None
+              ) -> dict[str, Any]:
     """The one JSON document of a replay or purge, whichever way it ended: done,
     stopped by a signal (before the change too: nothing changed), or ended by an
-    error (``error``; ``outcome_unknown``: a call was sent and got no answer)."""
+    error (``error``; ``outcome_unknown``: a call was sent and got no answer).
+    ``note``: the :func:`views.unknown_queue_note` of an empty selection."""
     document: dict[str, Any] = {
         "queue": args.queue, "action": verb, "dry_run": dry_run,
         ("would_" + verb if dry_run else past): len(outcome.ids), "ids": outcome.ids,
@@ -74,7 +77,35 @@ def _document(args: argparse.Namespace, outcome: Outcome, *, dry_run: bool, verb
         document["undatable"] = outcome.undatable
     document["error"] = error
     document["outcome_unknown"] = outcome_unknown
-    return document
+    return with_note(document, note)
+
+
+def _failure_summary(outcome: Outcome, *, dry_run: bool, verb: str, past: str, vanished: Sequence[str],
+                     not_reached: Sequence[str] | None) -> str | None:
+    """The ``error`` of a run that exits other than 0 though every call was
+    answered: one sentence counting what failed (the members beside it say
+    which ids and why); None when nothing did."""
+    parts = []
+    if outcome.missing:
+        count = len(outcome.missing)
+        parts.append(f"{count} id{'' if count == 1 else 's'} not in the morgue")
+    if outcome.refused:
+        parts.append(f"{jobs_phrase(len(outcome.refused))} {'would not be' if dry_run else 'not'} {past} "
+                     "(left in the morgue)")
+    if vanished:
+        parts.append(f"{jobs_phrase(len(vanished))} left the morgue before the {verb} reached "
+                     f"{'it' if len(vanished) == 1 else 'them'}")
+    if outcome.problems:
+        count = len(outcome.problems)
+        parts.append(f"{count} problem{'' if count == 1 else 's'} (see problems)")
+    if outcome.stopped_by:
+        stopped = f"stopped by {outcome.stopped_by} with {jobs_phrase(len(outcome.ids))} {past}"
+        if not_reached:
+            stopped += f" and {jobs_phrase(len(not_reached))} not reached"
+        elif not_reached is None:
+            stopped += " (jobs not reached are still in the morgue)"
+        parts.append(stopped)
+    return "; ".join(parts) or None
 
 
 def report_unfinished(args: argparse.Namespace, out: IO[str], outcome: Outcome, *, error: str | None = None,
@@ -94,23 +125,30 @@ def report_unfinished(args: argparse.Namespace, out: IO[str], outcome: Outcome, 
 
 def report_outcome(args: argparse.Namespace, out: IO[str], err: IO[str], outcome: Outcome, *, dry_run: bool,
                    verb: str, past: str, vanished: Sequence[str] = (), previewed: int | None = None,
-                   dated: bool = True, not_reached: Sequence[str] | None = None) -> int:
+                   dated: bool = True, not_reached: Sequence[str] | None = None, note: str | None = None) -> int:
     """``dated``: in a real run, whether the call that ran recorded a time of
     death on the undated entries (False: only the preview ran). A run stopped
     by a signal (``outcome.stopped_by``) reports what it did so far and, for
     confirmed ids, those it did not reach (``not_reached``; None when the
-    run applied a rule rather than pinned ids)."""
+    run applied a rule rather than pinned ids). ``note``: the
+    :func:`views.unknown_queue_note` of an empty selection, after its first line
+    (``note`` in JSON). ``error`` in JSON is null only when the run exits 0: it
+    sums up what made it exit 1 (returned here) or a signal's 130/143 (the
+    caller's to return)."""
     queue = args.queue
     ids = outcome.ids
     code = EXIT_FAILED if (outcome.missing or outcome.refused or vanished or outcome.problems) else EXIT_OK
     if args.output == "json":
+        error = _failure_summary(outcome, dry_run=dry_run, verb=verb, past=past, vanished=vanished,
+                                 not_reached=not_reached)
         emit_json(_document(args, outcome, dry_run=dry_run, verb=verb, past=past, vanished=vanished,
-                            dated=dated, not_reached=not_reached), out)
+                            dated=dated, not_reached=not_reached, error=error, note=note), out)
     else:
+        noted = f"; {note}" if note else ""
         if dry_run:
-            out.write(f"dry run: would {verb} {jobs_phrase(len(ids))} of queue {queue} (nothing changed)\n")
+            out.write(f"dry run: would {verb} {jobs_phrase(len(ids))} of queue {queue} (nothing changed){noted}\n")
         elif not ids:
-            out.write(f"nothing to {verb} in queue {queue}\n")
+            out.write(f"nothing to {verb} in queue {queue}{noted}\n")
         else:
             early = f" (stopped early by {outcome.stopped_by})" if outcome.stopped_by else ""
             out.write(f"{past} {jobs_phrase(len(ids))} of queue {queue}{early}\n")

@@ -32,8 +32,9 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
     stats = engine.morgue_stats(client, args.queue)
     now_ms = server_now_ms(client, args.queue)
     oldest_age = age_seconds(now_ms, stats.oldest_dead_at_ms)
+    note = None if stats.size else unknown_queue_note(client, args.queue)
     if args.output == "json":
-        emit_json({
+        emit_json(with_note({
             "queue": args.queue,
             "size": stats.size,
             "lanes": {name: count for name, count in stats.lanes.items()},
@@ -42,16 +43,14 @@ def show_stats(client: Any, args: argparse.Namespace, engine: Any, out: IO[str])
             "oldest_age_s": oldest_age,
             "unreadable": stats.unreadable,
             "error": None,
-        }, out)
+        }, note), out)
         return EXIT_OK
     oldest = "-" if oldest_age is None else (
         f"{tables.format_age(oldest_age)} ({iso_time(stats.oldest_dead_at_ms)})"
     )
     pairs: list[tuple[str, Any]] = [("queue", args.queue), ("dead jobs", stats.size), ("oldest death", oldest)]
-    if not stats.size:
-        note = unknown_queue_note(client, args.queue)
-        if note:
-            pairs.append(("note", note))
+    if note:
+        pairs.append(("note", note))
     if stats.unreadable:
         pairs.append(("unreadable rows", f"{stats.unreadable} (missing or not a hash: in no lane; "
                                          "`list` shows them, `purge --id` removes them)"))
@@ -82,13 +81,22 @@ def report_view_failure(args: argparse.Namespace, out: IO[str], error: str) -> N
 
 
 def _error_cell(job: Any) -> str | None:
+    """LAST ERROR, after a marker for a row replay and purge leave in the morgue:
+    unreadable, a state other than ``dead`` (the scripts refuse it: the row says
+    the job lives elsewhere), a ghost row."""
     problem = getattr(job, "problem", None)
     if problem:
         return f"[unreadable row: {problem}]"
+    markers = []
+    state = getattr(job, "state", None)
+    if state is not None and state != "dead":
+        markers.append(f"[state: {state}, not dead: replay and purge leave it]")
     warning = getattr(job, "warning", None)
     if warning:
-        return f"[{warning}] {job.last_error or ''}".rstrip()
-    return job.last_error
+        markers.append(f"[{warning}]")
+    if not markers:
+        return job.last_error
+    return " ".join([*markers, job.last_error or ""]).rstrip()
 
 
 def _last_error_width(out: IO[str], other_columns: int) -> int:
@@ -113,6 +121,22 @@ def unknown_queue_note(client: Any, queue: str) -> str | None:
             "check --queue and the URL's database")
 
 
+def with_note(document: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """``document`` with the :func:`unknown_queue_note` of an empty selection as
+    its ``note`` member, just before ``error`` (no member when there is no note):
+    the JSON says what the table says, so a script can tell a mistyped queue
+    from an empty morgue."""
+    if not note:
+        return document
+    noted: dict[str, Any] = {}
+    for key, value in document.items():
+        if key == "error":
+            noted["note"] = note
+        noted[key] = value
+    noted.setdefault("note", note)
+    return noted
+
+
 def _nothing_listed(client: Any, args: argparse.Namespace, where: str, total: int) -> str:
     """Why a page is empty: past the end, an empty lane (of a morgue that
     holds jobs elsewhere), or an empty morgue."""
@@ -132,7 +156,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
     jobs, total = page.jobs, page.total
     now_ms = server_now_ms(client, args.queue)
     if args.output == "json":
-        emit_json({
+        emit_json(with_note({
             "queue": args.queue,
             "lane": args.lane,
             "total": total,
@@ -150,7 +174,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
                 for job in jobs
             ],
             "error": None,
-        }, out)
+        }, None if total else unknown_queue_note(client, args.queue)), out)
         return EXIT_OK
     where = f"queue {args.queue}" + (f", lane {lane_label(args.lane)}" if args.lane is not None else "")
     if not jobs:
