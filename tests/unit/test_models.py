@@ -184,6 +184,9 @@ def test_each_bad_field_is_named_in_the_users_words(changes, path, words):
         ([{"name": "x,y"}], "spec.lanes[0].name", "','"),
         ([{"name": "x:y"}], "spec.lanes[0].name", "':'"),
         ([{"name": ""}], "spec.lanes[0].name", "must not be empty"),
+        # keyspace's one rule: a lone surrogate (an undecodable byte) was let through by a copy of it
+        ([{"name": "l\udcfe"}], "spec.lanes[0].name", "an undecodable byte"),
+        ([{"name": "a\tb"}], "spec.lanes[0].name", "a control character"),
         ([{"maxStalled": 2}], "spec.lanes[0].name", "is required"),
         ([{"name": f"l{i}"} for i in range(257)], "spec.lanes", "at most 256"),
     ],
