@@ -69,7 +69,8 @@ def test_sigterm_before_the_change_prints_the_stopped_document_with_nothing_chan
     assert set(doc) == SHAPE
     assert doc["purged"] == 0 and doc["ids"] == [] and doc["dry_run"] is False
     assert doc["stopped_early"] is True and doc["signal"] == "SIGTERM"
-    assert doc["error"] is None and doc["outcome_unknown"] is False
+    # not null: "error" is null on success only
+    assert doc["error"] == "terminated (SIGTERM): nothing was changed" and doc["outcome_unknown"] is False
     assert "nothing was changed" in err
     assert dump(r) == before
 

@@ -56,3 +56,12 @@ def test_sweep_once_says_the_server_is_not_redis(http_port):
     assert summary["error"] == f"redis unreachable: {NOT_REDIS_PROBLEM}"
     assert "error_type=InvalidResponse" in result.stderr and "Traceback" not in result.stderr
     assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_morgue_says_the_server_is_not_redis_and_exits_unreachable(http_port):
+    result = subprocess.run(
+        [sys.executable, "-m", "stalledpolicy", "morgue", "stats", "--queue", "q",
+         "--redis-url", f"redis://:s3cret@127.0.0.1:{http_port}/0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr  # unreachable, as the README's table says
+    assert NOT_REDIS_PROBLEM in result.stderr and "Protocol Error" not in result.stderr
+    assert "s3cret" not in result.stdout + result.stderr

@@ -26,7 +26,8 @@ from stalledpolicy.morgue.views import report_view_failure, show_list, show_stat
 from stalledpolicy.redis_url.connecting import connect, single_attempt
 from stalledpolicy.redis_url.errors import (CREDENTIALS_ADVICE, is_credentials_refusal, is_missing_database,
                                             is_read_only_refusal, missing_database_problem, is_slot_migrating,
-                                            is_tls_handshake_timeout, tls_mismatch_problem, unreachable_errors)
+                                            is_tls_handshake_timeout, not_redis_problem, tls_mismatch_problem,
+                                            unreachable_errors)
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 from stalledpolicy.streams import ReaderMayLeave
 
@@ -132,7 +133,7 @@ def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: Base
 
     reason = scrub(str(exc), url) or type(exc).__name__
     # a scheme that does not match the server's TLS fails as the connection is made
-    mismatch = None if connected else tls_mismatch_problem(exc, url, _timeout_s(url, exc))
+    mismatch = not_redis_problem(exc) or (None if connected else tls_mismatch_problem(exc, url, _timeout_s(url, exc)))
     if mismatch:
         err.write(f"{prog}: cannot reach Redis at {where}: {mismatch}\n")
     elif isinstance(exc, TimeoutError | redis.TimeoutError):
@@ -195,7 +196,10 @@ def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -
             # prompt), nothing changed; a stop inside the calls is the engine's to say
             stopped = run.outcome()
             stopped.stopped_by = "SIGTERM" if terminated else "SIGINT"
-            report_unfinished(args, out, stopped, outcome_unknown=run.started)
+            changed = "the change may have been partly applied" if run.started and not args.dry_run \
+                else "nothing was changed"
+            how = "terminated (SIGTERM)" if terminated else "interrupted (SIGINT)"
+            report_unfinished(args, out, stopped, error=f"{how}: {changed}", outcome_unknown=run.started)
         else:
             report_view_failure(args, out, "terminated (SIGTERM)" if terminated else "interrupted (SIGINT)")
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
