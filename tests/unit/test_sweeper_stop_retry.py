@@ -1,6 +1,6 @@
 """The sweeper's client retries nothing once a stop is requested, and a
 failed --once pass's log line names the exit it leads to (no Redis here;
-tests/redis/test_sweeper_once_review.py runs the process)."""
+tests/redis/test_sweeper_settings_signals_and_lanes.py runs the process)."""
 
 from __future__ import annotations
 

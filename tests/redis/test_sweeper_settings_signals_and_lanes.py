@@ -1,5 +1,7 @@
-"""``stalledpolicy sweep`` as a real process: what the reviewer reproduced
-against a real redis-server (and a TCP server that never answers)."""
+"""``stalledpolicy sweep`` as a real process against a real redis-server (and a
+TCP server that never answers): lane names that are not UTF-8, a missing
+database, fatal errors in JSON logs, signals while a reply hangs (no retry
+after them), lanes kept apart by their bytes, the metrics address in every mode."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``stalledpolicy sweep`` settings the reviewer found accepted or misnamed:
-a lane name holding an undecodable byte, a blank --redis-url beside a set
-variable, a malformed --metrics-address with --once."""
+"""``stalledpolicy sweep`` settings once accepted or misnamed: a lane name
+holding an undecodable byte, a blank --redis-url beside a set variable, a
+malformed --metrics-address with --once."""
 
 from __future__ import annotations
 
