@@ -897,3 +897,22 @@ def test_a_ghost_row_is_listed_as_flat_with_a_warning_and_purged_like_any_entry(
     assert engine.morgue_stats(r, keys.queue).lanes == {"": 1}
     assert engine.morgue_purge(r, keys.queue, lane="").ids == ["JOBghost"]
     assert r.exists(keys.job("JOBghost"), keys.dead) == 0
+
+
+@pytest.mark.parametrize("name", ["morgue_replay", "morgue_purge"])
+def test_an_id_given_twice_to_one_script_call_is_moved_and_counted_once(r, keys, name):
+    """The engine sends each id once; a caller of the script itself may not."""
+    from stalledpolicy.engine.morgue_change import _replay_keys
+    from stalledpolicy.lua import script
+
+    put_dead(r, keys, "JOB1", group="g")
+    if name == "morgue_replay":
+        reply = script(name)(r, _replay_keys(keys), [keys.prefix, "0", "", "ids", "", 500, 500, "JOB1", "JOB1"])
+        assert reply[0] == ["JOB1", "g"] and r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
+        assert r.hget(keys.sweeper_totals, "replayed") == "1"
+    else:
+        reply = script(name)(r, [keys.dead, keys.sweeper_totals],
+                             [keys.prefix, "0", "", "ids", "", "", 500, "JOB1", "JOB1"])
+        assert (reply[0], reply[7]) == (["JOB1"], ["=g"]), reply
+        assert r.hget(keys.sweeper_totals, "purged") == "1"
+    assert r.zcard(keys.dead) == 0
