@@ -22,6 +22,7 @@ import redis
 
 from stalledpolicy.devenv.ports import free_port
 from stalledpolicy.devenv.redis_server import redis_server_binary
+from tests.fake_servers import answering
 from tests.redis.test_morgue_cli import morgue
 from tests.redis.test_sweeper_process import SweeperProcess, eventually
 
@@ -145,26 +146,8 @@ def test_a_closed_port_is_no_tls_question():
 def answers_in_plain():
     """A plain server that answers the first bytes it gets with an error line
     (a plain Redis whose inline parser met a newline in the TLS hello)."""
-    import socket
-    import threading
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"-ERR unknown command\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield listener.getsockname()[1]
-    listener.close()
+    with answering(b"-ERR unknown command\r\n") as port:
+        yield port
 
 
 def test_a_plain_answer_to_the_tls_handshake_asks_whether_the_server_speaks_tls(answers_in_plain):

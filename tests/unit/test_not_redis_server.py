@@ -6,36 +6,20 @@ at every interval instead of an outage with its backoff."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from stalledpolicy.redis_url.errors import NOT_REDIS_PROBLEM, refusal_in_our_words, unreachable_errors
+from tests.fake_servers import answering
 
 
 @pytest.fixture
 def http_port():
     """A TCP server that answers whatever it is sent as an HTTP server does."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield server.getsockname()[1]
-    server.close()
+    with answering(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as port:
+        yield port
 
 
 def test_an_answer_that_is_not_redis_is_named_and_counts_as_unreachable(http_port):

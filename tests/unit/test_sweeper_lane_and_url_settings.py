@@ -4,26 +4,15 @@ malformed --metrics-address with --once."""
 
 from __future__ import annotations
 
-import argparse
 
 import pytest
 
 from stalledpolicy import keyspace
 from stalledpolicy.sweeper import cli
 from stalledpolicy.sweeper.config import ConfigError, load_config
+from tests.unit.test_sweeper_config import flags_of, parse
 
 UNDECODABLE = "l\udcfe"  # what the byte 0xfe of a command line or environment becomes
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="stalledpolicy sweep")
-    cli.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def flags_of(argv: list[str]) -> dict:
-    args = parse(argv)
-    return {field: getattr(args, field) for field in vars(args)}
 
 
 @pytest.mark.parametrize("argv, env", [
