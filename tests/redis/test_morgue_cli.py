@@ -1575,7 +1575,7 @@ def test_a_ghost_row_is_shown_as_one_and_refused_by_the_replay(r, url, queue_nam
     r.zadd(keys.dead, {"JOB001": 0})
     listed = morgue(url, "list", "--queue", queue_name)
     assert listed.returncode == 0, listed.stderr
-    assert "[ghost row: no attempts and no payload" in listed.stdout
+    assert "[ghost row] stalled" in listed.stdout and "[ghost row]  no attempts and no payload" in listed.stdout
     doc = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
     assert doc["jobs"][0]["warning"].startswith("ghost row:") and doc["jobs"][0]["problem"] is None
     replay = morgue(url, "replay", "--queue", queue_name, "--all", "--yes")
@@ -1661,9 +1661,10 @@ def test_list_shows_the_state_of_a_row_that_is_not_dead(r, url, queue_name):
     result = morgue(url, "list", "--queue", queue_name)
     assert result.returncode == 0, result.stderr
     body = {line.split()[0]: line for line in table_rows(result.stdout, "ID")[1:]}
-    assert "[state:" not in body["JOB001"]
-    assert body["JOB002"].endswith("[state: active, not dead: replay and purge leave it] boom"), body
-    assert body["JOB003"].endswith("[state: pending, not dead: replay and purge leave it]"), body
+    assert "not dead" not in body["JOB001"]
+    assert body["JOB002"].endswith("[not dead: 'active'] boom"), body
+    assert body["JOB003"].endswith("[not dead: 'pending']"), body
+    assert result.stdout.count("\n[not dead: 'S']  the row's state is S, not dead") == 1  # the legend
     listed = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
     jobs = {job["id"]: job for job in listed["jobs"]}
     assert (jobs["JOB002"]["state"], jobs["JOB003"]["state"]) == ("active", "pending")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import textwrap
 from typing import IO, Any
 
 from stalledpolicy import tables
@@ -15,6 +16,11 @@ from stalledpolicy.morgue.render import (EXACT_COLUMNS, age_seconds, emit_json, 
 
 LAST_ERROR_MIN_WIDTH = 20
 LAST_ERROR_DEFAULT_WIDTH = 60
+# a marker's state or warning name is cut to this many columns: a long one
+# would leave no room for the error the column is for (JSON has it whole)
+MARKER_LABEL_WIDTH = 16
+# the legend under `list`'s table fits an 80-column terminal
+LEGEND_WIDTH = 80
 
 
 def server_now_ms(client: Any, queue: str) -> int:
@@ -80,23 +86,65 @@ def report_view_failure(args: argparse.Namespace, out: IO[str], error: str) -> N
     emit_json(document, out)
 
 
-def _error_cell(job: Any) -> str | None:
-    """LAST ERROR, after a marker for a row replay and purge leave in the morgue:
-    unreadable, a state other than ``dead`` (the scripts refuse it: the row says
-    the job lives elsewhere), a ghost row."""
-    problem = getattr(job, "problem", None)
-    if problem:
-        return f"[unreadable row: {problem}]"
+# what a row whose state is not dead means, in the legend under the table
+_NOT_DEAD_MEANING = ("the row's state is S, not dead (the row says the job is elsewhere): replay and purge "
+                     "leave it in the morgue")
+
+
+def _markers(job: Any) -> list[tuple[str, str, str]]:
+    """The short markers of a readable row that replay and purge leave in the
+    morgue, each as (marker, its legend key, what the key means): a state
+    other than ``dead`` (the scripts refuse it: the row says the job lives
+    elsewhere), a warning (a ghost row; the scripts write one as
+    ``name: explanation``, its name is the marker)."""
     markers = []
     state = getattr(job, "state", None)
     if state is not None and state != "dead":
-        markers.append(f"[state: {state}, not dead: replay and purge leave it]")
+        # quoted as the replay's and the purge's reasons quote it (an empty state shows '')
+        markers.append((f"[not dead: '{tables.truncate(state, MARKER_LABEL_WIDTH)}']", "[not dead: 'S']",
+                        _NOT_DEAD_MEANING))
     warning = getattr(job, "warning", None)
     if warning:
-        markers.append(f"[{warning}]")
+        name, _, explanation = warning.partition(": ")
+        marker = f"[{tables.truncate(name, MARKER_LABEL_WIDTH)}]"
+        markers.append((marker, marker, explanation or warning))
+    return markers
+
+
+def _error_cell(job: Any) -> str | None:
+    """LAST ERROR, after the row's :func:`_markers`, or the reason a row is
+    unreadable. The markers are short so that the column cut for a pipe still
+    shows the error; :func:`_legend` explains them under the table."""
+    problem = getattr(job, "problem", None)
+    if problem:
+        # a row missing or not a hash has no error to show: the reason is the whole cell
+        return f"[unreadable row: {problem}]"
+    markers = [marker for marker, _, _ in _markers(job)]
     if not markers:
         return job.last_error
     return " ".join([*markers, job.last_error or ""]).rstrip()
+
+
+def _legend(jobs: list[Any]) -> list[str]:
+    """One line per legend key of the markers on the page, with what it means
+    (``-o json`` gives the row's ``state`` and ``warning`` whole), wrapped to
+    LEGEND_WIDTH columns; none when no row is marked."""
+    meanings: dict[str, str] = {}
+    for job in jobs:
+        if getattr(job, "problem", None):
+            continue
+        for _, key, meaning in _markers(job):
+            meanings.setdefault(tables.printable(key), tables.printable(meaning))
+    if not meanings:
+        return []
+    key_width = max(tables.display_width(key) for key in meanings)
+    indent = " " * (key_width + len(tables.GAP))
+    lines = []
+    for key, meaning in meanings.items():
+        first, *rest = textwrap.wrap(meaning, width=LEGEND_WIDTH - len(indent)) or [""]
+        lines.append(key + " " * (key_width - tables.display_width(key)) + tables.GAP + first)
+        lines.extend(indent + line for line in rest)
+    return lines
 
 
 def _last_error_width(out: IO[str], other_columns: int) -> int:
@@ -186,11 +234,16 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
          tables.format_age(age_seconds(now_ms, job.dead_at_ms)), _error_cell(job))
         for job in jobs
     ]
-    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows], exact=EXACT_COLUMNS).splitlines()[0]
-    width = _last_error_width(out, tables.display_width(fixed) + len(tables.GAP))
+    # the widest line, not the header: lines are right-stripped, and DIED's
+    # header is narrower than its ages
+    fixed = tables.render_table(headers[:-1], [row[:-1] for row in rows], exact=EXACT_COLUMNS).splitlines()
+    width = _last_error_width(out, max(map(tables.display_width, fixed)) + len(tables.GAP))
     out.write(tables.render_table(
         headers, rows, right=("STALLED", "ATTEMPTS"), max_widths={"LAST ERROR": width}, exact=EXACT_COLUMNS,
     ) + "\n")
+    legend = _legend(jobs)
+    if legend:
+        out.write("\n" + "\n".join(legend) + "\n")
     first, last = args.offset + 1, args.offset + len(jobs)
     footer = f"{where}: jobs {first}-{last} of {total}"
     if last < total:
