@@ -103,6 +103,29 @@ def budget_change_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str
     return "; ".join(parts) or None
 
 
+def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict | None:
+    """The budgets a sweeper Deployment runs with, read from its container's env and
+    shaped as a policy spec's for ``budget_change_message``: ``maxStalled`` and each
+    lane's effective budget (its own, else the policy's: the sweeper is only given
+    that). None when they cannot be read there (no sweeper container, or an env
+    value edited into something the sweeper would refuse)."""
+    from stalledpolicy.policy.builder import CONTAINER_NAME
+    from stalledpolicy.policy.models import ENV_LANES, ENV_MAX_STALLED, parse_lane_budgets
+
+    pod_spec = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    container = next((c for c in pod_spec.get("containers") or [] if c.get("name") == CONTAINER_NAME), None)
+    if container is None:
+        return None
+    env = {item.get("name"): item.get("value") for item in container.get("env") or [] if isinstance(item, Mapping)}
+    try:
+        max_stalled = int(env[ENV_MAX_STALLED])
+        lanes = parse_lane_budgets(env.get(ENV_LANES) or "")
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"maxStalled": max_stalled,
+            "lanes": [{"name": lane, "maxStalled": budget} for lane, budget in lanes.items()]}
+
+
 def dead_letter_growth_message(queue: str, before: int | None, now: int) -> str | None:
     if before is None or now <= before:
         return None

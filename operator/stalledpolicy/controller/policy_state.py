@@ -42,6 +42,11 @@ class PolicyState:
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
     # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
     reapply_failures: int = 0
+    # The budgets (events.sweeper_budgets) of the sweeper Deployment as this process
+    # last applied it, under apply_lock: the old side of the next BudgetChanged. Not
+    # kopf's ``old``: that is the last spec kopf handled, and a reconcile applies the
+    # newest body seen, which may be a later one (or a re-apply got there first).
+    applied_budgets: dict | None = None
     # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
     # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more
     # reverts until the sweeper has been left alone a while. ``drift_conflict`` is the

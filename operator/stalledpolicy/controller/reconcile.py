@@ -29,6 +29,9 @@ from stalledpolicy.controller.status import ReconcileOutcome
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
 
 log = logging.getLogger("stalledpolicy.operator")
+# Where builder.build_sweeper_deployment records the policy generation (a literal
+# there, exported nowhere: the two must stay the same).
+POLICY_GENERATION_ANNOTATION = "queues.emq.dev/policy-generation"
 
 
 def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
@@ -65,7 +68,11 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
     (kopf's handlers and the re-applies after drift, deletion or a Secret change).
     None when there is nothing to do: the namespace is being deleted.
     ``resume``: kopf's resume handler (an operator start), which applies nothing
-    while the policy's status records a DriftConflict (see ``_hold_for_conflict``)."""
+    while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
+    ``old_spec``: kopf's ``old`` (its update handler), unused: BudgetChanged compares
+    what was applied (``_budget_change``). kopf's ``old`` is the last spec kopf
+    handled, and the body applied here may be a newer one: with it, one change was
+    told twice or with an old value the sweeper never had, or not at all."""
     body = plain(body)
     state = ctl.state(body)
     with state.apply_lock:
@@ -76,11 +83,10 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
         newest = state.body
         if generation_of(newest) > generation_of(body):
             body = plain(newest)
-        return _reconcile(ctl, body, retry, old_spec, resume)
+        return _reconcile(ctl, body, retry, resume)
 
 
-def _reconcile(ctl: Controller, body: dict, retry: int,
-               old_spec: Mapping[str, Any] | None, resume: bool = False) -> ReconcileOutcome | None:
+def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) -> ReconcileOutcome | None:
     from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
     meta = body.get("metadata") or {}
@@ -129,6 +135,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         _apply_failed(ctl, body, generation, retry,
                       with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
                                          f"{describe_api_error(exc)}"), wanted)
+    state = ctl.state(body)
+    budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     from stalledpolicy.controller.drift import clear_recorded_reverts, end_conflict_by_edit
 
@@ -143,20 +151,43 @@ def _reconcile(ctl: Controller, body: dict, retry: int,
         suspended=spec.suspend,
         deployment_generation=int((applied.get("metadata") or {}).get("generation") or 0) or None,
         replicas=int(deployment["spec"]["replicas"]), secret_digest=secret_digest)
-    state = ctl.state(body)
     # The status loop refreshes under this lock: the conflict ends in one step with
     # the outcome of the edit that ended it (in between, a refresh showed
     # SweeperInSync True for the generation that was in conflict).
     with state.lock:
         edit_ended_conflict = end_conflict_by_edit(state, generation)
         ctl.record_outcome(body, outcome)
-    if old_spec is not None:
-        message = events.budget_change_message(old_spec, body.get("spec") or {})
-        if message:
-            ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, message)
+    if budget_change:
+        ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, budget_change)
     if edit_ended_conflict:
         clear_recorded_reverts(ctl, state, applied)
     return outcome
+
+
+def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
+    """What BudgetChanged says for the apply of ``deployment`` just made (under the
+    apply lock), or None; the budgets it applied are remembered for the next one.
+    The old side is what the last apply of this process put on the sweeper, so each
+    change is told once, old -> new as the sweeper got them, by whichever reconcile
+    applied it: kopf's handler, or a re-apply that got to a newer spec first. With
+    none remembered (the first apply since the operator started), the Deployment as
+    read before this apply, if it was built from another generation of the policy:
+    an edit made while the operator was down is told once; budgets edited by hand
+    on the sweeper of this very generation are drift (DriftReverted), no budget edit.
+    Creating the sweeper is no change."""
+    applied = events.sweeper_budgets(deployment)
+    before = state.applied_budgets
+    if before is None and existing is not None and _policy_generation(existing) != _policy_generation(deployment):
+        before = events.sweeper_budgets(existing)
+    state.applied_budgets = applied
+    if before is None or applied is None:
+        return None
+    return events.budget_change_message(before, applied)
+
+
+def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
+    """The policy generation a sweeper Deployment was built from (builder.py records it)."""
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 
 def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
