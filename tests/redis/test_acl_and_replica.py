@@ -95,10 +95,10 @@ def test_a_user_without_the_queues_keys_is_named_the_pattern_to_grant(r, acl_use
 
 
 @pytest.fixture
-def replica(queue_name):
+def replica(queue_name, server_binaries):
     """A server holding the standard morgue, then made a replica (of a primary
     it cannot reach: it keeps its data and refuses writes)."""
-    server = start_redis()
+    server = start_redis(binaries=server_binaries)
     client = server.client(decode_responses=True)
     standard_morgue(client, queue_name)
     expire_one(client, queue_name)  # work for a sweep

@@ -678,10 +678,10 @@ def test_redis_down_exits_3_without_the_password():
 
 
 @pytest.fixture(scope="module")
-def password_server():
+def password_server(server_binaries):
     from stalledpolicy.devenv.redis_server import start_redis
 
-    server = start_redis(["--requirepass", "c0rrect-h0rse"])
+    server = start_redis(["--requirepass", "c0rrect-h0rse"], binaries=server_binaries)
     yield server
     server.stop()
 
@@ -719,14 +719,14 @@ def test_missing_or_wrong_credentials_are_explained_in_our_words(password_server
 
 
 @pytest.mark.parametrize("action", [["replay", "--all"], ["purge", "--older-than", "1m"]])
-def test_a_read_only_replica_is_named_with_the_fix_and_nothing_changed(queue_name, action):
+def test_a_read_only_replica_is_named_with_the_fix_and_nothing_changed(queue_name, action, server_binaries):
     """A reader endpoint given for the primary: it read 'lost the connection to
     Redis ...: You can't write against a read only replica' and 'the change may
     have been partly applied', though the connection was fine and the first
     call changed nothing."""
     from stalledpolicy.devenv.redis_server import start_redis
 
-    server = start_redis()
+    server = start_redis(binaries=server_binaries)
     try:
         client = server.client(decode_responses=True)
         standard_morgue(client, queue_name)

