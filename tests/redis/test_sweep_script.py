@@ -722,7 +722,9 @@ def test_a_refused_step_after_the_moves_is_a_problem_not_a_lost_reply(redis_serv
         result = sweep(client, keys, default=2)
     assert result.recovered == 2
     [problem] = result.problems
-    assert "lane slots, ring and wake were not (all) settled" in problem and "can't run this command" in problem
+    assert "lane slots, ring and wake were not (all) settled" in problem
+    # the server's own words: Redis's, or Valkey's (which names the command)
+    assert "can't run this command" in problem or "no permissions to run the 'lpos' command" in problem
     assert r.zcard(keys.active) == 0
     assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"] and r.zrange(keys.pending, 0, -1) == ["JOB2"]
     assert r.hget(keys.gactive, "g") is None  # the slot was freed before the ring was read
@@ -754,7 +756,8 @@ def test_a_lane_the_user_may_not_write_sends_its_jobs_to_the_morgue(redis_server
     assert (result.recovered, result.quarantined) == (1, 1)
     assert r.zrange(keys.pending, 0, -1) == ["JOB2"] and r.zrange(keys.dead, 0, -1) == ["JOB1"]
     reason = r.hget(keys.job("JOB1"), "last_error")
-    assert reason.startswith(f"lane {keys.prefix}g:g:pending refused the job: ") and "can't access" in reason
+    assert reason.startswith(f"lane {keys.prefix}g:g:pending refused the job: ")
+    assert "can't access" in reason or "No permissions to access a key" in reason  # Redis's words, Valkey's
     assert r.hmget(keys.job("JOB1"), "attempts", "dead_attempts") == ["2", "2"]
 
 
