@@ -10,6 +10,8 @@ interval, and each cause is logged once while it lasts.
 
 Stopping: a signal sets :attr:`Sweeper.stop`; the engine checks it between
 script calls (so the current call finishes) and every wait is on that Event.
+The client makes no new attempt once it is set (:class:`StoppableRetry` for a
+single server, :class:`StoppableRedisCluster` for a Redis Cluster).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from stalledpolicy import engine
@@ -72,24 +75,90 @@ class StoppableRetry(Retry):
         return super().call_with_retry(do, failed, is_retryable, with_failure_count)
 
 
+class _StopRequested(Exception):
+    """The failure of a cluster attempt that ended after a stop was requested, on
+    its way through RedisCluster's retry loop: that loop sends again only errors
+    of its own types (``RedisCluster.ERRORS_ALLOW_RETRY``), which this is not.
+    :meth:`StoppableRedisCluster.execute_command` raises ``error`` in its place."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
+
+
+class StoppableRedisCluster(RedisCluster):
+    """redis-py's RedisCluster, with no new attempt once ``should_stop()`` says a
+    stop was requested: the attempt in flight ends (its answer, or its timeout)
+    and its error is raised as is, as :class:`StoppableRetry` does for a single server.
+
+    A ``retry`` cannot do it here: RedisCluster reads its ``retry`` only for the
+    number of retries, once when a command starts (``_internal_execute_command``),
+    then sends the command again after each timeout or lost connection (10 times
+    by default, refreshing the slot table in between). A SIGTERM to a sweeper
+    whose queue's node stopped answering waited out every one of those timeouts.
+    So the hook is the attempt itself, ``_execute_command``, which redis-py calls
+    once per attempt and node (and only from ``execute_command``); it is private:
+    tests/cluster/test_cluster_sweeper_stop.py fails if a redis-py upgrade moves it.
+
+    Not covered: a pipeline (the sweeper's snapshot for the gauges) whose batch
+    fails. ClusterPipeline then sends each of its commands again on its own, with
+    RedisCluster's methods on the pipeline object, not these: a stop that comes
+    while the snapshot waits on a node that stopped answering still waits for those."""
+
+    def __init__(self, *args: Any, should_stop: Callable[[], bool] = lambda: False, **kwargs: Any):
+        # set first: the constructor already runs a command (COMMAND, for the key table)
+        self._should_stop = should_stop
+        super().__init__(*args, **kwargs)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except _StopRequested as stopped:
+            error = stopped.error
+        # raised outside the handler: the caller sees the attempt's own error, not a chain through ours
+        raise error
+
+    def _execute_command(self, target_node: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._execute_command(target_node, *args, **kwargs)
+        except RedisCluster.ERRORS_ALLOW_RETRY as error:
+            # redis-py has already done its own clean-up of the failure (the
+            # connection dropped, the slot table refreshed); only the next attempt is left out
+            if self._should_stop():
+                raise _StopRequested(error) from None
+            raise
+
+
 def connect(url: str, should_stop: Callable[[], bool] = lambda: False) -> Any:
-    """The sweeper's client for ``url`` (a RedisCluster on a cluster node).
+    """The sweeper's client for ``url``: a plain ``Redis``, or a
+    :class:`StoppableRedisCluster` on a cluster node. Neither makes a new attempt
+    once ``should_stop()`` says a stop was requested.
 
     Replies are decoded with ``surrogateescape`` (as the morgue CLI's are): a
     lane name that is not UTF-8 keeps its bytes as lone surrogates, so two lanes
     whose names differ only in such bytes stay two (``"l\\udcfe"`` and
     ``"l\\udcff"`` in JSON), and neither reads as a lane really named with
     U+FFFD (``errors="replace"`` made all three one)."""
-    return connecting.connect(
-        url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        decode_responses=True,
-        encoding_errors="surrogateescape",
-        # One immediate retry replaces a pooled connection a restart broke;
-        # the loop's own backoff handles real outages. None once a stop is requested.
-        retry=StoppableRetry(1, should_stop),
-    )
+    options: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "decode_responses": True,
+        "encoding_errors": "surrogateescape",
+    }
+    # connecting.connect's steps (which a cluster client class cannot be given to);
+    # on a single server, one immediate retry replaces a pooled connection a restart
+    # broke, and the loop's own backoff handles real outages
+    client = redis.Redis.from_url(url, retry=StoppableRetry(1, should_stop), **options)
+    try:
+        cluster_enabled = connecting.cluster_mode(client)
+    except BaseException:
+        client.close()
+        raise
+    if not cluster_enabled:
+        return client
+    client.close()
+    # as connecting.connect: the cluster keeps redis-py's own retries (a failover), up to a stop
+    return StoppableRedisCluster.from_url(url, should_stop=should_stop, **options)
 
 
 class Sweeper(PassFailures):
