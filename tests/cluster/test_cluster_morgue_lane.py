@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from stalledpolicy import engine
+from stalledpolicy.redis_url import errors
 from tests.cluster.test_cluster import _cli, morgue_of_three, slot_migrating
 
 pytestmark = pytest.mark.redis
@@ -23,8 +24,9 @@ def test_a_lane_list_never_leaves_out_a_row_that_has_not_moved_yet(redis_cluster
     client, queue, keys = morgue_of_three(redis_cluster, "importing-lane", lane or None)
     with slot_migrating(client, queue, [keys.dead, keys.job("JOB1")]):
         for read in (engine.morgue_list, engine.morgue_page):
-            with pytest.raises(redis.ResponseError):
+            with pytest.raises(redis.ResponseError) as refusal:
                 read(client, queue, lane=lane)
+            assert errors.is_slot_migrating(refusal.value), str(refusal.value)
         result = _cli("morgue", "list", "--redis-url", redis_cluster.url, "--queue", queue, "--lane", lane)
         assert result.returncode == 1, (result.stdout, result.stderr)
         assert f"the slot of queue {queue} is being migrated" in result.stderr, result.stderr

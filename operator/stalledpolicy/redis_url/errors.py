@@ -168,16 +168,26 @@ def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
 def is_slot_migrating(exc: BaseException) -> bool:
     """Whether ``exc`` says the queue's slot is being moved between cluster
     nodes (resharding): a script met a key already on the other node ('non
-    local key'), the importing node refused a key not there yet (TRYAGAIN), or
-    redis-py gave up following the redirections ('TTL exhausted'). Every
-    script (the sweep's and the morgue's) reads before it writes, so such a
-    call changed nothing. The one test the sweeper and the morgue CLI share."""
+    local key'), the importing node refused a key not there yet (TRYAGAIN;
+    inside a script Redis says 'non local key' for it too, Valkey 8 'undeclared
+    keys were accessed during rehashing of the slot'), or redis-py gave up
+    following the redirections ('TTL exhausted'). Every script (the sweep's and
+    the morgue's) reads before it writes, so such a call changed nothing. The
+    one test the sweeper and the morgue CLI share."""
     from redis.exceptions import ClusterError, TryAgainError
 
     text = str(exc)
     return (isinstance(exc, TryAgainError) or text.startswith("TRYAGAIN")
-            or "attempted to access a non local key" in text
+            or any(words in text for words in _SLOT_MIGRATING_IN_A_SCRIPT)
             or (isinstance(exc, ClusterError) and "TTL exhausted" in text))
+
+
+# A command inside a script refused because the slot is being migrated, in
+# each server's words: the same refusal at the same command, worded apart.
+_SLOT_MIGRATING_IN_A_SCRIPT = (
+    "attempted to access a non local key",  # Redis; Valkey for a key on the other node
+    "undeclared keys were accessed during rehashing of the slot",  # Valkey 8: a key not there yet
+)
 
 
 def unreachable_errors() -> tuple[type[BaseException], ...]:
