@@ -83,7 +83,7 @@ def test_a_database_the_server_lacks_is_raised_not_taken_for_a_refused_info(redi
     assert server_databases(url, socket_timeout=3.0) == 16
 
 
-def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_path):
+def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_path, server_binaries):
     """No INFO and no HELLO (renamed away here; a proxy may serve neither):
     whether it is a cluster cannot be told, so the client is refused with
     EMQNOPERM naming INFO instead of being taken for a single server (a
@@ -98,8 +98,8 @@ def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_pa
 
     # redis-py sends HELLO as it connects unless the URL asks for RESP2
     port = free_port()
-    process = _spawn(port, tmp_path, ["--rename-command", "INFO", "info-hidden",
-                                      "--rename-command", "HELLO", "hello-hidden"])
+    process = _spawn(server_binaries.server, port, tmp_path, ["--rename-command", "INFO", "info-hidden",
+                                                              "--rename-command", "HELLO", "hello-hidden"])
     try:
         url = f"redis://127.0.0.1:{port}/0?protocol=2"
         probe = redis.Redis.from_url(url, socket_connect_timeout=0.2)
