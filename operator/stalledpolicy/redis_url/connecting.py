@@ -29,7 +29,7 @@ def single_attempt() -> Any:
     return Retry(NoBackoff(), 0)
 
 
-def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
+def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, **client_options: Any) -> Any:
     """A client for ``url``: a ``RedisCluster`` when the server has cluster mode
     on (:func:`cluster_mode`: INFO, else HELLO; a user allowed neither is
     refused with ``EMQNOPERM``), else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)
@@ -37,7 +37,9 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
     own retry also rides out failovers and MOVED storms, and cutting it to the
     plain client's one quick retry would turn every failover into an error.
     :func:`single_attempt` is the exception: a change must never be sent twice,
-    on a cluster either (a failover during it is then an error to check)."""
+    on a cluster either (a failover during it is then an error to check).
+    ``cluster_factory(url, **options)`` makes the cluster client
+    (``RedisCluster.from_url`` unless given)."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -55,7 +57,7 @@ def connect(url: str, *, retry: Any = None, **client_options: Any) -> Any:
         cluster_options = dict(client_options)
         if retry is not None and retry.get_retries() == 0:
             cluster_options["retry"] = retry
-        return RedisCluster.from_url(url, **cluster_options)
+        return (cluster_factory or RedisCluster.from_url)(url, **cluster_options)
     return client
 
 

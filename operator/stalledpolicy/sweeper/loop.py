@@ -16,6 +16,7 @@ single server, :class:`StoppableRedisCluster` for a Redis Cluster).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -145,20 +146,12 @@ def connect(url: str, should_stop: Callable[[], bool] = lambda: False) -> Any:
         "decode_responses": True,
         "encoding_errors": "surrogateescape",
     }
-    # connecting.connect's steps (which a cluster client class cannot be given to);
     # on a single server, one immediate retry replaces a pooled connection a restart
-    # broke, and the loop's own backoff handles real outages
-    client = redis.Redis.from_url(url, retry=StoppableRetry(1, should_stop), **options)
-    try:
-        cluster_enabled = connecting.cluster_mode(client)
-    except BaseException:
-        client.close()
-        raise
-    if not cluster_enabled:
-        return client
-    client.close()
-    # as connecting.connect: the cluster keeps redis-py's own retries (a failover), up to a stop
-    return StoppableRedisCluster.from_url(url, should_stop=should_stop, **options)
+    # broke, and the loop's own backoff handles real outages; the cluster keeps
+    # redis-py's own retries (a failover), up to a stop
+    return connecting.connect(url, retry=StoppableRetry(1, should_stop),
+                              cluster_factory=functools.partial(StoppableRedisCluster.from_url,
+                                                                should_stop=should_stop), **options)
 
 
 class Sweeper(PassFailures):
