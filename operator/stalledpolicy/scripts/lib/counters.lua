@@ -4,8 +4,9 @@
 -- an invalid one is nil.
 -- Almost every counter is one digit: a table lookup answers those without
 -- the pattern match (3.6 % of the sweep's instructions at batch 1,000).
+-- (false: a missing field, as HMGET gives it; callers may look up first)
 local ONE_DIGIT = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4,
-                   ['5'] = 5, ['6'] = 6, ['7'] = 7, ['8'] = 8, ['9'] = 9}
+                   ['5'] = 5, ['6'] = 6, ['7'] = 7, ['8'] = 8, ['9'] = 9, [false] = 0}
 
 -- and the other way: a count as the integer string HINCRBY writes
 local DIGIT_OF = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
