@@ -7,7 +7,8 @@ Failure policy (the process must never crash-loop):
 - Any other error of a pass (a script error, a bug): logged once per distinct
   message until a pass succeeds again, retried on the normal interval.
 - The queue's slot being moved between Redis Cluster nodes (a resharding:
-  TRYAGAIN, a script's 'non local key', redis-py's 'TTL exhausted'): Redis
+  TRYAGAIN, a script's 'non local key' or Valkey's 'undeclared keys were
+  accessed during rehashing of the slot', redis-py's 'TTL exhausted'): Redis
   answered, so no outage; one warning naming the migration, retried every
   interval, /readyz 503 with that reason until a pass succeeds (in the first
   drain: a script call).

@@ -19,8 +19,9 @@
 --       set the call read its ids from). A key that is absent may only have
 --       moved: while the slot migrates, Redis answers a command naming it
 --       alone as absent on the importing node (the caller came with ASKING);
---       named with a second key, it refuses it there (TRYAGAIN), as on the
---       migrating node. So absent means absent, and the call stops otherwise.
+--       named with a second key, it refuses it there (TRYAGAIN; Valkey 8:
+--       'undeclared keys were accessed during rehashing of the slot'), as on
+--       the migrating node. So absent means absent, and the call stops otherwise.
 --   read_refused(reply)
 --       for the error reply of a read made with redis.pcall: returns when the
 --       key holds another type (an answer the caller reads as such); raises any
