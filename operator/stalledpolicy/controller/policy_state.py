@@ -42,6 +42,11 @@ class PolicyState:
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
     # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
     reapply_failures: int = 0
+    # A policy generation newer than the one applied, as the last refresh found it,
+    # and the newest the status loop applied because no apply had: the next refresh
+    # applies such a generation, once (status_loop._unapplied_generation).
+    generation_unapplied: int = 0
+    generation_reapplied: int = 0
     # The budgets (events.sweeper_budgets) of the sweeper Deployment as this process
     # last applied it, under apply_lock: the old side of the next BudgetChanged. Not
     # kopf's ``old``: that is the last spec kopf handled, and a reconcile applies the

@@ -1,7 +1,7 @@
 """Re-applies outside kopf's handlers: the sweeper applied again when someone
-deletes it, when the Secret it reads changes or an earlier re-apply failed
-(the status loop's ``reapply``), and when the sweeper of a deleted predecessor
-of the same name is gone. Each is a ``reconcile`` under the policy's apply lock;
+deletes it, when the Secret it reads changes, an earlier re-apply failed or the
+policy has a generation no apply had (the status loop's ``reapply``), and when
+the sweeper of a deleted predecessor of the same name is gone. Each is a ``reconcile`` under the policy's apply lock;
 a failure is the policy's condition, retried by the status loop."""
 
 from __future__ import annotations
@@ -50,18 +50,24 @@ def reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) ->
         return outcome
 
 
-def reapply(ctl: Controller, key: PolicyKey, why: str) -> None:
+def reapply(ctl: Controller, key: PolicyKey, why: str, *, generation: int | None = None) -> None:
     """Apply the policy's Deployment again from the policy as last seen (the status
-    loop: the referenced Secret changed, or an earlier re-apply failed)."""
+    loop: the referenced Secret changed, an earlier re-apply failed, or a policy
+    generation no apply had). ``generation``: the one this re-apply is for, when
+    that is its only reason; nothing to do once an apply of it is recorded (kopf's
+    handler, while this waited for the apply lock)."""
     state = ctl.policies.get(key)
     if state is None or state.outcome is None:
         return
     if (state.body.get("metadata") or {}).get("deletionTimestamp"):
         return
-    if state.reapply_failures == 0:  # once per streak of failures, not on every retry
-        log.info("re-applying the sweeper Deployment", extra={
-            "namespace": key[0], "policy": key[1], "why": why})
-    reconcile_again(ctl, key, state.body)
+    with state.apply_lock:
+        if generation is not None and int(state.outcome.generation or 0) >= generation:
+            return
+        if state.reapply_failures == 0:  # once per streak of failures, not on every retry
+            log.info("re-applying the sweeper Deployment", extra={
+                "namespace": key[0], "policy": key[1], "why": why})
+        reconcile_again(ctl, key, state.body)
 
 
 def is_deleting(obj: Mapping[str, Any] | None) -> bool:

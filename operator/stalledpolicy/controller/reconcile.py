@@ -29,9 +29,6 @@ from stalledpolicy.controller.status import ReconcileOutcome
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
 
 log = logging.getLogger("stalledpolicy.operator")
-# Where builder.build_sweeper_deployment records the policy generation (a literal
-# there, exported nowhere: the two must stay the same).
-POLICY_GENERATION_ANNOTATION = "queues.emq.dev/policy-generation"
 
 
 def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
@@ -187,6 +184,8 @@ def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mappin
 
 def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
     """The policy generation a sweeper Deployment was built from (builder.py records it)."""
+    from stalledpolicy.policy.builder import POLICY_GENERATION_ANNOTATION
+
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 

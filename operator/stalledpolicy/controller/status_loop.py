@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import metadata_of, resource_version, snapshot, sweeper_name
+from stalledpolicy.controller.objects import generation_of, metadata_of, resource_version, snapshot, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
@@ -76,6 +76,11 @@ class StatusLoop:
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
+            # An edit is applied whatever the Redis URL's state, as kopf's handler does.
+            unapplied = self._unapplied_generation(state) if why is None else None
+            if unapplied is not None:
+                why = (f"no kopf handler applied policy generation {unapplied} "
+                       f"(the sweeper Deployment has generation {state.outcome.generation}'s spec)")
             if problem is None:
                 state.failures = 0
                 delay = self.config.status_interval
@@ -98,7 +103,7 @@ class StatusLoop:
 
             self._local.refreshing = key
             try:
-                reapply(self, key, why)  # outside the status lock: it records its outcome
+                reapply(self, key, why, generation=unapplied)  # outside the status lock: it records its outcome
             finally:
                 self._local.refreshing = None
             if state.reapply_failures:
@@ -137,6 +142,35 @@ class StatusLoop:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
                 f"(digest {outcome.secret_digest} -> {digest})")
+
+    def _unapplied_generation(self, state: PolicyState) -> int | None:
+        """The policy's generation when the status loop must apply it (under the
+        status lock), else None: it is newer than the one last applied, and was so
+        at the refresh before too. kopf may never call a handler for it: a reconcile
+        applies the newest body seen (our status write's answer may be newer than
+        kopf's event), but kopf records as handled the body its handler was called
+        with; an edit back to that body's spec is then no change to kopf, and the
+        sweeper would run the spec of the generation in between for good.
+        The first refresh that finds it only notes it: kopf's handler, on its way
+        in the usual case (the watch event, or our write's answer, came first), is
+        left to apply it; should both apply, the spec and budgets are the same.
+        Once per generation (``state.generation_reapplied``): an apply that records
+        nothing (the namespace being deleted) is not tried at every refresh; a
+        failed one is retried as any failed re-apply (``reapply_failures``). A
+        failed reconcile is left to its own retries (kopf's, the status loop's, the
+        queue claim's). An edit ends a drift conflict however it is applied
+        (drift.end_conflict_by_edit)."""
+        outcome = state.outcome
+        generation = generation_of(state.body)
+        if outcome is None or not outcome.ok or generation <= int(outcome.generation or 0):
+            return None
+        if generation <= state.generation_reapplied or (state.body.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # tried once; or being deleted: the sweeper goes with it
+        if state.generation_unapplied != generation:
+            state.generation_unapplied = generation
+            return None
+        state.generation_reapplied = generation
+        return generation
 
     def _refresh_locked(self, state: PolicyState, posts: events.DeferredPosts) -> Problem | None:
         body, outcome = state.body, state.outcome

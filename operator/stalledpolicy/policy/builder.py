@@ -39,6 +39,9 @@ FIELD_MANAGER = "stalledpolicy-operator"
 CONFIG_HASH_ANNOTATION = "queues.emq.dev/config-hash"
 # The digest of the spec.redis.secretRef value the pods were started with.
 SECRET_DIGEST_ANNOTATION = "queues.emq.dev/redis-secret-digest"
+# The generation of the policy the Deployment was built from (the operator tells a
+# budget edit made while it was down from a hand edit of the sweeper by it).
+POLICY_GENERATION_ANNOTATION = "queues.emq.dev/policy-generation"
 POLICY_LABEL = "queues.emq.dev/policy"
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -217,7 +220,7 @@ def build_sweeper_deployment(
 
     annotations = {}
     if generation is not None:
-        annotations["queues.emq.dev/policy-generation"] = str(generation)
+        annotations[POLICY_GENERATION_ANNOTATION] = str(generation)
 
     return {
         "apiVersion": "apps/v1",
