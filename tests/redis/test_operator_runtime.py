@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 
 import pytest
@@ -19,6 +18,7 @@ from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.keyspace import QueueKeys
+from tests.redis.test_morgue_cli import another_clients_long_script
 
 pytestmark = pytest.mark.redis
 
@@ -626,10 +626,7 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
     secrets = {("ns", "creds"): {"url": b64(f"{redis_server.url}?socket_timeout=1")}}
     keys = QueueKeys(queue_name)
     dead_letter(r, queue_name, "JOB0001")
-    other = redis_server.client()
-    busy = threading.Thread(target=other.eval, args=(
-        "local t = redis.call('TIME') local stop = t[1] + t[2] / 1e6 + ARGV[1] "
-        "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 >= stop", 0, 1.5))
+    busy = another_clients_long_script(redis_server, 1.5)
     runs = []
 
     def replay_behind_a_long_script(client, queue, lane=None, progress=None):
@@ -647,7 +644,6 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
         ctl.refresh(("ns", "p"))
     finally:
         ctl.stop()
-        other.close()
     assert runs == [queue_name], "the replay ran again"
     assert r.zscore(keys.pending, "JOB0001") is not None, "the one call sent did run"
     assert r.zscore(keys.dead, "JOB0002") is not None
