@@ -68,9 +68,9 @@ def test_a_kopf_handler_that_applied_a_newer_edit_and_the_handler_of_that_edit_t
     ctl.refresh(KEY)
     assert ctl.policies[KEY].body["metadata"]["generation"] == 3
 
-    reconcile(ctl, second, old_spec=first["spec"])  # kopf's update handler for generation 2
+    reconcile(ctl, second)  # kopf's update handler for generation 2
     assert running_budget(apps) == 3
-    reconcile(ctl, third, old_spec=second["spec"])  # and for generation 3
+    reconcile(ctl, third)  # and for generation 3
     assert running_budget(apps) == 3
     assert budget_events(ctl) == ["maxStalled 1 -> 3"]
 
@@ -85,8 +85,8 @@ def test_an_edit_taken_back_before_it_was_applied_is_no_budget_change():
     ctl.custom = StatusWriteAnswering(third)
     ctl.refresh(KEY)
 
-    reconcile(ctl, second, old_spec=first["spec"])
-    reconcile(ctl, third, old_spec=second["spec"])
+    reconcile(ctl, second)
+    reconcile(ctl, third)
     assert [max_stalled_of(applied) for applied in apps.applied] == [1, 1, 1]
     assert budget_events(ctl) == []
 
@@ -111,8 +111,8 @@ def test_a_kopf_handler_that_waited_for_a_reapply_of_a_newer_edit_tells_nothing_
         assert running_budget(apps) == 3
         assert budget_events(ctl) == ["maxStalled 1 -> 3"]
 
-    while_held(state, lambda: reconcile(ctl, second, old_spec=first["spec"]), status_loop_reapply)
-    reconcile(ctl, third, old_spec=second["spec"])
+    while_held(state, lambda: reconcile(ctl, second), status_loop_reapply)
+    reconcile(ctl, third)
     assert budget_events(ctl) == ["maxStalled 1 -> 3"]
 
 
@@ -130,7 +130,7 @@ def test_a_budget_change_a_reapply_made_is_told_even_when_kopf_never_sees_it():
     ctl.refresh(KEY)  # writes status (answered with generation 2), then re-applies
     assert running_budget(apps) == 2
 
-    reconcile(ctl, third, old_spec=first["spec"])  # kopf's update handler
+    reconcile(ctl, third)  # kopf's update handler
     assert running_budget(apps) == 1
     assert budget_events(ctl) == ["maxStalled 1 -> 2", "maxStalled 2 -> 1"]
 
@@ -150,9 +150,9 @@ def test_lanes_are_told_by_the_budget_the_sweeper_gets():
     assert budget_events(ctl) == [], "creating the sweeper is no budget change"
 
     second = edited(first, 2, maxStalled=3)
-    reconcile(ctl, second, old_spec=first["spec"])
+    reconcile(ctl, second)
     third = edited(second, 3, lanes=[{"name": "a", "maxStalled": 3}, {"name": "c", "maxStalled": 0}])
-    reconcile(ctl, third, old_spec=second["spec"])
+    reconcile(ctl, third)
     assert budget_events(ctl) == ["maxStalled 1 -> 3; lane a maxStalled 1 -> 3",
                                   "lane b removed; lane c added (maxStalled 0)"]
 
@@ -169,7 +169,7 @@ def test_an_edit_made_while_the_operator_was_down_is_told_once_at_start():
     ctl = fake_controller(apps)  # the operator restarted
     ctl.observe_policy(edit, "ADDED")
     reconcile(ctl, edit, resume=True)
-    reconcile(ctl, edit, old_spec=first["spec"])
+    reconcile(ctl, edit)
     assert running_budget(apps) == 4
     assert budget_events(ctl) == ["maxStalled 1 -> 4"]
 
@@ -212,5 +212,5 @@ def test_a_change_applied_when_the_deleted_sweeper_is_created_again_is_told_once
     ctl.observe_deployment(gone, "DELETED")
     reapply_after_deletion(ctl, gone)
     assert running_budget(apps) == 2
-    reconcile(ctl, edit, old_spec=first["spec"])  # kopf's update handler
+    reconcile(ctl, edit)  # kopf's update handler
     assert budget_events(ctl) == ["maxStalled 1 -> 2"]

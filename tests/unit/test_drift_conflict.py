@@ -174,12 +174,12 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
     assert drift.DRIFT_REVERTS_ANNOTATION in apps.stored["metadata"]["annotations"]
 
     # An annotation edit (no new generation) changes nothing.
-    reconcile(ctl, edited(policy_body(), 1, 1), old_spec=policy_body()["spec"])
+    reconcile(ctl, edited(policy_body(), 1, 1))
     assert ctl.policies[KEY].drift_conflict
 
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
-    reconcile(ctl, body, old_spec=policy_body()["spec"])  # kopf's update handler
+    reconcile(ctl, body)  # kopf's update handler
     assert apps.stored["spec"]["replicas"] == 2
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]
     # our own annotation write is no drift
@@ -223,7 +223,7 @@ def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_syn
     monkeypatch.setattr(drift, "end_conflict_by_edit", a_refresh_right_after)
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
-    reconcile(ctl, body, old_spec=policy_body()["spec"])
+    reconcile(ctl, body)
     [refresher] = refreshers
     refresher.join(5)
     [in_sync] = seen

@@ -75,7 +75,7 @@ def test_a_status_loop_reapply_never_applies_the_generation_an_edit_replaced():
 
     def kopf_update_handler():
         ctl.observe_policy(edit, "MODIFIED")
-        reconcile(ctl, edit, old_spec=body["spec"])
+        reconcile(ctl, edit)
         assert apps.stored["spec"]["replicas"] == 3
 
     while_held(state, lambda: ctl.refresh(KEY), kopf_update_handler)
@@ -103,7 +103,7 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
         ctl.refresh(KEY)
         assert apps.stored["spec"]["replicas"] == 3
 
-    while_held(state, lambda: reconcile(ctl, second, old_spec=body["spec"]), status_loop_reapply)
+    while_held(state, lambda: reconcile(ctl, second), status_loop_reapply)
     assert apps.stored["spec"]["replicas"] == 3
     assert state.outcome.generation == 3
 

@@ -38,7 +38,7 @@ class Kopf:
         """True when kopf called the update handler for ``body``."""
         if body["spec"] == self.handled["spec"]:
             return False
-        reconcile(self.ctl, body, old_spec=self.handled["spec"])
+        reconcile(self.ctl, body)
         self.handled = copy.deepcopy(body)
         return True
 
@@ -132,7 +132,7 @@ def test_a_generation_kopf_applies_while_the_status_loop_waits_is_not_applied_ag
     applied = []
 
     def kopf_handler():
-        reconcile(ctl, fourth, old_spec=kopf.handled["spec"])
+        reconcile(ctl, fourth)
         applied.append(len(apps.applied))
 
     while_held(state, lambda: ctl.refresh(KEY), kopf_handler)

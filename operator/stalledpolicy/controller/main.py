@@ -134,11 +134,11 @@ def cleanup(**_) -> None:
         _metrics_server = None
 
 
-def _run_reconcile(body, retry: int, old_spec=None, resume: bool = False) -> None:
+def _run_reconcile(body, retry: int, resume: bool = False) -> None:
     # API refusals (a 422, a 403) come back as RetryLater, already recorded as
     # the policy's condition and a Warning event.
     try:
-        reconcile(controller(), body, retry=retry, old_spec=old_spec, resume=resume)
+        reconcile(controller(), body, retry=retry, resume=resume)
     except InvalidPolicy as exc:
         raise kopf.PermanentError(str(exc)) from None
     except RetryLater as exc:
@@ -163,8 +163,9 @@ def on_resume(body, retry, patch, **_) -> None:
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
-def on_update(body, old, retry, **_) -> None:
-    _run_reconcile(body, retry, old_spec=(old or {}).get("spec") or {})
+def on_update(body, retry, **_) -> None:
+    # not kopf's ``old``: BudgetChanged compares what was applied (reconcile._budget_change)
+    _run_reconcile(body, retry)
 
 
 # Watch-event handlers are async so they never queue behind the reconciles in

@@ -1,7 +1,8 @@
 """Re-applies outside kopf's handlers: the sweeper applied again when someone
 deletes it, when the Secret it reads changes, an earlier re-apply failed or the
 policy has a generation no apply had (the status loop's ``reapply``), and when
-the sweeper of a deleted predecessor of the same name is gone. Each is a ``reconcile`` under the policy's apply lock;
+the sweeper of a deleted predecessor of the same name is gone. Each is a
+``reconcile`` under the policy's apply lock;
 a failure is the policy's condition, retried by the status loop."""
 
 from __future__ import annotations

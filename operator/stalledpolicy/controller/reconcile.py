@@ -60,16 +60,16 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
 
 
 def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
-              old_spec: Mapping[str, Any] | None = None, resume: bool = False) -> ReconcileOutcome | None:
+              resume: bool = False) -> ReconcileOutcome | None:
     """Apply the policy's sweeper Deployment. One reconcile of a policy at a time
     (kopf's handlers and the re-applies after drift, deletion or a Secret change).
     None when there is nothing to do: the namespace is being deleted.
     ``resume``: kopf's resume handler (an operator start), which applies nothing
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
-    ``old_spec``: kopf's ``old`` (its update handler), unused: BudgetChanged compares
-    what was applied (``_budget_change``). kopf's ``old`` is the last spec kopf
-    handled, and the body applied here may be a newer one: with it, one change was
-    told twice or with an old value the sweeper never had, or not at all."""
+    BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``:
+    that is the last spec kopf handled, and the body applied here may be a newer one
+    (with it, one change was told twice or with an old value the sweeper never had,
+    or not at all)."""
     body = plain(body)
     state = ctl.state(body)
     with state.apply_lock:
