@@ -52,7 +52,7 @@ def test_an_edit_back_to_the_spec_kopf_last_handled_reaches_the_sweeper(control_
         second, third = edit(2), edit(3)
         assert third["metadata"]["generation"] == 3
         ctl.refresh(key)  # its status write answers with generation 3
-        reconcile(ctl, second, old_spec=first["spec"])  # kopf's handler for generation 2
+        reconcile(ctl, second)  # kopf's handler for generation 2
         assert max_stalled_of(sweeper()) == "3"
 
         fourth = edit(2)  # generation 2's spec: kopf calls no handler
