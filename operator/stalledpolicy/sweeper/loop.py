@@ -41,9 +41,12 @@ log = logging.getLogger("stalledpolicy.sweeper")
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
 # The loop beats at least once a second while waiting and after every script
-# call, so only a blocking Redis round trip (bounded by the timeouts above,
-# plus one retry) delays a beat; the floor keeps a short interval from
-# flagging a slow outage as a wedged loop.
+# call, so only a blocking Redis round trip delays a beat: on a single server
+# one call (two attempts, each bounded by the timeouts above); on a Redis
+# Cluster one node's round trip (the client beats before each, see
+# StoppableRedisCluster), however many attempts and slot-table refreshes the
+# call makes. The floor keeps a short interval from flagging a slow outage as
+# a wedged loop.
 HEALTH_FLOOR_S = 20.0
 _WAIT_SLICE_S = 1.0
 
@@ -76,6 +79,19 @@ class StoppableRetry(Retry):
         return super().call_with_retry(do, failed, is_retryable, with_failure_count)
 
 
+class _AttemptReportingPool(redis.ConnectionPool):
+    """A cluster node's connection pool that calls ``on_attempt()`` each time a
+    round trip takes a connection (:class:`StoppableRedisCluster` says why)."""
+
+    def __init__(self, *args: Any, on_attempt: Callable[[], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._on_attempt = on_attempt
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self._on_attempt()
+        return super().get_connection(*args, **kwargs)
+
+
 class _StopRequested(Exception):
     """The failure of a cluster attempt that ended after a stop was requested, on
     its way through RedisCluster's retry loop: that loop sends again only errors
@@ -104,12 +120,33 @@ class StoppableRedisCluster(RedisCluster):
     Not covered: a pipeline (the sweeper's snapshot for the gauges) whose batch
     fails. ClusterPipeline then sends each of its commands again on its own, with
     RedisCluster's methods on the pipeline object, not these: a stop that comes
-    while the snapshot waits on a node that stopped answering still waits for those."""
+    while the snapshot waits on a node that stopped answering still waits for those.
 
-    def __init__(self, *args: Any, should_stop: Callable[[], bool] = lambda: False, **kwargs: Any):
+    ``on_attempt()`` is called before each round trip to a node (the sweeper
+    beats its heartbeat there): every attempt of a command, every redirect, and
+    every node a slot-table refresh asks for CLUSTER SLOTS, the pipeline's too.
+    One call facing a node that stopped answering makes up to 11 attempts, each
+    a socket timeout followed by a refresh, ~55-110 s in all: without a beat in
+    between, /healthz went stale (HEALTH_FLOOR_S) and the liveness probe
+    restarted a sweeper that was only waiting for Redis, again and again. Per
+    attempt is not enough: a refresh asks the cluster's nodes one after another
+    (replicas too) until one answers, each up to a connect and a socket timeout
+    when they stopped answering: 3 primaries and 3 replicas, ~30-40 s in one
+    attempt. So the hook is where each round trip takes its connection, the node
+    pool's ``get_connection`` (``connection_pool_class``, which RedisCluster gives
+    each node's pool). Between two beats is then one round trip: for a node that
+    stopped answering at most CONNECT_TIMEOUT_S plus SOCKET_TIMEOUT_S (its first
+    unanswered read ends it), 7 s, well under HEALTH_FLOOR_S. The number of
+    round trips stays redis-py's (bounded), so a wedged loop still goes stale.
+    tests/cluster/test_cluster_sweeper_liveness.py fails if a redis-py upgrade
+    stops taking connections there."""
+
+    def __init__(self, *args: Any, should_stop: Callable[[], bool] = lambda: False,
+                 on_attempt: Callable[[], None] = lambda: None, **kwargs: Any):
         # set first: the constructor already runs a command (COMMAND, for the key table)
         self._should_stop = should_stop
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, connection_pool_class=functools.partial(_AttemptReportingPool,
+                                                                        on_attempt=on_attempt), **kwargs)
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -130,10 +167,13 @@ class StoppableRedisCluster(RedisCluster):
             raise
 
 
-def connect(url: str, should_stop: Callable[[], bool] = lambda: False) -> Any:
+def connect(url: str, should_stop: Callable[[], bool] = lambda: False,
+            on_attempt: Callable[[], None] = lambda: None) -> Any:
     """The sweeper's client for ``url``: a plain ``Redis``, or a
     :class:`StoppableRedisCluster` on a cluster node. Neither makes a new attempt
-    once ``should_stop()`` says a stop was requested.
+    once ``should_stop()`` says a stop was requested. The cluster client calls
+    ``on_attempt()`` before each round trip to a node (the plain client's one call
+    is short enough without: two attempts).
 
     Replies are decoded with ``surrogateescape`` (as the morgue CLI's are): a
     lane name that is not UTF-8 keeps its bytes as lone surrogates, so two lanes
@@ -151,7 +191,8 @@ def connect(url: str, should_stop: Callable[[], bool] = lambda: False) -> Any:
     # redis-py's own retries (a failover), up to a stop
     return connecting.connect(url, retry=StoppableRetry(1, should_stop),
                               cluster_factory=functools.partial(StoppableRedisCluster.from_url,
-                                                                should_stop=should_stop), **options)
+                                                                should_stop=should_stop, on_attempt=on_attempt),
+                              **options)
 
 
 class Sweeper(PassFailures):
@@ -169,8 +210,11 @@ class Sweeper(PassFailures):
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self.health = Health(stale_after_s=max(3 * config.interval, HEALTH_FLOOR_S), clock=clock)
-        # the default client retries nothing once a stop is requested
-        self._connect = connect_fn or (lambda url: connect(url, should_stop=self.stop.is_set))
+        # the default client retries nothing once a stop is requested, and on a
+        # cluster beats before each round trip of a call's attempts (/healthz stays
+        # fresh while Redis is down; /readyz says so once the call gives up)
+        self._connect = connect_fn or (lambda url: connect(url, should_stop=self.stop.is_set,
+                                                           on_attempt=self.health.beat))
         self._clock = clock
         self._jitter = jitter
         self._client: Any = None
