@@ -27,7 +27,7 @@ from redis.crc import key_slot
 
 from stalledpolicy.devenv.redis_server import start_cluster
 from stalledpolicy.keyspace import QueueKeys
-from stalledpolicy.sweeper import loop
+from stalledpolicy.sweeper import client, loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics
 
@@ -37,7 +37,7 @@ from tests.cluster.test_cluster_sweeper_stop import (  # noqa: F401 (hung_queue_
 pytestmark = pytest.mark.redis
 
 #: what one round trip to a node that never answers costs the product
-PRODUCT_ROUND_TRIP_S = loop.SOCKET_TIMEOUT_S
+PRODUCT_ROUND_TRIP_S = client.SOCKET_TIMEOUT_S
 #: what it costs here (the clock still counts PRODUCT_ROUND_TRIP_S)
 TEST_SOCKET_TIMEOUT_S = 0.3
 
@@ -80,7 +80,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_queue_node, monkeypatch):
     relay, url = hung_queue_node
-    monkeypatch.setattr(loop, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
+    monkeypatch.setattr(client, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
     clock = RoundTripClock()
     # an interval short enough that the floor is the limit /healthz goes stale at
     config = SweeperConfig(redis_url=url, queue=QUEUE, interval=1)
@@ -169,7 +169,7 @@ def test_healthz_stays_fresh_through_a_slot_table_refresh_that_meets_hung_nodes(
     before each attempt only would let /healthz go stale in the refresh; the
     client beats before each node it asks."""
     relays, url = refresh_meets_hung_nodes
-    monkeypatch.setattr(loop, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
+    monkeypatch.setattr(client, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
     clock = RoundTripClock()
     config = SweeperConfig(redis_url=url, queue=QUEUE, interval=1)
     sweeper = loop.Sweeper(config, SweeperMetrics(QUEUE, ()), clock=clock)

@@ -11,14 +11,14 @@ import threading
 import pytest
 import redis
 
-from stalledpolicy.sweeper import loop
+from stalledpolicy.sweeper import client, loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import SweeperMetrics
 
 
 def test_one_retry_without_a_stop():
     calls: list[int] = []
-    retry = loop.StoppableRetry(1, lambda: False)
+    retry = client.StoppableRetry(1, lambda: False)
 
     def do():
         calls.append(1)
@@ -34,7 +34,7 @@ def test_no_retry_once_a_stop_is_requested_and_the_failure_is_cleaned_up_first()
     stop = threading.Event()
     failed: list[Exception] = []
     calls: list[int] = []
-    retry = loop.StoppableRetry(1, stop.is_set)
+    retry = client.StoppableRetry(1, stop.is_set)
 
     def do():
         calls.append(1)
@@ -50,7 +50,7 @@ def test_no_retry_once_a_stop_is_requested_and_the_failure_is_cleaned_up_first()
 def test_a_copy_asks_the_same_stop():
     """redis-py deep-copies a connection's retry; an Event cannot be copied."""
     stop = threading.Event()
-    retry = copy.deepcopy(loop.StoppableRetry(1, stop.is_set))
+    retry = copy.deepcopy(client.StoppableRetry(1, stop.is_set))
     stop.set()
     calls: list[int] = []
 
