@@ -78,8 +78,9 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return answer.code, answer.read().decode()
 
 
-def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_queue_node, monkeypatch):
-    relay, url = hung_queue_node
+def _in_process_sweeper(url: str, monkeypatch):
+    """The long-running sweeper of QUEUE in this process, on a RoundTripClock,
+    with its /healthz and /readyz served; a short socket timeout (real seconds)."""
     monkeypatch.setattr(client, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
     clock = RoundTripClock()
     # an interval short enough that the floor is the limit /healthz goes stale at
@@ -87,6 +88,12 @@ def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_q
     sweeper = loop.Sweeper(config, SweeperMetrics(QUEUE, ()), clock=clock)
     assert sweeper.health.stale_after_s == loop.HEALTH_FLOOR_S
     server = StatusServer("127.0.0.1", 0, sweeper.metrics, sweeper.health).start()
+    return sweeper, clock, server
+
+
+def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_queue_node, monkeypatch):
+    relay, url = hung_queue_node
+    sweeper, clock, server = _in_process_sweeper(url, monkeypatch)
     # (attempt, /healthz, /readyz) as each attempt waits on the hung node
     probes: list[tuple[int, tuple[int, str], tuple[int, str]]] = []
 
@@ -169,12 +176,7 @@ def test_healthz_stays_fresh_through_a_slot_table_refresh_that_meets_hung_nodes(
     before each attempt only would let /healthz go stale in the refresh; the
     client beats before each node it asks."""
     relays, url = refresh_meets_hung_nodes
-    monkeypatch.setattr(client, "SOCKET_TIMEOUT_S", TEST_SOCKET_TIMEOUT_S)
-    clock = RoundTripClock()
-    config = SweeperConfig(redis_url=url, queue=QUEUE, interval=1)
-    sweeper = loop.Sweeper(config, SweeperMetrics(QUEUE, ()), clock=clock)
-    assert sweeper.health.stale_after_s == loop.HEALTH_FLOOR_S
-    server = StatusServer("127.0.0.1", 0, sweeper.metrics, sweeper.health).start()
+    sweeper, clock, server = _in_process_sweeper(url, monkeypatch)
     # (what the relay swallowed, /healthz) at each round trip that hangs
     probes: list[tuple[bytes, tuple[int, str]]] = []
     second_attempt = threading.Event()
