@@ -247,7 +247,7 @@ for i = 1, #expired do
   else
     -- Nearly every job takes this path, so it calls none of the helpers
     -- (touch, count_string, announce, json_id): their lookups are written out,
-    -- 4.6 % of the call's instructions at batch 1,000 (bench/instructions.py).
+    -- 4.8 % of the call's instructions at batch 1,000 (bench/instructions.py).
     local row, stalled, attempts = rows[i], stalled_or_problem[i], attempts_of[i]
     local budget = default_budget
     if g then
