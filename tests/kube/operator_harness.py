@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stalledpolicy.devenv.controlplane import wait_crd_established
 from stalledpolicy.policy.crd import CRD_NAME, crd_path
 
 OPERATOR_NAMESPACE = "stalledpolicy-system"
@@ -72,7 +73,7 @@ def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.25
 
 def apply_crd(control_plane) -> None:
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_path()))
-    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_crd_established(control_plane.kubectl, CRD_NAME)
 
 
 def operator_kubeconfig(control_plane, kube_api) -> Path:

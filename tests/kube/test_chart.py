@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from stalledpolicy.devenv.echomq import EchoMQ
+from stalledpolicy.devenv.controlplane import wait_crd_established
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.policy.builder import (METRICS_PORT_NAME, build_sweeper_deployment,
                                           sweeper_name)
@@ -378,8 +379,7 @@ def delete_namespaces(control_plane, *names: str) -> None:
 
 def test_template_passes_a_server_side_dry_run(helm, control_plane):
     control_plane.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(STUB_MONITORING_CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com",
-                          "--timeout=60s")
+    wait_crd_established(control_plane.kubectl, "podmonitors.monitoring.coreos.com")
     release_ns, team_a, team_b = unique("chart-dry"), unique("team-a"), unique("team-b")
     for name in (release_ns, team_a, team_b):
         restricted_namespace(control_plane, name)
@@ -416,8 +416,7 @@ def test_install_asks_the_cluster_whether_it_serves_pod_monitors(helm, control_p
                            "the install refused without the PodMonitor CRD")
         assert PODMONITOR_REFUSAL in refused.stderr, refused.stderr
         control_plane.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(STUB_MONITORING_CRD))
-        control_plane.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com",
-                              "--timeout=60s")
+        wait_crd_established(control_plane.kubectl, "podmonitors.monitoring.coreos.com")
         served = wait_for(lambda: (lambda done: done.returncode == 0 and done)(dry_install()),
                           "the install accepted once the PodMonitor CRD is served")
         assert served.stdout.count("kind: PodMonitor") == 2

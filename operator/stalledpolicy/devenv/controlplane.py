@@ -268,6 +268,32 @@ def write_kubeconfig(path: Path, server: str, ca_cert: Path, user: dict, *, user
 # --------------------------------------------------------------------------- processes
 
 
+def crd_established(crd: dict) -> bool:
+    """Whether a CRD (as ``kubectl get -o json`` prints it) is Established and its
+    names accepted. A CRD just applied may have no status yet: not yet."""
+    conditions = {c.get("type"): c.get("status") for c in (crd.get("status") or {}).get("conditions") or []}
+    return conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"
+
+
+def wait_crd_established(kubectl, name: str, timeout: float = 60.0) -> None:
+    """Poll until the CRD ``name`` is Established; ``kubectl(*args, check=False)`` runs kubectl.
+
+    Not ``kubectl wait --for=condition=Established``: on a CRD the API server has
+    not yet given a status it fails at once (".status.conditions accessor error:
+    <nil> is of the type <nil>") instead of waiting.
+    """
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        done = kubectl("get", f"crd/{name}", "-o", "json", check=False)
+        if done.returncode == 0 and crd_established(json.loads(done.stdout)):
+            return
+        last = done.stderr.strip() or "not Established yet"
+        if time.monotonic() >= deadline:
+            raise ControlPlaneError(f"CRD {name} not Established after {timeout:.0f}s ({last})")
+        time.sleep(0.2)
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: kill it when the process that started it dies,
     so that a killed test run leaves no etcd or apiserver behind. SIGKILL, because

@@ -423,7 +423,8 @@ def _python_child_env() -> dict[str, str]:
 
 
 def up(state_dir: Path) -> int:
-    from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries
+    from stalledpolicy.devenv.controlplane import (ControlPlane, ControlPlaneError, ensure_binaries,
+                                                   wait_crd_established)
     from stalledpolicy.policy.crd import CRD_NAME, crd_path
 
     previous = DemoState.load(state_dir)
@@ -457,7 +458,7 @@ def up(state_dir: Path) -> int:
             note(state.redis_url)
         with progress.step("StalledPolicy CRD") as note:
             state.kubectl("apply", "--server-side", "-f", str(crd_path()))
-            state.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+            wait_crd_established(state.kubectl, CRD_NAME)
             state.kubectl("create", "namespace", NAMESPACE)
             # So that a plain `kubectl get stalledpolicies` with this kubeconfig shows the demo's.
             state.kubectl("config", "set-context", "--current", f"--namespace={NAMESPACE}")
