@@ -97,6 +97,25 @@ def truncate(text: str, width: int) -> str:
     return "".join(kept) + ELLIPSIS
 
 
+def truncate_unescaped(text: str, width: int) -> str:
+    """``text`` cut so that, once :func:`printable` escapes it in a cell, it takes
+    at most ``width`` columns (``truncate`` measures the text as it is: a control
+    character, one column there, is four as ``\\xNN``)."""
+    if width <= 0:
+        return ""
+    if display_width(printable(text)) <= width:
+        return text
+    kept: list[str] = []
+    used = 0
+    for ch in text:
+        w = 1 if ch.isspace() else display_width(printable(ch))
+        if used + w > width - 1:
+            break
+        kept.append(ch)
+        used += w
+    return "".join(kept) + ELLIPSIS
+
+
 def _pad(text: str, width: int, right: bool) -> str:
     fill = " " * (width - display_width(text))
     return fill + text if right else text + fill

@@ -101,6 +101,16 @@ def test_a_long_state_is_cut_in_its_marker_not_in_the_json(r, url, queue_name):
     assert doc["jobs"][0]["state"] == state
 
 
+def test_a_state_with_control_characters_is_cut_as_it_is_shown(r, url, queue_name):
+    """Escaped, a control character takes four columns (``\\x1b``): the marker is
+    cut to its 16 columns as shown, not as stored."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", last_error=ERROR)
+    r.hset(keys.job("JOB001"), "state", "\x1b[31mred\x1b[0m\x1b[1mbold\x1b[0m")
+    cell = error_cells(morgue(url, "list", "--queue", queue_name).stdout)["JOB001"]
+    assert cell.startswith("[not dead: '\\x1b[31mred\\x1b…'] " + ERROR_HEAD), cell
+
+
 def test_unmarked_rows_get_no_legend(r, url, queue_name):
     bury(r, queue_name, "JOB001", last_error=ERROR)
     result = morgue(url, "list", "--queue", queue_name)

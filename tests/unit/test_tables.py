@@ -9,6 +9,7 @@ from stalledpolicy.tables import (
     render_pairs,
     render_table,
     truncate,
+    truncate_unescaped,
 )
 
 
@@ -36,6 +37,17 @@ def test_truncate_marks_the_cut_and_respects_width():
     assert cut == "a much lo…"
     assert display_width(cut) == 10
     assert truncate("anything", 0) == ""
+
+
+def test_truncate_unescaped_measures_the_text_as_a_cell_shows_it():
+    state = "\x1b[31mred\x1b[0m-and-then-some"
+    cut = truncate_unescaped(state, 16)
+    assert display_width(printable(cut)) <= 16
+    assert printable(cut) == "\\x1b[31mred\\x1b…"
+    assert display_width(printable(truncate(state, 16))) > 16  # what the marker used to hold
+    assert truncate_unescaped("pending", 16) == "pending"
+    assert truncate_unescaped("a\\b", 3) == "a…"  # shown a\\b: 4 columns
+    assert truncate_unescaped("anything", 0) == ""
 
 
 def test_wide_characters_count_two_columns():

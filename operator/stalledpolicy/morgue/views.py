@@ -101,12 +101,12 @@ def _markers(job: Any) -> list[tuple[str, str, str]]:
     state = getattr(job, "state", None)
     if state is not None and state != "dead":
         # quoted as the replay's and the purge's reasons quote it (an empty state shows '')
-        markers.append((f"[not dead: '{tables.truncate(state, MARKER_LABEL_WIDTH)}']", "[not dead: 'S']",
+        markers.append((f"[not dead: '{tables.truncate_unescaped(state, MARKER_LABEL_WIDTH)}']", "[not dead: 'S']",
                         _NOT_DEAD_MEANING))
     warning = getattr(job, "warning", None)
     if warning:
         name, _, explanation = warning.partition(": ")
-        marker = f"[{tables.truncate(name, MARKER_LABEL_WIDTH)}]"
+        marker = f"[{tables.truncate_unescaped(name, MARKER_LABEL_WIDTH)}]"
         markers.append((marker, marker, explanation or warning))
     return markers
 
