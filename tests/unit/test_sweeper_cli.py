@@ -102,6 +102,9 @@ def test_listen_errors_blame_the_setting_at_fault(exc, address, names, words):
     (["--queue", "redis://:s3cr3t@x"], {}, "--queue"),
     ([], {"STALLEDPOLICY_INTERVAL": "redis://:s3cr3t@h"}, "--interval"),
     (["--lane", "redis://:s3cr3t@x=1"], {}, "--lane"),
+    (["--lane", "redis://:s3cr3t@redis:6379/0"], {}, "--lane"),  # no '=': not NAME=BUDGET
+    ([], {"STALLEDPOLICY_LANES": "redis://:s3cr3t@redis:6379/0"}, "--lane"),
+    ([], {"STALLEDPOLICY_METRICS_ADDRESS": "redis://:s3cr3t@redis:6379/0"}, "--metrics-address"),
     ([], {"STALLEDPOLICY_MAX_STALLED": "rediss://:s3cr3tpasswordlong@h:6380/0"}, "--max-stalled"),
 ])
 def test_a_url_in_the_wrong_setting_shows_no_password(capsys, argv, env, names):

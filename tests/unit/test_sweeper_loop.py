@@ -173,12 +173,24 @@ def test_readiness_follows_redis(monkeypatch, clock):
 
 
 @pytest.mark.parametrize("attempts, jitter, expected", [
-    (1, 0.0, 0.5), (2, 0.0, 1.0), (3, 0.5, 3.0), (7, 0.0, 30.0), (40, 0.999, 30.0), (6, 0.999, 30.0),
+    (1, 0.0, 0.5), (1, 1.0, 1.0), (2, 0.0, 1.0), (3, 0.5, 3.0), (5, 1.0, 16.0),
+    (6, 0.0, 15.0), (6, 1.0, 30.0), (7, 0.0, 15.0), (40, 0.5, 22.5), (40, 1.0, 30.0),
 ])
 def test_backoff_is_capped_with_jitter(clock, attempts, jitter, expected):
     sweeper = make_sweeper(clock, jitter=jitter)
     sweeper._failed_attempts = attempts
     assert sweeper.backoff_delay() == pytest.approx(expected)
+
+
+def test_retries_at_the_cap_keep_their_jitter(clock):
+    """Replicas in a long outage do not retry in step: the cap bounds the
+    delay, the jitter still spreads it."""
+    draws = iter([0.0, 0.25, 0.5, 0.75, 1.0])
+    sweeper = make_sweeper(clock)
+    sweeper._jitter = lambda: next(draws)
+    sweeper._failed_attempts = 30
+    delays = [sweeper.backoff_delay() for _ in range(5)]
+    assert len(set(delays)) == 5 and max(delays) == 30.0 and min(delays) == 15.0
 
 
 def test_a_script_error_is_logged_once_per_message_until_a_pass_succeeds(monkeypatch, clock, caplog):

@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Mapping
 
+from stalledpolicy.redis_url.redaction import redact_value
 from stalledpolicy.streams import discard
 from stalledpolicy.sweeper.config import (
     BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, BUDGET_MAX, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
 def _listen_problem(exc: OSError, address: str, port: int) -> str:
     """Why the metrics server could not listen, naming the setting to change."""
     port_names, address_names = SETTINGS["metrics_port"].names, SETTINGS["metrics_address"].names
+    address = redact_value(address)  # a URL put here by mistake is quoted without its password
     where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     if isinstance(exc, socket.gaierror):
         return (f"{address_names}: {address!r} is not an IP address or a name this host can resolve; "

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from stalledpolicy.durations import format_duration, parse_duration
 from stalledpolicy.keyspace import InvalidLaneName, InvalidQueueName, validate_lane_name, validate_queue_name
 from stalledpolicy.listen import EVERY_ADDRESS
-from stalledpolicy.redis_url.redaction import redact_url
+from stalledpolicy.redis_url.redaction import redact_url, redact_value
 from stalledpolicy.redis_url.validation import check_redis_url, stored_url
 from stalledpolicy.tables import shown
 
@@ -334,7 +334,8 @@ def _split_lane(entry: Any) -> tuple[Any, Any]:
     if isinstance(entry, str) and "=" in entry:
         name, _, budget = entry.partition("=")
         return name, budget.strip()
-    raise _fail(f"{str(entry).strip()!r} is not NAME=BUDGET; write for example imports=1")
+    # a URL put here by mistake (a Secret mapped to the wrong variable) is quoted redacted
+    raise _fail(f"{redact_value(str(entry).strip())!r} is not NAME=BUDGET; write for example imports=1")
 
 
 class ConfigError(Exception):

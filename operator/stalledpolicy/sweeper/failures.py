@@ -232,11 +232,13 @@ class PassFailures:
         return errors.refusal_in_our_words(exc, url) or redaction.scrub(str(exc) or type(exc).__name__, url)
 
     def backoff_delay(self) -> float:
-        """0.5s, 1s, 2s, ... doubling per failed attempt, each stretched by up to
-        100% at random (so replicas do not retry in step), never above 30s."""
+        """Up to 1s, 2s, 4s, ... doubling per failed attempt, never above 30s; each
+        delay drawn at random from the upper half of that (at least 0.5s), so that
+        replicas do not retry in step, at the cap too (a cap applied after the
+        jitter made every retry of a long outage exactly 30s)."""
         exponent = min(max(self._failed_attempts - 1, 0), 16)
-        base = BACKOFF_MIN_S * 2**exponent
-        return min(BACKOFF_MAX_S, base * (1.0 + self._jitter()))
+        base = min(BACKOFF_MAX_S, 2 * BACKOFF_MIN_S * 2**exponent)
+        return base * (0.5 + 0.5 * self._jitter())
 
     @property
     def redis_down(self) -> bool:

@@ -12,7 +12,9 @@ in Redis (``emq:{q}:sweeper:totals``, read with ``engine.queue_snapshot``).
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from stalledpolicy.listen import listening_socket
+
+log = logging.getLogger("stalledpolicy.metrics")
 
 FLAT_LANE = ""  # the lane label of jobs without a group
 # The lane label of every lane not configured (--lane, spec.lanes): EchoMQ groups
@@ -201,6 +205,15 @@ class _Server(ThreadingHTTPServer):
         self.socket = sock
         self.server_address = sock.getsockname()
         self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper or probe that hangs up (a TCP health check closing with a
+        reset, a port scan) is nobody's problem; anything else is logged as one
+        line of our format (socketserver's default writes a bare traceback to
+        stderr, which breaks JSON logs)."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        log.warning("metrics request failed", extra={"client": str(client_address[0])}, exc_info=True)
 
 
 def _bound_server(address: str, port: int, handler: type) -> _Server:
