@@ -553,21 +553,37 @@ def test_the_password_is_never_printed(own_redis, queue_name, sweepers):
     assert SECRET not in running.stderr + running.stdout + body + ready
 
 
-def test_a_wrong_password_is_an_outage_and_is_not_printed(own_redis, queue_name, sweepers):
+CREDENTIALS_LINE = "Redis refused the credentials of the Redis URL; nothing was moved"
+
+
+def test_a_wrong_password_is_a_bad_setting_and_is_not_printed(own_redis, queue_name, sweepers):
+    """Redis answered, refusing the URL's password: a bad setting (--once exits
+    2, as for a database the server lacks), not an outage (it was 'redis
+    unreachable', exit 1, redis_up 0)."""
     server = own_redis(["--requirepass", SECRET])
     wrong = "not-the-password-either-9f8e7d"
-    sweeper = sweepers("--queue", queue_name, "--once",
-                       env={"STALLEDPOLICY_REDIS_URL": f"redis://:{wrong}@127.0.0.1:{server.port}/0"})
-    assert sweeper.wait(60) == 1
-    assert len(sweeper.lines_with(ONCE_OUTAGE_LINE)) == 1
+    url = f"redis://:{wrong}@127.0.0.1:{server.port}/0"
+    sweeper = sweepers("--queue", queue_name, "--once", env={"STALLEDPOLICY_REDIS_URL": url})
+    assert sweeper.wait(60) == 2
+    assert len(sweeper.lines_with(CREDENTIALS_LINE)) == 1 and not sweeper.lines_with(ONCE_OUTAGE_LINE)
     assert re.search(r"error_type=\w*Auth", sweeper.stderr), sweeper.stderr
     assert "requires a password (or refused this user/password): put them in the URL" in sweeper.stderr
     assert wrong not in sweeper.stderr + sweeper.stdout
     # no password at all: the same words, not redis-py's ("HELLO must be called ...")
     bare = sweepers("--queue", queue_name, "--once",
                     env={"STALLEDPOLICY_REDIS_URL": f"redis://127.0.0.1:{server.port}/0"})
-    assert bare.wait(60) == 1
+    assert bare.wait(60) == 2
     assert "requires a password" in bare.stderr and "HELLO" not in bare.stderr, bare.stderr
+
+    running = sweepers("--queue", queue_name, "--interval", "1s", env={"STALLEDPOLICY_REDIS_URL": url})
+    eventually(lambda: running.lines_with(CREDENTIALS_LINE), what="the credentials line")
+    status, ready = running.get("/readyz")
+    _, metrics = running.get("/metrics")
+    assert running.terminate() == 0
+    assert status == 503 and "refused this user/password" in ready, ready
+    assert f'stalledpolicy_redis_up{{queue="{queue_name}"}} 1.0' in metrics
+    assert not running.lines_with(OUTAGE_LINE) and len(running.lines_with(CREDENTIALS_LINE)) == 1
+    assert wrong not in running.stderr + ready + metrics
 
 
 # --------------------------------------------------------------------------- cluster

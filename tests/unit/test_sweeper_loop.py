@@ -127,18 +127,39 @@ def test_an_outage_backs_off_exponentially_and_logs_once(monkeypatch, clock, cap
 
 
 def test_an_outage_whose_cause_changes_logs_the_new_cause_once(monkeypatch, clock, caplog):
-    """Refused, then a password the restarted server no longer takes: the one line
-    of the outage named the first cause only."""
+    """Refused, then timing out: the one line of the outage named the first cause only."""
     down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
-    auth = redis.AuthenticationError("invalid username-password pair or user is disabled.")
-    _, ref = script_engine(monkeypatch, clock, [down, auth, down, auth, 0.0])
+    slow = redis.TimeoutError("Timeout connecting to server")
+    _, ref = script_engine(monkeypatch, clock, [down, slow, down, slow, 0.0])
     ref[0] = sweeper = make_sweeper(clock, interval="60s")
     with caplog.at_level(logging.DEBUG, logger="stalledpolicy.sweeper"):
         sweeper.run_forever()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert [w.error_type for w in warnings] == ["ConnectionError", "AuthenticationError"]
+    assert [w.error_type for w in warnings] == ["ConnectionError", "TimeoutError"]
     assert "another reason" in warnings[1].getMessage()
     assert [r.getMessage() for r in caplog.records].count("redis reachable again") == 1
+
+
+def test_refused_credentials_are_a_bad_setting_not_an_outage(monkeypatch, clock, caplog):
+    """A server that refuses the URL's password answered: redis_up stays 1 (an
+    alert on it must not page the Redis owners for the sweeper's setting), one
+    error names the credentials, /readyz says so; it was 'redis unreachable'."""
+    auth = redis.AuthenticationError("invalid username-password pair or user is disabled.")
+    _, ref = script_engine(monkeypatch, clock, [auth, auth, 0.0])
+    ref[0] = sweeper = make_sweeper(clock, interval="60s")
+    with caplog.at_level(logging.DEBUG, logger="stalledpolicy.sweeper"):
+        assert sweeper.sweep_pass() is False
+        assert sweeper.metrics.redis_up.labels("orders")._value.get() == 1
+        ok, reason = sweeper.health.ready()
+        assert not ok and "refused this user/password" in reason and "unreachable" not in reason
+        assert sweeper.bad_setting is not None and sweeper.redis_down is False
+        assert sweeper.sweep_pass() is False
+        assert sweeper.sweep_pass() is True
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in problems] == [
+        "Redis refused the credentials of the Redis URL; nothing was moved; "
+        "retrying next interval (logged once until a pass succeeds)"]
+    assert "put them in the URL" in problems[0].error
 
 
 def test_a_read_only_replica_is_named_with_the_fix(monkeypatch, clock, caplog):

@@ -1,6 +1,9 @@
 """What the sweeper does when a pass fails, or does part of its work.
 
 Failure policy (the process must never crash-loop):
+- The server refuses the URL's credentials (or wants some): Redis answered,
+  so no outage (``redis_up`` stays 1): one error naming the credentials,
+  retried every interval, /readyz 503; --once exits 2 (a bad setting).
 - Redis unreachable: one warning when the outage starts (and one for each new
   cause during it), one info line when it ends, retries in between on a capped
   exponential backoff with jitter, and /readyz answers 503 meanwhile.
@@ -74,7 +77,9 @@ class PassFailures:
     def _handle_pass_failure(self, exc: Exception) -> None:
         """Sort the error that ended a pass by what it says of Redis, and
         leave in :attr:`last_error` what /readyz says of it."""
-        if isinstance(exc, UNREACHABLE):
+        if errors.is_credentials_refusal(exc):
+            self._credentials_refused(exc)  # Redis answered: the URL's credentials are the problem
+        elif isinstance(exc, UNREACHABLE):
             if errors.is_slot_migrating(exc):
                 self._slot_migrating(exc)  # Redis answered: a resharding, not an outage
             elif errors.is_read_only_refusal(exc):
@@ -171,6 +176,23 @@ class PassFailures:
              + "; nothing was moved; " + self._then("retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                    "error_type": type(exc).__name__})
+
+    def _credentials_refused(self, exc: BaseException) -> None:
+        """The server wants a password, or refuses the URL's user/password.
+        Redis answered (it is up: an alert on ``redis_up`` must not page the
+        Redis owners for the sweeper's setting); the URL is a bad setting, which
+        --once exits 2 for. Retried every interval (a Secret fixed and the pod
+        restarted, or the server's ACL fixed, ends it); logged once until a pass
+        succeeds."""
+        self._redis_answered()
+        message = self._scrub(exc)
+        self.bad_setting = message
+        if not self._failed_pass(message, "credentials refused", "sweep pass refused again: the credentials"):
+            return
+        log.error("Redis refused the credentials of the Redis URL; nothing was moved; "
+                  + self._then("retrying next interval (logged once until a pass succeeds)"),
+                  extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
+                         "error_type": type(exc).__name__})
 
     def _slot_migrating(self, exc: BaseException) -> None:
         """The queue's slot is being moved between Redis Cluster nodes (a
