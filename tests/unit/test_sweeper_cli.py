@@ -4,7 +4,11 @@ here is refused before a connection is made)."""
 from __future__ import annotations
 
 import errno
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +117,31 @@ def test_a_url_in_the_wrong_setting_shows_no_password(capsys, argv, env, names):
     code, err = start(capsys, *argv, env=env)
     assert code == 2 and f"error: {names} " in err
     assert "s3c" not in err  # not even the start of it, where the value is cut short
+
+
+def sweep_process(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STALLEDPOLICY_")}
+    return subprocess.run([sys.executable, "-m", "stalledpolicy", "sweep", *argv], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("argv", "env"), [
+    (["--log-format", "json", "--interval", "zz", "--batch-size", "0"], {}),
+    (["--interval", "zz"], {"STALLEDPOLICY_LOG_FORMAT": " JSON ", "STALLEDPOLICY_BATCH_SIZE": "0"}),
+])
+def test_with_json_logs_bad_settings_are_json_lines_too(argv, env):
+    """A pod whose logs are parsed as JSON got its only lines, the refusal, as plain text."""
+    done = sweep_process("--queue", "orders", "--once", *argv, env=env)
+    assert done.returncode == 2, done.stderr
+    entries = [json.loads(line) for line in done.stderr.strip().splitlines()]
+    assert [e["msg"].split(" ")[0] for e in entries] == ["--interval", "--batch-size"]
+    assert all(e["level"] == "error" and e["exit_code"] == 2 for e in entries), entries
+    assert done.stdout == ""
+
+
+def test_a_bad_log_format_itself_is_refused_in_plain_text():
+    done = sweep_process("--queue", "orders", "--once", "--interval", "zz", env={"STALLEDPOLICY_LOG_FORMAT": "xml"})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert all(line.startswith("stalledpolicy sweep: ") for line in lines), lines
+    assert any("--log-format (STALLEDPOLICY_LOG_FORMAT): must be text or json" in line for line in lines), lines

@@ -19,7 +19,9 @@ from stalledpolicy.redis_url.redaction import redact_value
 from stalledpolicy.streams import discard
 from stalledpolicy.sweeper.config import (
     BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, BUDGET_MAX, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
+    requested_log_format,
 )
+from stalledpolicy.logs import configure
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -89,12 +91,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
     try:
         config = load_config(flags, environ)
     except ConfigError as exc:
+        if requested_log_format(flags, environ) == "json":
+            # a pod whose logs are parsed as JSON gets its only lines as JSON too
+            configure("json", "info")
+            for problem in exc.problems:
+                log.error(problem, extra={"exit_code": EXIT_USAGE, "help": "see --help for every setting"})
+            return EXIT_USAGE
         for problem in exc.problems:
             print(f"stalledpolicy sweep: error: {problem}", file=sys.stderr)
         print("stalledpolicy sweep: see --help for every setting", file=sys.stderr)
         return EXIT_USAGE
-
-    from stalledpolicy.logs import configure
 
     configure(config.log_format, config.log_level)
     return _serve(config)

@@ -387,6 +387,15 @@ def _problems(error: ValidationError, given: Mapping[str, Any], sources: Mapping
     return problems
 
 
+def requested_log_format(flags: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """The log format asked for (flag over variable), for settings refused before
+    a config exists: ``json`` only when that is what was written, else ``text``."""
+    value = flags.get("log_format")
+    if value is None:
+        value = environ.get(SETTINGS["log_format"].env)
+    return "json" if value is not None and str(value).strip().lower() == "json" else "text"
+
+
 def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> SweeperConfig:
     """Merge flags (None = not given) over ``STALLEDPOLICY_*`` variables and validate.
 
