@@ -283,12 +283,19 @@ def test_audit_flags_non_integer_counters_and_wrong_row_types(mq, r):
     _only(audit(r, mq.queue), "not a hash")
 
 
-def test_audit_reads_a_non_numeric_limit_as_no_limit(mq, r):
+def test_audit_flags_a_limit_that_is_not_a_number_and_such_a_lane_on_the_ring(mq, r):
+    """EchoMQ's claim compares with the limit after popping the job: such a
+    lane must stay off the ring (the sweep and the replay keep it off)."""
     mq.enqueue("x", group="a")
     r.hset(mq.keys.glimit, "a", "lots")
-    assert mq.audit() == []
+    problems = mq.audit()
+    assert any("glimit='lots' is not a number" in p for p in problems), problems
+    assert any("on the ring with a glimit that is not a number" in p for p in problems), problems
     r.delete(mq.keys.ring)
-    _only(mq.audit(), "missing from the ring")
+    problems = mq.audit()
+    assert not any("missing from the ring" in p for p in problems) and len(problems) == 1, problems
+    r.hset(mq.keys.glimit, "a", "2.5")  # a number to Lua's tonumber
+    assert [p for p in mq.audit() if "missing from the ring" in p]
 
 
 def test_the_chunked_read_of_a_big_queue_sees_what_the_atomic_read_sees(mq, r):

@@ -198,6 +198,18 @@ def test_replay_leaves_a_corrupt_gactive_and_its_lane_off_the_ring_and_says_so(r
         "(EchoMQ's claim of a lane job fails half-way on it); set it to the number of the lane's jobs in flight"]
 
 
+def test_replay_leaves_a_lane_whose_limit_is_not_a_number_off_the_ring_and_says_so(r, keys):
+    r.hset(keys.glimit, "g", "ten")
+    put_dead(r, keys, "JOB1", group="g")
+    result = engine.morgue_replay(r, keys.queue)
+    assert result.ids == ["JOB1"] and r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
+    assert r.lrange(keys.ring, 0, -1) == [] and r.llen(keys.wake) == 0
+    assert result.problems == [
+        f"{keys.glimit} field g is not a number (ten): left as it is, and lane g not put back on the ring "
+        "(EchoMQ's claim of a lane job fails half-way on it); set it to the lane's limit, or delete the field "
+        "for no limit"]
+
+
 def test_replay_keeps_jobs_whose_lane_key_has_the_wrong_type(r, keys):
     r.set(keys.lane_pending("g"), "oops")
     put_dead(r, keys, "JOB1", group="g")
@@ -352,6 +364,7 @@ def test_should_stop_is_asked_between_calls_only(r, keys, small_batches, change)
                     should_stop=lambda: asked.append(len(calls)) or False)
     assert len(result.ids) == 5 and morgue_ids(r, keys) == []
     assert asked == list(range(1, len(calls))) and len(calls) >= 3
+    r.delete(keys.pending)  # the replayed jobs, claimed (else they would wait there and in dead)
     for i in range(5):
         put_dead(r, keys, f"JOB{i}", dead_at=1000)
     calls.clear()
@@ -916,3 +929,65 @@ def test_an_id_given_twice_to_one_script_call_is_moved_and_counted_once(r, keys,
         assert (reply[0], reply[7]) == (["JOB1"], ["=g"]), reply
         assert r.hget(keys.sweeper_totals, "purged") == "1"
     assert r.zcard(keys.dead) == 0
+
+
+# --------------------------------------------------------------------------- ids that also wait elsewhere
+
+
+def waiting_twice(r, keys) -> dict[str, str]:
+    """Dead jobs whose ids also wait where a worker claims them (no EchoMQ
+    transition leaves a job so; a tool that copied an id does): id -> that key."""
+    put_dead(r, keys, "JOB1")
+    r.zadd(keys.pending, {"JOB1": 0})
+    put_dead(r, keys, "JOB2", group="g")
+    r.zadd(keys.lane_pending("g"), {"JOB2": 0})
+    put_dead(r, keys, "JOB3", group="g")
+    r.zadd(keys.pending, {"JOB3": 0})  # where EchoMQ's reference replay puts a grouped job
+    put_dead(r, keys, "JOB4")
+    r.zadd(keys.schedule, {"JOB4": 12345})
+    put_dead(r, keys, "JOB5")  # only dead
+    return {"JOB1": keys.pending, "JOB2": keys.lane_pending("g"), "JOB3": keys.pending, "JOB4": keys.schedule}
+
+
+@pytest.mark.parametrize("how", [{}, {"ids": ["JOB1", "JOB2", "JOB3", "JOB4", "JOB5"]}, {"older_than_s": 0}])
+def test_purge_keeps_an_id_that_also_waits_elsewhere(r, keys, how):
+    """Purged, the row went and the next claim of the id recreated one without
+    the payload: the job's data was lost (reviewer's reproduction)."""
+    for i in range(1, 6):
+        r.hset(keys.job(f"JOB{i}"), "dead_at", "1000")
+        r.hset(keys.job(f"JOB{i}"), "dead_attempts", "2")
+    elsewhere = waiting_twice(r, keys)
+    result = engine.morgue_purge(r, keys.queue, **how)
+    assert result.ids == ["JOB5"]
+    assert sorted(result.kept) == sorted(elsewhere)
+    for job, key in elsewhere.items():
+        assert result.kept[job].startswith(f"also waits in {key}: purging it would")
+        assert r.hget(keys.job(job), "payload") == f"payload-{job}"
+    assert morgue_ids(r, keys) == sorted(elsewhere)
+    assert r.hget(keys.sweeper_totals, "purged") == "1"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_replay_keeps_an_id_that_also_waits_elsewhere(r, keys, dry_run):
+    """Replayed, the job waited twice (JOB3: in its lane and the flat pending)
+    and was claimed and run twice."""
+    elsewhere = waiting_twice(r, keys)
+    result = engine.morgue_replay(r, keys.queue, dry_run=dry_run)
+    assert result.ids == ["JOB5"] and result.replayed == 1
+    assert sorted(result.unreplayable) == sorted(elsewhere)
+    for job, key in elsewhere.items():
+        assert result.unreplayable[job].startswith(f"also waits in {key}: replaying it would let it run twice")
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB2"]  # JOB3 not added beside its flat entry
+    if dry_run:
+        assert morgue_ids(r, keys) == ["JOB1", "JOB2", "JOB3", "JOB4", "JOB5"]
+    else:
+        assert morgue_ids(r, keys) == sorted(elsewhere)
+        assert r.zrange(keys.pending, 0, -1) == ["JOB1", "JOB3", "JOB5"]
+        assert r.hget(keys.sweeper_totals, "replayed") == "1"
+        assert r.hget(keys.job("JOB3"), "state") == "dead"
+
+
+def test_a_waiting_set_of_another_type_holds_no_job(r, keys):
+    put_dead(r, keys, "JOB1")
+    r.set(keys.schedule, "oops")
+    assert engine.morgue_purge(r, keys.queue).ids == ["JOB1"]

@@ -392,11 +392,23 @@ def test_one_wake_per_lane_ringed_and_wake_trimmed_to_64(r, keys):
     assert r.llen(keys.wake) == 64
 
 
-def test_unparsable_lane_limit_counts_as_unlimited(r, keys):
-    r.hset(keys.glimit, "g", "lots")
+@pytest.mark.parametrize("corrupt", ["lots", "", "1,5", "0x"])
+def test_a_lane_limit_that_is_not_a_number_keeps_the_lane_off_the_ring(r, keys, corrupt):
+    """EchoMQ's claim compares gactive with tonumber(limit) after it popped the
+    job: ringed, each claim of the lane failed half-way (the job active with no
+    worker) and the sweep sent every job of the lane to the morgue unrun."""
+    r.hset(keys.glimit, "g", corrupt)
+    r.hset(keys.glimit, "h", "2.5")  # a number to Lua: a limit
     put_active(r, keys, "JOB1", group="g")
-    sweep(r, keys, default=2)
-    assert r.lrange(keys.ring, 0, -1) == ["g"]
+    put_active(r, keys, "JOB2", group="h")
+    result = sweep(r, keys, default=2)
+    assert result.recovered == 2 and r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
+    assert r.lrange(keys.ring, 0, -1) == ["h"]
+    assert r.hget(keys.glimit, "g") == corrupt  # evidence, left as it is
+    assert result.problems == [
+        f"{keys.glimit} field g is not a number ({corrupt}): left as it is, and lane g not put back on the ring "
+        "(EchoMQ's claim of a lane job fails half-way on it); set it to the lane's limit, or delete the field "
+        "for no limit"]
 
 
 def command_calls(r, *names):

@@ -566,16 +566,24 @@ def audit(client: Any, queue: str, ledger: Ledger | None = None,
         elif (counted or 0) != in_flight.get(group, 0):
             problems.append(f"lane {group!r}: gactive={raw!r} but {in_flight.get(group, 0)} in flight")
 
+    # A claim compares gactive with the limit after it popped the job: a limit
+    # that is not a number fails it half-way (the job active with no worker).
+    bad_limits = {group for group, raw in st.glimit.items() if _lua_number(raw) is None}
+    for group in sorted(bad_limits):
+        problems.append(f"lane {group!r}: glimit={st.glimit[group]!r} is not a number (a claim fails half-way on it)")
     ring_counts = Counter(st.ring)
     for group, count in sorted(ring_counts.items()):
         if count > 1:
             problems.append(f"lane {group!r}: on the ring {count} times")
         if group in st.paused:
             problems.append(f"lane {group!r}: paused but on the ring")
-        if _at_limit(st, group) and not (group in undercounted_lanes and group not in st.gactive):
+        if group in bad_limits:
+            problems.append(f"lane {group!r}: on the ring with a glimit that is not a number")
+        elif _at_limit(st, group) and not (group in undercounted_lanes and group not in st.gactive):
             problems.append(f"lane {group!r}: at its limit but on the ring (would over-admit)")
     for group, members in sorted(st.lanes.items()):
-        if members and group not in st.paused and not _at_limit(st, group) and group not in ring_counts:
+        if (members and group not in st.paused and group not in bad_limits and not _at_limit(st, group)
+                and group not in ring_counts):
             problems.append(f"lane {group!r}: has work and spare capacity but is missing from the ring")
 
     if st.wake_len > WAKE_MAX:
@@ -587,9 +595,20 @@ def _as_int(value: str | None) -> int | None:
     return int(value) if value is not None and re.fullmatch(r"-?\d+", value) else None
 
 
+def _lua_number(value: str) -> float | None:
+    """``value`` as Lua's tonumber reads a decimal number (what EchoMQ's claim
+    compares with), or None."""
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", value) else None
+
+
 def _at_limit(st: QueueState, group: str) -> bool:
-    """A limit that is not a number counts as no limit (as the sweep reads it)."""
-    limit = _as_int(st.glimit.get(group))
+    """No limit field: no limit. (A limit that is not a number is a problem of its own.)"""
+    raw = st.glimit.get(group)
+    limit = None if raw is None else _lua_number(raw)
     if limit is None:
         return False
     return (_as_int(st.gactive.get(group)) or 0) >= limit

@@ -28,6 +28,7 @@
 -- @include death
 -- @include guard
 -- @include refusals
+-- @include elsewhere
 -- @include morgue_window
 -- @include text
 
@@ -114,6 +115,29 @@ for _, id in ipairs(candidates) do
       kept[#kept + 1] = id
       kept[#kept + 1] = readable(reason) -- it may quote the row's state
     end
+  end
+end
+
+-- An id that also waits where a worker claims it is kept: its row is the job's.
+if #purged > 0 then
+  local groups = {}
+  for i, lane in ipairs(purged_lanes) do
+    groups[i] = lane ~= '' and lane ~= '=' and string.sub(lane, 2)
+  end
+  local found = waiting_elsewhere(prefix, purged, groups)
+  if next(found) ~= nil then
+    local still, still_lanes = {}, {}
+    for i, id in ipairs(purged) do
+      if found[id] then
+        kept[#kept + 1] = id
+        kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': purging it would leave a worker the id '
+          .. 'without its row; remove it from there first')
+      else
+        still[#still + 1] = id
+        still_lanes[#still] = purged_lanes[i]
+      end
+    end
+    purged, purged_lanes = still, still_lanes
   end
 end
 

@@ -21,6 +21,7 @@
 -- @include guard
 -- @include lanes
 -- @include refusals
+-- @include elsewhere
 -- @include morgue_window
 -- @include text
 
@@ -66,7 +67,8 @@ local lanes = {}       -- group -> ids going back to the lane
 local lane_order = {}
 local flat = {}
 local moves = {}       -- {id, row, last_error} of each job replayed, written after the reads
-local n = 0
+local chosen, chosen_groups, chosen_rows = {}, {}, {}  -- by position: id, group (false: flat), {row, last_error}
+local n = 0            -- ids chosen (at most max_replayed)
 local last_examined = ''
 
 for _, id in ipairs(candidates) do
@@ -124,20 +126,36 @@ for _, id in ipairs(candidates) do
       kept[#kept + 1] = readable(reason)
     else
       n = n + 1
-      replayed[#replayed + 1] = id
-      replayed[#replayed + 1] = g or ''
-      if not dry then
-        moves[#moves + 1] = {id, row, f[4]}
-        if g then
-          if lanes[g] == nil then
-            lanes[g] = {}
-            lane_order[#lane_order + 1] = g
-          end
-          local ids = lanes[g]
-          ids[#ids + 1] = id
-        else
-          flat[#flat + 1] = id
+      chosen[#chosen + 1] = id
+      chosen_groups[n] = g
+      chosen_rows[n] = {row, f[4]}
+    end
+  end
+end
+
+-- An id that also waits where a worker claims it is kept: replayed, it would
+-- wait twice (lib/elsewhere).
+local found = waiting_elsewhere(prefix, chosen, chosen_groups)
+for i, id in ipairs(chosen) do
+  local g = chosen_groups[i]
+  if found[id] then
+    kept[#kept + 1] = id
+    kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': replaying it would let it run twice; '
+      .. 'purge it from the morgue (its row stays) or remove it from there')
+  else
+    replayed[#replayed + 1] = id
+    replayed[#replayed + 1] = g or ''
+    if not dry then
+      moves[#moves + 1] = {id, chosen_rows[i][1], chosen_rows[i][2]}
+      if g then
+        if lanes[g] == nil then
+          lanes[g] = {}
+          lane_order[#lane_order + 1] = g
         end
+        local ids = lanes[g]
+        ids[#ids + 1] = id
+      else
+        flat[#flat + 1] = id
       end
     end
   end
@@ -171,8 +189,9 @@ if not dry then
     settle_lanes, {prefix = prefix, ring = KEYS[3], paused = KEYS[6], glimit = KEYS[5],
       gactive = KEYS[4], wake = KEYS[7], unsettled = unsettled}, lane_order, {}, lanes)
   unsettled_problems(problems, KEYS[4], unsettled)
-  if n > 0 then
-    guarded(problems, {KEYS[8], 'hash'}, "this call's replays were not counted", add_counts, KEYS[8], {'replayed', n})
+  if #moves > 0 then
+    guarded(problems, {KEYS[8], 'hash'}, "this call's replays were not counted", add_counts, KEYS[8],
+      {'replayed', #moves})
   end
 end
 

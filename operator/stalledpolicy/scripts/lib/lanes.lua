@@ -6,8 +6,9 @@
 --   settle_lanes(k, groups, freed, gained)
 --
 -- k       {prefix=, ring=, paused=, glimit=, gactive=, wake=} (keys of the queue),
---         and unsettled=: a table the lanes whose gactive is not a count are
---         added to (group, value, group, value, ...)
+--         and unsettled=: a table the lanes left off the ring for a corrupt
+--         field are added to (key, group, value, key, group, value, ...): a
+--         gactive that is not a count, a glimit that is not a number
 -- groups  the lanes touched by the call, each once, in the order first seen
 -- freed   group -> slots the call gives back in gactive (nil or 0: none)
 -- gained  group -> true when the call has just added jobs to the lane
@@ -18,7 +19,11 @@
 -- and fails half-way on it: the job popped and active with no worker), and
 -- the lane goes into k.unsettled for the caller to report. Then each lane goes
 -- back on ring, with one wake, when it has work, is not paused, is under its
--- glimit (a limit that is not a number is no limit) and is not on ring yet.
+-- glimit (none: no limit) and is not on ring yet. A glimit that is not a
+-- number (by tonumber, EchoMQ's own test) is no limit to us, but EchoMQ's
+-- claim compares with it and fails half-way (the job popped, active with no
+-- worker, stalled again and again to the morgue, never run): such a lane stays
+-- off the ring, in k.unsettled.
 
 -- gactive as HINCRBY reads it (an optional minus, no leading zero), within
 -- the 15 digits a Lua double holds exactly; a missing field is 0.
@@ -60,6 +65,7 @@ local function settle_lanes(k, groups, freed, gained)
     local give_back = freed[g] or 0
     if n == nil then
       local unsettled = k.unsettled
+      unsettled[#unsettled + 1] = k.gactive
       unsettled[#unsettled + 1] = g
       unsettled[#unsettled + 1] = counts[i]
     else
@@ -95,8 +101,15 @@ local function settle_lanes(k, groups, freed, gained)
   local under = {}
   local caps = collect('HMGET', k.glimit, open)
   for i, g in ipairs(open) do
-    local cap = tonumber(caps[i] or '')
-    if cap == nil or active[g] < cap then under[#under + 1] = g end
+    local cap = caps[i] and tonumber(caps[i])
+    if caps[i] and cap == nil then
+      local unsettled = k.unsettled
+      unsettled[#unsettled + 1] = k.glimit
+      unsettled[#unsettled + 1] = g
+      unsettled[#unsettled + 1] = caps[i]
+    elseif not cap or active[g] < cap then
+      under[#under + 1] = g
+    end
   end
   if #under == 0 then return end
 

@@ -21,7 +21,8 @@
 --   unsettled_problems(problems, gactive, unsettled)
 --                               a problem added for each lane settle_lanes
 --                               (lib/lanes) left off the ring: its gactive
---                               value is not a count
+--                               value is not a count, or its glimit value
+--                               not a number
 
 -- Nothing is built when the library loads (it loads on every call of a
 -- script): the rules are comparisons, not tables.
@@ -119,10 +120,14 @@ local function lane_type_problem(prefix, g, kind)
 end
 
 local function unsettled_problems(problems, gactive, unsettled)
-  for i = 1, #unsettled, 2 do
-    local g = excerpt(unsettled[i])
-    problems[#problems + 1] = gactive .. ' field ' .. g .. ' is not a count (' .. excerpt(unsettled[i + 1])
+  for i = 1, #unsettled, 3 do
+    local key, g, value = unsettled[i], excerpt(unsettled[i + 1]), excerpt(unsettled[i + 2])
+    local what, fix = 'a count', "set it to the number of the lane's jobs in flight"
+    if key ~= gactive then
+      what, fix = 'a number', "set it to the lane's limit, or delete the field for no limit"
+    end
+    problems[#problems + 1] = key .. ' field ' .. g .. ' is not ' .. what .. ' (' .. value
       .. "): left as it is, and lane " .. g .. " not put back on the ring (EchoMQ's claim of a lane job "
-      .. "fails half-way on it); set it to the number of the lane's jobs in flight"
+      .. 'fails half-way on it); ' .. fix
   end
 end
