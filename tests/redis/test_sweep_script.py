@@ -255,6 +255,30 @@ def test_quarantine_fences_a_row_whose_token_is_an_integer(r, keys):
     assert r.hget(keys.job("JOBbad"), "attempts") == "5"
 
 
+@pytest.mark.parametrize("token, fenced", [("-4", "-3"), ("1234567890123456", "1234567890123457"),
+                                           ("9223372036854775806", "9223372036854775807")])
+def test_quarantine_fences_an_integer_token_past_the_counter_rule(r, keys, token, fenced):
+    """A claim's HINCRBY takes a negative or long attempts, so the worker holds
+    it as its token: the quarantine left it unbumped, and that stalled worker's
+    late complete deleted the row, leaving its id in dead with no row."""
+    put_active(r, keys, "JOBbad", attempts=token)
+    result = sweep(r, keys, default=2)
+    assert result.quarantined == 1
+    with pytest.raises(redis.ResponseError, match="EMQSTALE"):
+        echomq_complete(r, keys, "JOBbad", int(token))
+    row = r.hgetall(keys.job("JOBbad"))
+    assert row["attempts"] == fenced and row["dead_attempts"] == fenced
+    assert row["last_error"].startswith("malformed: attempts is not a non-negative integer")
+    assert r.zrange(keys.dead, 0, -1) == ["JOBbad"]
+
+
+def test_quarantine_leaves_an_attempts_at_the_int64_limit(r, keys):
+    put_active(r, keys, "JOBbad", attempts="9223372036854775807")
+    assert sweep(r, keys, default=2).quarantined == 1
+    row = r.hgetall(keys.job("JOBbad"))
+    assert row["attempts"] == row["dead_attempts"] == "9223372036854775807"
+
+
 def test_corrupt_gactive_does_not_abort_the_batch(r, keys):
     put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
     r.hset(keys.gactive, "g", "many")

@@ -112,14 +112,22 @@ local function touch(g)
   lane_freed[g] = lane_freed[g] + 1
 end
 
--- attempts: the row's attempts as a number when it is a counter (then
--- fenced), else its raw value (a quarantine cannot fence it)
+-- attempts: the row's attempts as a number when it is a counter, else its
+-- raw value. Fenced whenever HINCRBY takes it: a counter, and also an integer
+-- past our counter rule (negative, more than 15 digits), which a worker's
+-- claim made its token all the same.
 local function quarantine(id, row, g, problem, attempts)
   local reason = 'malformed: ' .. problem
   if row then
     local mark = attempts
     if type(attempts) == 'number' then
       mark = count_string(redis.call('HINCRBY', row, 'attempts', 1))
+    elseif attempts and string.find(attempts, '^%-?[1-9]%d*$') then
+      -- as Redis reads an integer; past int64, HINCRBY refuses it: left unfenced
+      -- (no claim could have bumped it either). Read back: exact past 2^53.
+      if type(redis.pcall('HINCRBY', row, 'attempts', 1)) == 'number' then
+        mark = redis.call('HGET', row, 'attempts')
+      end
     end
     redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s,
       'dead_attempts', death_mark(mark))
