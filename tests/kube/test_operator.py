@@ -552,6 +552,21 @@ def test_a_sweeper_scaled_or_edited_by_hand_is_put_back(operator, control_plane,
                                  if e.reason == "DriftReverted"], "a DriftReverted event")
     assert reverted[0].type == "Normal"
 
+    # What server-side apply leaves alone (another manager's fields) and the
+    # sweeper would run with: flags, a variable the policy does not set.
+    # (One write: the third revert of the window, the last the budget allows.)
+    container_path = "/spec/template/spec/containers/0"
+    apps.patch_namespaced_deployment("drift-sweeper", kube_namespace, [
+        {"op": "add", "path": f"{container_path}/args", "value": ["--max-stalled", "9"]},
+        {"op": "add", "path": f"{container_path}/env/-", "value": {"name": "STALLEDPOLICY_LANES", "value": "vip=1"}},
+        {"op": "add", "path": f"{container_path}/env/-", "value": {"name": "TZ", "value": "UTC"}}],
+        _content_type="application/json-patch+json")
+    cleaned = wait_for(lambda: (lambda d: d if not d.spec.template.spec.containers[0].args
+                                and "STALLEDPOLICY_LANES" not in env_of(d) else None)(
+        read_deployment(apps, kube_namespace, "drift-sweeper")), "the hand-added flags and variable taken out",
+        timeout=30)
+    assert env_of(cleaned)["TZ"] == "UTC" and env_of(cleaned)["STALLEDPOLICY_MAX_STALLED"] == "2"
+
     # No loop: our own (no-op) applies and the deployment controller's status
     # writes do not make the operator apply again.
     time.sleep(2)

@@ -11,11 +11,17 @@ on a Deployment this policy controls (``conflict_reason`` first).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
+from stalledpolicy.policy.builder import CONTAINER_NAME
+from stalledpolicy.sweeper.config import ENV_PREFIX
+
+log = logging.getLogger("stalledpolicy.operator")
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+JSON_PATCH_CONTENT_TYPE = "application/json-patch+json"
 
 
 def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -74,14 +80,64 @@ def read_deployment(apps, namespace: str, name: str) -> dict | None:
         raise
 
 
+def _sweeper_container(deployment: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]] | None:
+    containers = ((((deployment.get("spec") or {}).get("template") or {}).get("spec") or {})
+                  .get("containers") or [])
+    for index, container in enumerate(containers):
+        if isinstance(container, Mapping) and container.get("name") == CONTAINER_NAME:
+            return index, container
+    return None
+
+
+def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict]:
+    """JSON patch operations that take out of the stored sweeper container what
+    another writer added and the sweeper would run with: ``args`` (flags win over
+    the environment) and ``STALLEDPOLICY_*`` variables the policy does not set.
+    Server-side apply never removes them: they are another field manager's, not
+    in our intent. Each removal is guarded by a ``test`` of what it removes (a
+    write in between fails the patch, and the next event tries again). Other
+    variables (a proxy, a CA bundle) are left to their writer."""
+    found, wanted = _sweeper_container(stored), _sweeper_container(desired)
+    if found is None or wanted is None:
+        return []
+    index, container = found
+    base = f"/spec/template/spec/containers/{index}"
+    ops: list[dict] = [{"op": "test", "path": f"{base}/name", "value": CONTAINER_NAME}]
+    ours = {entry.get("name") for entry in wanted[1].get("env") or []}
+    env = container.get("env") or []
+    for position in reversed(range(len(env))):  # from the end: the indexes before stay valid
+        name = env[position].get("name") if isinstance(env[position], Mapping) else None
+        if isinstance(name, str) and name.startswith(ENV_PREFIX) and name not in ours:
+            ops += [{"op": "test", "path": f"{base}/env/{position}/name", "value": name},
+                    {"op": "remove", "path": f"{base}/env/{position}"}]
+    if container.get("args") and not wanted[1].get("args"):
+        ops += [{"op": "test", "path": f"{base}/args", "value": container["args"]},
+                {"op": "remove", "path": f"{base}/args"}]
+    return ops if len(ops) > 1 else []
+
+
 def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
-    """Server-side apply ``deployment``; returns the object as stored."""
+    """Server-side apply ``deployment``, then take out what another writer added
+    that the sweeper would run with (:func:`foreign_settings_patch`); returns the
+    object as stored."""
     meta = deployment["metadata"]
     response = apps.patch_namespaced_deployment(
         meta["name"], meta["namespace"], dict(deployment),
         field_manager=FIELD_MANAGER, force=True,
         _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
     )
+    stored = _json(response)
+    ops = foreign_settings_patch(stored, deployment)
+    if not ops:
+        return stored
+    removed = [op["value"] for op in ops[1::2] if op["op"] == "test" and op["path"].endswith("/name")]
+    if any(op["path"].endswith("/args") for op in ops):
+        removed.append("args")
+    log.info("taking out of the sweeper what another writer added to it", extra={
+        "namespace": meta["namespace"], "deployment": meta["name"], "removed": ",".join(removed)})
+    response = apps.patch_namespaced_deployment(
+        meta["name"], meta["namespace"], ops, field_manager=FIELD_MANAGER,
+        _content_type=JSON_PATCH_CONTENT_TYPE, _preload_content=False)
     return _json(response)
 
 
