@@ -289,6 +289,54 @@ def test_deleting_the_policy_garbage_collects_its_sweeper(operator, apis, kube_n
              "the garbage collector to delete the sweeper")
 
 
+def owner_uids(deployment) -> list[str]:
+    return [ref.uid for ref in deployment.metadata.owner_references or [] if ref.controller]
+
+
+def test_a_sweeper_that_lost_its_owner_reference_is_adopted_again(operator, apis, kube_api, kube_namespace,
+                                                                   secret, queue_name):
+    """Its owner reference removed by hand (or a GitOps tool), the sweeper was
+    invisible to the operator: the garbage collector could no longer delete it
+    with its policy, and every later edit was a NameConflict ("it was not
+    created by this operator"), the sweeper keeping its old budget."""
+    _, apps, custom = apis
+    policy = create_policy(custom, kube_namespace, policy_manifest("orphaned", queue_name, max_stalled=2))
+    uid = policy["metadata"]["uid"]
+    wait_for(lambda: read_deployment(apps, kube_namespace, "orphaned-sweeper"), "the sweeper")
+    wait_for_status(custom, kube_namespace, "orphaned")
+    apps.patch_namespaced_deployment("orphaned-sweeper", kube_namespace,
+                                     [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                                     _content_type="application/json-patch+json")
+    wait_for(lambda: owner_uids(read_deployment(apps, kube_namespace, "orphaned-sweeper")) == [uid],
+             "the owner reference put back", timeout=30)
+    adopted = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "orphaned")
+                                if e.reason == "SweeperAdopted"], "a SweeperAdopted event")
+    assert adopted[0].type == "Normal"
+    custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "orphaned",
+                                          {"spec": {"maxStalled": 6}})
+    wait_for(lambda: env_of(read_deployment(apps, kube_namespace, "orphaned-sweeper"))
+             .get("STALLEDPOLICY_MAX_STALLED") == "6", "the edit applied", timeout=30)
+    assert condition(get_policy(custom, kube_namespace, "orphaned"), "Ready")["reason"] != "NameConflict"
+
+
+def test_a_policy_deleted_with_its_sweeper_orphaned_adopts_it_when_created_again(
+        operator, apis, kube_api, kube_namespace, secret, queue_name):
+    _, apps, custom = apis
+    create_policy(custom, kube_namespace, policy_manifest("kept", queue_name, max_stalled=2))
+    first = wait_for(lambda: read_deployment(apps, kube_namespace, "kept-sweeper"), "the sweeper")
+    custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "kept",
+                                           body=client.V1DeleteOptions(propagation_policy="Orphan"))
+    wait_for(lambda: policy_gone(custom, kube_namespace, "kept"), "the policy gone", timeout=30)
+    wait_for(lambda: not owner_uids(read_deployment(apps, kube_namespace, "kept-sweeper")),
+             "the sweeper orphaned by the garbage collector", timeout=30)
+    second = create_policy(custom, kube_namespace, policy_manifest("kept", queue_name, max_stalled=5))
+    adopted = wait_for(lambda: (lambda d: d if owner_uids(d) == [second["metadata"]["uid"]] else None)(
+        read_deployment(apps, kube_namespace, "kept-sweeper")), "the new policy owning the sweeper", timeout=30)
+    assert adopted.metadata.uid == first.metadata.uid  # the same Deployment, taken back
+    assert env_of(adopted)["STALLEDPOLICY_MAX_STALLED"] == "5"
+    assert not [e for e in events_for(kube_api, kube_namespace, "kept") if e.reason == "NameConflict"]
+
+
 def test_kubectl_wait_for_ready_after_a_change(operator, pods, control_plane, apis, kube_namespace, secret,
                                                queue_name):
     _, apps, custom = apis

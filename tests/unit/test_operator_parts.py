@@ -195,12 +195,27 @@ def test_an_invalidated_client_another_policy_uses_is_left_open_for_it():
 def test_conflict_reason():
     ours = {"metadata": {"ownerReferences": [{"kind": "StalledPolicy", "name": "p", "uid": "u1",
                                               "controller": True}]}}
-    assert conflict_reason(None, "u1") is None
-    assert conflict_reason(ours, "u1") is None
-    assert "not by this policy" in conflict_reason(ours, "u2")
-    assert "no controller owner" in conflict_reason({"metadata": {}}, "u1")
+    assert conflict_reason(None, "u1", "orders") is None
+    assert conflict_reason(ours, "u1", "orders") is None
+    assert "not by this policy" in conflict_reason(ours, "u2", "orders")
+    assert "no controller owner" in conflict_reason({"metadata": {}}, "u1", "orders")
     not_controller = {"metadata": {"ownerReferences": [{"uid": "u1", "controller": False}]}}
-    assert conflict_reason(not_controller, "u1") is not None
+    assert conflict_reason(not_controller, "u1", "orders") is not None
+
+
+def test_a_sweeper_that_lost_its_owner_reference_is_adopted_not_a_conflict():
+    from stalledpolicy.controller import FIELD_MANAGER
+    from stalledpolicy.policy.builder import sweeper_labels
+
+    def unowned(labels, managers):
+        return {"metadata": {"labels": labels, "managedFields": [{"manager": m} for m in managers]}}
+
+    ours = unowned(sweeper_labels("orders"), [FIELD_MANAGER, "kubectl-edit"])
+    assert conflict_reason(ours, "u1", "orders") is None
+    # another policy's labels, no field manager of ours, or not our labels at all: a conflict
+    assert conflict_reason(ours, "u1", "billing") is not None
+    assert conflict_reason(unowned(sweeper_labels("orders"), ["kubectl-client-side-apply"]), "u1", "orders")
+    assert conflict_reason(unowned({"app": "theirs"}, [FIELD_MANAGER]), "u1", "orders")
 
 
 def test_only_a_stalled_policy_of_our_group_owns_a_deployment():

@@ -15,7 +15,8 @@ import logging
 from typing import Any, Mapping
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
-from stalledpolicy.policy.builder import CONTAINER_NAME
+from stalledpolicy.policy.builder import (CONTAINER_NAME, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL,
+                                          sweeper_labels)
 from stalledpolicy.sweeper.config import ENV_PREFIX
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -41,12 +42,28 @@ def policy_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return owner
 
 
-def conflict_reason(existing: Mapping[str, Any] | None, policy_uid: str) -> str | None:
+def adoptable(existing: Mapping[str, Any], policy_name: str) -> bool:
+    """Whether ``existing``, a Deployment of the sweeper's name with no controller
+    owner, is this policy's sweeper that lost its owner reference (a hand edit, a
+    GitOps tool, ``kubectl delete stalledpolicy --cascade=orphan``): it carries
+    the labels the operator writes for this policy and our field manager wrote
+    it. The apply puts the owner reference back."""
+    meta = existing.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    managers = {e.get("manager") for e in meta.get("managedFields") or [] if isinstance(e, Mapping)}
+    return (controller_owner(existing) is None and FIELD_MANAGER in managers
+            and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+            and labels.get(POLICY_LABEL) == sweeper_labels(policy_name)[POLICY_LABEL])
+
+
+def conflict_reason(existing: Mapping[str, Any] | None, policy_uid: str, policy_name: str) -> str | None:
     """Why ``existing`` (a Deployment with our name) must not be taken over, or None."""
     if existing is None:
         return None
     owner = controller_owner(existing)
     if owner is None:
+        if adoptable(existing, policy_name):
+            return None
         return "it has no controller owner (it was not created by this operator)"
     if owner.get("uid") != policy_uid:
         return (f"it is controlled by {owner.get('kind', '?')} {owner.get('name', '?')} "

@@ -68,6 +68,7 @@ OLD_SWEEPER_DELETING = "OldSweeperDeleting"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 DRIFT_REVERTED = "DriftReverted"
+SWEEPER_ADOPTED = "SweeperAdopted"
 DRIFT_CONFLICT = "DriftConflict"
 # SweeperInSync's reason (no event) between the end of a DriftConflict and the
 # apply that puts the policy's spec back.

@@ -18,7 +18,7 @@ from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
-from stalledpolicy.controller.reapply import reapply_after_deletion
+from stalledpolicy.controller.reapply import adopt_sweeper, disowned_policy, reapply_after_deletion
 from stalledpolicy.controller.reconcile import InvalidPolicy, RetryLater, reconcile
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -190,3 +190,5 @@ async def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
     key = drifted_policy(_controller, body)  # memory only: cheap on every event
     if key is not None:
         await asyncio.to_thread(revert_drift, _controller, key, body)
+    elif disowned_policy(_controller, body) is not None:  # memory only too
+        await asyncio.to_thread(adopt_sweeper, _controller, body)

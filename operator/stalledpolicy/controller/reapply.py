@@ -11,7 +11,7 @@ import logging
 from typing import Any, Mapping
 
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
-from stalledpolicy.controller.apply import earlier_policy_uid, policy_owner
+from stalledpolicy.controller.apply import adoptable, controller_owner, earlier_policy_uid, policy_owner
 from stalledpolicy.controller import events
 from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.reconcile import reconcile
@@ -174,3 +174,35 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
     if reconcile_again(ctl, key, current) is not None:
         ctl.metrics.sweepers_recreated.inc()
+
+
+def disowned_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
+    """The known, current policy whose sweeper this Deployment is, when it has lost
+    its owner reference (apply.adoptable); else None. Memory only: asked on every
+    event of a Deployment carrying our labels."""
+    meta = deployment.get("metadata") or {}
+    if meta.get("deletionTimestamp") or controller_owner(deployment) is not None:
+        return None
+    namespace, name = meta.get("namespace") or "", meta.get("name")
+    for key, state in list(ctl.policies.items()):
+        if key[0] == namespace and sweeper_name(key[1]) == name and adoptable(deployment, key[1]):
+            return key if not is_deleting(state.body) else None
+    return None
+
+
+def adopt_sweeper(ctl: Controller, deployment: Mapping[str, Any]) -> None:
+    """A policy's sweeper lost its owner reference: apply the policy's spec, which
+    puts it back (else the garbage collector would never delete the sweeper with
+    its policy, and every later reconcile would call it a NameConflict)."""
+    key = disowned_policy(ctl, deployment)
+    state = ctl.policies.get(key) if key is not None else None
+    if state is None:
+        return
+    name = (deployment.get("metadata") or {}).get("name")
+    log.info("sweeper Deployment lost its owner reference; re-applying it as the policy's", extra={
+        "namespace": key[0], "policy": key[1], "deployment": name})
+    outcome = reconcile_again(ctl, key, state.body)
+    if outcome is not None and outcome.ok:
+        ctl.recorder.post(state.body, events.NORMAL, events.SWEEPER_ADOPTED,
+                          f"Deployment {name} had lost its owner reference (a hand edit, a GitOps tool, a deletion "
+                          "with --cascade=orphan); the operator applied the policy's spec and owns it again")

@@ -209,7 +209,7 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
         raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
                          events.OLD_SWEEPER_DELETING)
-    clash = conflict_reason(existing, uid)
+    clash = conflict_reason(existing, uid, name)
     if clash:
         message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
                    "the operator will not take it over: delete or rename that Deployment, "

@@ -80,7 +80,7 @@ def _stop_refused_sweeper(ctl: Controller, meta: Mapping[str, Any]) -> str:
     and applied again. What was found, as a clause for the InvalidSpec message."""
     namespace, deployment_name = meta.get("namespace"), sweeper_name(meta.get("name"))
     existing = read_deployment(ctl.apps, namespace, deployment_name)
-    if existing is None or conflict_reason(existing, meta.get("uid")) is not None:
+    if existing is None or conflict_reason(existing, meta.get("uid"), meta.get("name")) is not None:
         return ""
     refused = [i for i in _deployment_images(existing) if not sweeper_image_allowed(ctl, i)]
     if not refused:
