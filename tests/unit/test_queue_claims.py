@@ -137,6 +137,29 @@ def test_the_newer_policy_takes_the_queue_over_when_the_older_is_deleted():
     assert stored is not None and stored["spec"]["replicas"] == 1
 
 
+def test_when_the_owner_goes_only_the_oldest_waiting_policy_takes_the_queue_over():
+    """Three policies of one queue: the owner deleted, both held-back ones took
+    the queue over at once, and the youngest's sweeper ran a pass beside the
+    other's before it was scaled to 0 again (reviewer's reproduction)."""
+    youngest = policy("emails-third", "u-3", "2026-12-01T10:09:00Z", {"url": "redis://redis.example:6379/0"})
+    apps, ctl = start(OLDER, NEWER, youngest)
+    sweeping(ctl, OLDER)
+    for body in (NEWER, youngest):
+        reconcile(ctl, copy.deepcopy(body))
+        ctl.refresh(key_of(body))
+    ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
+    # the youngest is checked first: it must wait for the one older than it
+    ctl.refresh(key_of(youngest))
+    ctl.refresh(key_of(NEWER))
+    assert apps.of("emails-third-sweeper").stored is None, "the youngest started a sweeper too"
+    assert ctl.policies[key_of(youngest)].outcome.reason == "QueueClaimed"
+    assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
+    refresh_rounds(ctl, youngest, NEWER, rounds=2)
+    outcome = ctl.policies[key_of(youngest)].outcome
+    assert (outcome.reason, outcome.claimed_by) == ("QueueClaimed", key_of(NEWER))
+    assert apps.of("emails-third-sweeper").stored is None
+
+
 def test_the_newer_policy_takes_the_queue_over_when_the_older_moves_to_another_redis():
     apps, ctl = start(OLDER, NEWER)
     sweeping(ctl, OLDER)

@@ -210,6 +210,11 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
     endpoint, misconfigured = _UNSET, None
     for _, state in sorted(rivals, key=lambda r: r[0]):
         sweeping = sweeps(ctl, state)
+        if sweeping is False and _takes_over_next(ctl, state):
+            # An older policy held back until now, whose claim has just ended: it
+            # takes the queue at its next check. Waiting for it keeps this one from
+            # taking the queue at the same moment (both sweepers would start).
+            sweeping = None
         if sweeping is False:
             lapsed = lapsed or state.queue_failures >= CLAIM_LOST_AFTER
             continue
@@ -225,6 +230,16 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
         return Claim(CLAIMED, state.key)
     return Claim(FREE, lapsed=lapsed) if unknown is None else Claim(UNKNOWN, unknown,
                                                                     misconfigured=misconfigured)
+
+
+def _takes_over_next(ctl, state) -> bool:
+    """Whether a policy held back (QueueClaimed) finds its queue free now and so
+    takes it over at its next check (as ``claim_reconcile_reason`` decides; its
+    own claim depends only on policies older than it: no cycle)."""
+    outcome = state.outcome
+    if outcome is None or outcome.ok or outcome.reason != events.QUEUE_CLAIMED or state.queue_failures:
+        return False
+    return claim_of(ctl, state.body).verdict == FREE
 
 
 def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
