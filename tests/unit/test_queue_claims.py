@@ -160,6 +160,33 @@ def test_when_the_owner_goes_only_the_oldest_waiting_policy_takes_the_queue_over
     assert apps.of("emails-third-sweeper").stored is None
 
 
+def test_an_operator_restart_posts_no_new_warning_for_a_policy_still_held_back():
+    """After a restart the claim cannot be told until the older policy is
+    refreshed: each held-back policy got a Warning saying so, then a second one
+    when the claim was known again; nothing had changed."""
+    _, first = start(OLDER, NEWER)
+    sweeping(first, OLDER)
+    reconcile(first, copy.deepcopy(NEWER))
+    first.refresh(key_of(NEWER))
+    status = first.policies[key_of(NEWER)].status
+    recorded = condition_of(status, "Ready")
+    assert recorded["reason"] == "QueueClaimed"
+
+    older_as_stored = {**copy.deepcopy(OLDER), "status": first.policies[key_of(OLDER)].status}
+    newer_as_stored = {**copy.deepcopy(NEWER), "status": status}
+    apps, ctl = start(older_as_stored, newer_as_stored)  # the restarted operator
+    # the older policy's sweeper still runs
+    apps.of("emails-sweeper").stored = copy.deepcopy(first.apps.of("emails-sweeper").stored)
+    outcome = reconcile(ctl, copy.deepcopy(newer_as_stored))  # before the older policy's first refresh
+    assert (outcome.reason, outcome.message) == ("QueueClaimed", recorded["message"])
+    sweeping(ctl, older_as_stored)
+    refresh_rounds(ctl, newer_as_stored, rounds=2)
+    assert newer_state(ctl).claimed_by == key_of(OLDER)
+    assert condition_of(ctl.policies[key_of(NEWER)].status, "Ready")["message"] == recorded["message"]
+    assert [e for e in ctl.recorder.events if e[2] == "QueueClaimed"] == []
+    assert apps.of("emails-dup-sweeper").stored is None
+
+
 def test_the_newer_policy_takes_the_queue_over_when_the_older_moves_to_another_redis():
     apps, ctl = start(OLDER, NEWER)
     sweeping(ctl, OLDER)

@@ -25,7 +25,7 @@ from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain
 from stalledpolicy.controller.retry import (APPLY_FAILED_FIRST_RETRY, NAME_CONFLICT_FIRST_RETRY,
                                             OLD_SWEEPER_FIRST_RETRY, InvalidPolicy, RetryLater)
 from stalledpolicy.controller.runtime import Controller
-from stalledpolicy.controller.status import ReconcileOutcome
+from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -290,6 +290,14 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
         elif existing is not None and asks_for_pods(existing):
             return None  # a sweeper runs now: it goes on
         else:
+            recorded = condition_of(body.get("status") or {}, "Ready") or {}
+            if current is None and recorded.get("reason") == events.QUEUE_CLAIMED and recorded.get("message"):
+                # An operator start, before the older policies are refreshed: the
+                # claim the status records stays, in its own words, with no new
+                # event (each restart posted two Warnings per held-back policy).
+                outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, recorded["message"], replicas=0)
+                ctl.record_outcome(body, outcome, announce=False)
+                return outcome
             owner_confirmed = False  # the older policy is named, not recorded as the holder
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")

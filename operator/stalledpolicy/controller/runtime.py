@@ -262,7 +262,9 @@ class Controller(StatusLoop):
             return key
         return None
 
-    def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome) -> None:
+    def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome, *, announce: bool = True) -> None:
+        """``announce`` False: a changed outcome is neither logged as a warning nor
+        posted as an event (it says again what the policy's status already says)."""
         self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
         state = self.state(body)
         with state.lock:
@@ -279,7 +281,9 @@ class Controller(StatusLoop):
         if changed:
             extra = {"namespace": state.key[0], "policy": state.key[1],
                      "generation": outcome.generation, "reason": outcome.reason}
-            if outcome.ok:
+            if not announce:
+                log.info("policy status kept as recorded: " + outcome.message, extra=extra)
+            elif outcome.ok:
                 log.info("policy reconciled", extra=extra)
             elif outcome.reason == events.OLD_SWEEPER_DELETING:
                 # Expected after a delete and create again: news, not a warning.
