@@ -961,7 +961,8 @@ def test_purge_keeps_an_id_that_also_waits_elsewhere(r, keys, how):
     assert result.ids == ["JOB5"]
     assert sorted(result.kept) == sorted(elsewhere)
     for job, key in elsewhere.items():
-        assert result.kept[job].startswith(f"also waits in {key}: purging it would")
+        assert result.kept[job] == (f"also waits in {key}: purged, its row would go and a worker would claim the "
+                                    f"id without it; to drop only the morgue entry: ZREM {keys.dead} <id>")
         assert r.hget(keys.job(job), "payload") == f"payload-{job}"
     assert morgue_ids(r, keys) == sorted(elsewhere)
     assert r.hget(keys.sweeper_totals, "purged") == "1"
@@ -976,7 +977,8 @@ def test_replay_keeps_an_id_that_also_waits_elsewhere(r, keys, dry_run):
     assert result.ids == ["JOB5"] and result.replayed == 1
     assert sorted(result.unreplayable) == sorted(elsewhere)
     for job, key in elsewhere.items():
-        assert result.unreplayable[job].startswith(f"also waits in {key}: replaying it would let it run twice")
+        assert result.unreplayable[job] == (f"also waits in {key}: replayed, it would run twice; to drop only "
+                                            f"the morgue entry: ZREM {keys.dead} <id>")
     assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB2"]  # JOB3 not added beside its flat entry
     if dry_run:
         assert morgue_ids(r, keys) == ["JOB1", "JOB2", "JOB3", "JOB4", "JOB5"]

@@ -130,8 +130,8 @@ if #purged > 0 then
     for i, id in ipairs(purged) do
       if found[id] then
         kept[#kept + 1] = id
-        kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': purging it would leave a worker the id '
-          .. 'without its row; remove it from there first')
+        kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': purged, its row would go and a worker '
+          .. 'would claim the id without it; to drop only the morgue entry: ZREM ' .. KEYS[1] .. ' <id>')
       else
         still[#still + 1] = id
         still_lanes[#still] = purged_lanes[i]

@@ -140,8 +140,8 @@ for i, id in ipairs(chosen) do
   local g = chosen_groups[i]
   if found[id] then
     kept[#kept + 1] = id
-    kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': replaying it would let it run twice; '
-      .. 'purge it from the morgue (its row stays) or remove it from there')
+    kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': replayed, it would run twice; '
+      .. 'to drop only the morgue entry: ZREM ' .. KEYS[1] .. ' <id>')
   else
     replayed[#replayed + 1] = id
     replayed[#replayed + 1] = g or ''
