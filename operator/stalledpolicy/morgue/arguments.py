@@ -10,6 +10,7 @@ from typing import Any
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
+from stalledpolicy.redis_url.redaction import redact_value
 from stalledpolicy.redis_url.validation import check_redis_url, stored_url
 from stalledpolicy.sweeper.config import SETTINGS, NumberOutOfRange, whole_number
 from stalledpolicy.tables import shown
@@ -219,6 +220,19 @@ def resolve_settings(args: argparse.Namespace) -> None:
         args.queue = validate_queue_name(queue)
     except InvalidQueueName as exc:
         raise UsageError(f"--queue (or {ENV_QUEUE}): {str(exc).removeprefix('queue: ')}") from None
+    _refuse_credentials("--lane", "a lane name", [args.lane] if getattr(args, "lane", None) is not None else [])
+    _refuse_credentials("--id", "a job id", getattr(args, "ids", None) or [])
+
+
+def _refuse_credentials(flag: str, what: str, values: list[str]) -> None:
+    """A value holding a URL with a password (the Redis URL pasted into the wrong
+    flag) is refused, quoted redacted: echoed back in a table, a note or the JSON,
+    it would show the password. No lane or job id holds one."""
+    for value in values:
+        masked = redact_value(value)
+        if masked != value:
+            raise UsageError(f"{flag}: {masked!r} holds a URL with a password, which {what} never does "
+                             "(the Redis URL goes in --redis-url)")
 
 
 def _from_env(name: str) -> str | None:

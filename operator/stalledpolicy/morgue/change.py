@@ -33,7 +33,7 @@ from stalledpolicy.morgue.prompt import confirm, is_interactive
 from stalledpolicy.morgue.render import jobs_phrase
 from stalledpolicy.morgue.report import report_outcome, report_unfinished, show_preview
 from stalledpolicy.morgue.stopping import Stopper
-from stalledpolicy.morgue.views import unknown_queue_note
+from stalledpolicy.morgue.views import empty_lane_note, unknown_queue_note
 
 @dataclass
 class ChangeRun:
@@ -122,7 +122,8 @@ def run_change(client: Any, args: argparse.Namespace, selection: dict[str, Any],
     if args.dry_run or not (preview.ids or dating_only):
         # nothing selected: a queue with no key at all (a mistyped --queue or
         # database) says so, as stats and list do, rather than pass for an empty morgue
-        note = None if preview.ids else unknown_queue_note(client, queue)
+        note = None if preview.ids else (empty_lane_note(client, engine, queue, selection.get("lane"))
+                                         or unknown_queue_note(client, queue))
         return report_outcome(args, out, err, preview, dry_run=args.dry_run, verb=verb, past=past, note=note)
 
     count = len(preview.ids)

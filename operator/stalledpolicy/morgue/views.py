@@ -13,8 +13,12 @@ from stalledpolicy.morgue.exit_codes import EXIT_OK
 from stalledpolicy.morgue.prompt import is_interactive
 from stalledpolicy.morgue.render import (EXACT_COLUMNS, age_seconds, emit_json, iso_time, lane_cell, lane_label,
                                          lane_rows)
+from stalledpolicy.redis_url.redaction import redact_urls
 
 LAST_ERROR_MIN_WIDTH = 20
+# LANE of a row that is missing or not a hash (its LAST ERROR says which): in no
+# lane, as stats and the previews say; ``-`` is the flat jobs, which --lane '' selects
+NO_LANE_SHORT = "[no lane]"
 LAST_ERROR_DEFAULT_WIDTH = 60
 # a marker's state or warning name is cut to this many columns: a long one
 # would leave no room for the error the column is for (JSON has it whole)
@@ -121,8 +125,15 @@ def _error_cell(job: Any) -> str | None:
         return f"[unreadable row: {problem}]"
     markers = [marker for marker, _, _ in _markers(job)]
     if not markers:
-        return job.last_error
-    return " ".join([*markers, job.last_error or ""]).rstrip()
+        return _shown_error(job)
+    return " ".join([*markers, _shown_error(job) or ""]).rstrip()
+
+
+def _shown_error(job: Any) -> str | None:
+    """The row's last error as shown (table and JSON): a worker's error may
+    quote a URL with a password (``Timeout talking to redis://:pw@db``); it
+    is masked, the rest kept as written."""
+    return None if job.last_error is None else redact_urls(job.last_error)
 
 
 def _legend(jobs: list[Any]) -> list[str]:
@@ -169,6 +180,19 @@ def unknown_queue_note(client: Any, queue: str) -> str | None:
             "check --queue and the URL's database")
 
 
+def empty_lane_note(client: Any, engine: Any, queue: str, lane: str | None) -> str | None:
+    """For a replay or purge of ``lane`` that selected nothing: a note when the
+    lane holds no dead job at all while the morgue holds some (a mistyped --lane
+    reads as "nothing to do"), else None. One walk of the morgue, only then."""
+    if lane is None:
+        return None
+    size = int(client.zcard(QueueKeys(queue).dead))
+    if not size or engine.morgue_page(client, queue, lane=lane, limit=1).total:
+        return None
+    return (f"no dead job is in lane {lane_label(lane)}; the morgue holds {size} in other lanes "
+            f"(morgue stats --queue {queue} lists them)")
+
+
 def with_note(document: dict[str, Any], note: str | None) -> dict[str, Any]:
     """``document`` with the :func:`unknown_queue_note` of an empty selection as
     its ``note`` member, just before ``error`` (no member when there is no note):
@@ -213,7 +237,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
             "jobs": [
                 {
                     "id": job.id, "lane": job.lane, "state": job.state, "stalled": job.stalled,
-                    "attempts": job.attempts, "last_error": job.last_error,
+                    "attempts": job.attempts, "last_error": _shown_error(job),
                     "dead_at_ms": job.dead_at_ms, "dead_at": iso_time(job.dead_at_ms),
                     "age_s": age_seconds(now_ms, job.dead_at_ms),
                     "problem": getattr(job, "problem", None),
@@ -230,7 +254,7 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
         return EXIT_OK
     headers = ("ID", "LANE", "STALLED", "ATTEMPTS", "DIED", "LAST ERROR")
     rows = [
-        (job.id, lane_cell(job.lane), job.stalled, job.attempts,
+        (job.id, NO_LANE_SHORT if getattr(job, "problem", None) else lane_cell(job.lane), job.stalled, job.attempts,
          tables.format_age(age_seconds(now_ms, job.dead_at_ms)), _error_cell(job))
         for job in jobs
     ]
