@@ -27,7 +27,7 @@ test-fast: setup
 setup: system-packages $(STAMP)
 
 system-packages:
-	@bash hack/install-system-packages.sh
+	@PYTHON=$(PYTHON) bash hack/install-system-packages.sh
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
