@@ -106,6 +106,19 @@ def test_lint_passes_strict_with_every_option(helm, shape):
     assert "0 chart(s) failed" in done.stdout
 
 
+@pytest.mark.parametrize("shape, flag", [([], ""), (["--set", "watchNamespaces={team-a,team-b}"], " -n team-a")],
+                         ids=["cluster-wide", "namespaced"])
+def test_the_notes_point_kubectl_at_a_watched_namespace(helm, shape, flag):
+    """Namespaced, the notes' commands had no -n: the example landed in default,
+    which the operator does not watch, and the kubectl wait timed out."""
+    notes = helm("install", "notes", str(CHART), "--namespace", "sp", "--dry-run=client", *shape).stdout
+    notes = notes.split("NOTES:", 1)[1]
+    assert f"kubectl apply{flag} -f examples/flat-queue.yaml" in notes
+    assert f"kubectl wait{flag} --for=condition=Ready stalledpolicy/emails" in notes
+    assert f"kubectl get stalledpolicies{flag} -o wide" in notes
+    assert ("in a namespace\nthe operator watches" in notes) == bool(flag)
+
+
 @pytest.mark.parametrize("values, complaint", [
     ({"imagee": {"tag": "x"}}, "imagee"),
     ({"operator": {"statusWorkers": "eight"}}, "statusWorkers"),
