@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="keep each drain's callgrind dump there (callgrind_annotate --inclusive=yes DUMP)")
     args = parser.parse_args(argv)
+    if not shutil.which("valgrind"):
+        raise SystemExit("valgrind is needed to count instructions (apt-get install -y valgrind)")
     if args.keep_dumps is not None:
         args.keep_dumps.mkdir(parents=True, exist_ok=True)
     batches = args.batch or [100, 1000]
