@@ -129,9 +129,12 @@ def test_the_notes_point_kubectl_at_a_watched_namespace(helm, shape, flag):
     ({"sweeperAllowedImages": ["registry.example/*/sweeper"]}, "sweeperAllowedImages"),
     ({"podMonitor": {"enabled": True, "interval": "1.5s"}}, "interval"),
     ({"podMonitor": {"enabled": True, "scrapeTimeout": "0.5s"}}, "scrapeTimeout"),
+    # Helm located a propertyNames failure at a random other value (reviewer's reproduction)
+    ({"podLabels": {"app.kubernetes.io/name": "x"}}, "at '/podLabels'"),
+    ({"resources": {"requests": {"bad name": "1"}}}, "at '/resources/requests': additional properties 'bad name'"),
 ], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern",
         "zero-status-interval", "sub-second-backoff", "star-inside-an-allowed-image",
-        "fractional-scrape-interval", "fractional-scrape-timeout"])
+        "fractional-scrape-interval", "fractional-scrape-timeout", "reserved-pod-label", "resource-name"])
 def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))
