@@ -16,6 +16,7 @@ RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin stalledpolicy
 USER 65532:65532
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-EXPOSE 8080 9090
+# the operator's liveness (8080) and metrics (8081) ports; a sweeper's metrics/health port (9090)
+EXPOSE 8080 8081 9090
 ENTRYPOINT ["stalledpolicy"]
 CMD ["operator", "--all-namespaces"]
