@@ -78,3 +78,22 @@ def test_a_lane_with_dead_jobs_none_old_enough_gets_no_such_note(r, url, queue_n
     done = morgue(url, "purge", "--queue", queue_name, "--lane", "imports", "--older-than", "1d", "--yes")
     assert done.returncode == 0, done.stderr
     assert "no dead job is in lane" not in done.stdout and "nothing to purge" in done.stdout
+
+
+def test_the_json_writes_a_flat_job_and_a_row_in_no_lane_alike_in_every_command(r, url, queue_name):
+    """list wrote a flat job's lane as null where stats and replay write "";
+    purge gave no lanes at all, though its table shows them."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB1")
+    bury(r, queue_name, "JOB2", lane="imports")
+    r.zadd(keys.dead, {"JOB3": 0})  # its row missing: in no lane
+    listed = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
+    assert {job["id"]: job["lane"] for job in listed["jobs"]} == {"JOB1": "", "JOB2": "imports", "JOB3": None}
+    flat = json.loads(morgue(url, "list", "--queue", queue_name, "--lane", "", "-o", "json").stdout)
+    assert [job for job in flat["jobs"] if job["lane"] != flat["lane"]] == []
+    stats = json.loads(morgue(url, "stats", "--queue", queue_name, "-o", "json").stdout)
+    purge = json.loads(morgue(url, "purge", "--queue", queue_name, "--all", "--dry-run", "-o", "json").stdout)
+    assert purge["lanes"] == stats["lanes"] == {"": 1, "imports": 1}
+    assert purge["unreadable"] == stats["unreadable"] == 1
+    replay = json.loads(morgue(url, "replay", "--queue", queue_name, "--all", "--dry-run", "-o", "json").stdout)
+    assert replay["lanes"] == {"": 1, "imports": 1}

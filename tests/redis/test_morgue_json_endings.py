@@ -18,7 +18,8 @@ from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.morgue import cli as morgue_cli
 from tests.redis.test_morgue_cli import _args, bury, dump, standard_morgue
 
-SHAPE = {"queue", "action", "dry_run", "purged", "ids", "missing", "refused", "vanished", "problems",
+SHAPE = {"queue", "action", "dry_run", "purged", "ids", "lanes", "unreadable", "missing", "refused", "vanished",
+         "problems",
          "stopped_early", "signal", "not_reached", "undated", "undated_dated", "undatable", "error",
          "outcome_unknown"}
 

@@ -62,8 +62,11 @@ def _document(args: argparse.Namespace, outcome: Outcome, *, dry_run: bool, verb
         "queue": args.queue, "action": verb, "dry_run": dry_run,
         ("would_" + verb if dry_run else past): len(outcome.ids), "ids": outcome.ids,
     }
-    if verb == "replay":
-        document["lanes"] = outcome.lanes
+    # as stats writes them: flat jobs under "", rows missing or not a hash (in no
+    # lane, which only a purge removes) counted apart
+    document["lanes"] = {lane: count for lane, count in outcome.lanes.items() if lane is not None}
+    if verb == "purge":
+        document["unreadable"] = outcome.lanes.get(None, 0)
     document["missing"] = outcome.missing
     document["refused"] = outcome.refused
     document["vanished"] = list(vanished)

@@ -236,7 +236,9 @@ def show_list(client: Any, args: argparse.Namespace, engine: Any, out: IO[str]) 
             "limit": args.limit,
             "jobs": [
                 {
-                    "id": job.id, "lane": job.lane, "state": job.state, "stalled": job.stalled,
+                    # "" a flat job (as stats and replay write it), null a row in no lane
+                    "id": job.id, "lane": None if getattr(job, "problem", None) else job.lane or "",
+                    "state": job.state, "stalled": job.stalled,
                     "attempts": job.attempts, "last_error": _shown_error(job),
                     "dead_at_ms": job.dead_at_ms, "dead_at": iso_time(job.dead_at_ms),
                     "age_s": age_seconds(now_ms, job.dead_at_ms),
