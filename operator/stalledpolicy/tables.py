@@ -108,7 +108,8 @@ def truncate_unescaped(text: str, width: int) -> str:
     kept: list[str] = []
     used = 0
     for ch in text:
-        w = 1 if ch.isspace() else display_width(printable(ch))
+        # whitespace printable() keeps as one space; other separators it escapes
+        w = 1 if ch in " \t\n\r\v\f" else display_width(printable(ch))
         if used + w > width - 1:
             break
         kept.append(ch)

@@ -40,6 +40,14 @@ def test_a_url_with_a_password_in_lane_or_id_is_refused_masked(r, url, queue_nam
     assert r.zrange(QueueKeys(queue_name).dead, 0, -1) == ["JOB1"]
 
 
+@pytest.mark.parametrize("job_id", ["ssh://git@github.com/org/repo", "thumb:s3://bucket/key@v2"])
+def test_an_id_shaped_like_a_url_without_a_password_is_selected(r, url, queue_name, job_id):
+    bury(r, queue_name, job_id)
+    done = morgue(url, "replay", "--queue", queue_name, "--id", job_id, "--dry-run", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ids"] == [job_id]
+
+
 def test_a_password_quoted_in_a_last_error_is_masked_in_the_table_and_the_json(r, url, queue_name):
     bury(r, queue_name, "JOB1", last_error=f"TimeoutError talking to redis://:{PASSWORD}@db:6379/0 after 5s")
     table = morgue(url, "list", "--queue", queue_name)

@@ -993,3 +993,17 @@ def test_a_waiting_set_of_another_type_holds_no_job(r, keys):
     put_dead(r, keys, "JOB1")
     r.set(keys.schedule, "oops")
     assert engine.morgue_purge(r, keys.queue).ids == ["JOB1"]
+
+
+def test_an_id_kept_because_it_waits_elsewhere_uses_up_no_place_of_the_limit(r, keys):
+    """With ids and a limit, JOB1 (also in pending) counted toward the limit and
+    JOB2, eligible, was neither replayed nor reported (reviewer's reproduction)."""
+    put_dead(r, keys, "JOB1")
+    r.zadd(keys.pending, {"JOB1": 0})
+    put_dead(r, keys, "JOB2")
+    put_dead(r, keys, "JOB3")
+    by_ids = engine.morgue_replay(r, keys.queue, ids=["JOB1", "JOB2", "JOB3"], limit=1)
+    assert by_ids.ids == ["JOB2"] and list(by_ids.unreplayable) == ["JOB1"]
+    scan = engine.morgue_replay(r, keys.queue, limit=1)
+    assert scan.ids == ["JOB3"]
+    assert morgue_ids(r, keys) == ["JOB1"]

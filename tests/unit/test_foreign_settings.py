@@ -44,9 +44,10 @@ def test_args_and_foreign_sweeper_variables_are_taken_out_and_the_rest_kept():
     sweeper["env"].insert(1, {"name": "STALLEDPOLICY_LANES", "value": "vip=1"})
     sweeper["env"].append({"name": "HTTPS_PROXY", "value": "http://proxy:3128"})
     sweeper["env"].append({"name": "STALLEDPOLICY_BATCH_SIZE_X", "value": "1"})
+    sweeper["envFrom"] = [{"configMapRef": {"name": "sweeper-overrides"}}]
     ops = foreign_settings_patch(stored, desired)
     fixed = container(apply_patch(stored, ops))
-    assert "args" not in fixed
+    assert "args" not in fixed and "envFrom" not in fixed
     assert [e["name"] for e in fixed["env"]] == ours + ["HTTPS_PROXY"]
 
 

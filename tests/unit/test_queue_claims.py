@@ -187,6 +187,27 @@ def test_an_operator_restart_posts_no_new_warning_for_a_policy_still_held_back()
     assert apps.of("emails-dup-sweeper").stored is None
 
 
+def test_many_held_back_policies_are_each_judged_once(monkeypatch):
+    """Each held-back rival's own claim was judged again for every newer policy
+    asking: 2^(N-1) judgements, seconds at 20 policies of one queue."""
+    from stalledpolicy.controller import queue_claims
+
+    waiting = [policy(f"q{i:02d}", f"u-w{i}", f"2026-12-01T11:{i:02d}:00Z", {"url": "redis://redis.example:6379/0"})
+               for i in range(16)]
+    apps, ctl = start(OLDER, *waiting)
+    sweeping(ctl, OLDER)
+    for body in waiting:
+        reconcile(ctl, copy.deepcopy(body))
+        ctl.refresh(key_of(body))
+    ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
+    calls = []
+    real = queue_claims.claim_of
+    monkeypatch.setattr(queue_claims, "claim_of", lambda *a, **k: calls.append(1) or real(*a, **k))
+    claim = queue_claims.claim_of(ctl, ctl.policies[key_of(waiting[-1])].body)
+    assert claim.verdict == queue_claims.UNKNOWN and claim.owner == key_of(waiting[0])
+    assert len(calls) <= len(waiting) + 1
+
+
 def test_the_newer_policy_takes_the_queue_over_when_the_older_moves_to_another_redis():
     apps, ctl = start(OLDER, NEWER)
     sweeping(ctl, OLDER)

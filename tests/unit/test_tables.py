@@ -48,6 +48,7 @@ def test_truncate_unescaped_measures_the_text_as_a_cell_shows_it():
     assert truncate_unescaped("pending", 16) == "pending"
     assert truncate_unescaped("a\\b", 3) == "a…"  # shown a\\b: 4 columns
     assert truncate_unescaped("anything", 0) == ""
+    assert display_width(printable(truncate_unescaped("\x1c" * 40, 16))) <= 16  # escaped: 4 columns each
 
 
 def test_wide_characters_count_two_columns():

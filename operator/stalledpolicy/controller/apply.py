@@ -109,7 +109,8 @@ def _sweeper_container(deployment: Mapping[str, Any]) -> tuple[int, Mapping[str,
 def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict]:
     """JSON patch operations that take out of the stored sweeper container what
     another writer added and the sweeper would run with: ``args`` (flags win over
-    the environment) and ``STALLEDPOLICY_*`` variables the policy does not set.
+    the environment), ``envFrom`` (it may bring any variable) and
+    ``STALLEDPOLICY_*`` variables the policy does not set.
     Server-side apply never removes them: they are another field manager's, not
     in our intent. Each removal is guarded by a ``test`` of what it removes (a
     write in between fails the patch, and the next event tries again). Other
@@ -127,9 +128,10 @@ def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]
         if isinstance(name, str) and name.startswith(ENV_PREFIX) and name not in ours:
             ops += [{"op": "test", "path": f"{base}/env/{position}/name", "value": name},
                     {"op": "remove", "path": f"{base}/env/{position}"}]
-    if container.get("args") and not wanted[1].get("args"):
-        ops += [{"op": "test", "path": f"{base}/args", "value": container["args"]},
-                {"op": "remove", "path": f"{base}/args"}]
+    for field in ("args", "envFrom"):  # envFrom: a ConfigMap's or Secret's STALLEDPOLICY_* variables
+        if container.get(field) and not wanted[1].get(field):
+            ops += [{"op": "test", "path": f"{base}/{field}", "value": container[field]},
+                    {"op": "remove", "path": f"{base}/{field}"}]
     return ops if len(ops) > 1 else []
 
 
@@ -147,9 +149,8 @@ def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
     ops = foreign_settings_patch(stored, deployment)
     if not ops:
         return stored
-    removed = [op["value"] for op in ops[1::2] if op["op"] == "test" and op["path"].endswith("/name")]
-    if any(op["path"].endswith("/args") for op in ops):
-        removed.append("args")
+    removed = [op["value"] if op["path"].endswith("/name") else op["path"].rsplit("/", 1)[1]
+               for op in ops[1::2]]
     log.info("taking out of the sweeper what another writer added to it", extra={
         "namespace": meta["namespace"], "deployment": meta["name"], "removed": ",".join(removed)})
     response = apps.patch_namespaced_deployment(

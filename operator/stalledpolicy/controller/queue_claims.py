@@ -181,12 +181,16 @@ def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
 _UNSET: Any = object()
 
 
-def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
+def claim_of(ctl, body: Mapping[str, Any], _verdicts: dict | None = None) -> Claim:
     """Whether an older policy (of those the operator knows, not being deleted) that
     sweeps (``sweeps``) names the same queue on the same Redis server and database
     as ``body`` (``same_server``): the oldest such one is the ``owner``. Reads
     Secrets (cached, maybe the API) and may wait a moment for a host name's lookup:
-    never call it holding a policy's status lock."""
+    never call it holding a policy's status lock. ``_verdicts``: the verdicts of
+    older policies already judged in this call (``_takes_over_next``), by key: a
+    policy's claim depends only on older ones, so each is judged once (without
+    it, N held-back policies cost 2^N judgements)."""
+    verdicts: dict = {} if _verdicts is None else _verdicts
     meta = metadata_of(body)
     if meta.get("deletionTimestamp"):
         return Claim(FREE)
@@ -210,7 +214,7 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
     endpoint, misconfigured = _UNSET, None
     for _, state in sorted(rivals, key=lambda r: r[0]):
         sweeping = sweeps(ctl, state)
-        if sweeping is False and _takes_over_next(ctl, state):
+        if sweeping is False and _takes_over_next(ctl, state, verdicts):
             # An older policy held back until now, whose claim has just ended: it
             # takes the queue at its next check. Waiting for it keeps this one from
             # taking the queue at the same moment (both sweepers would start).
@@ -232,14 +236,17 @@ def claim_of(ctl, body: Mapping[str, Any]) -> Claim:
                                                                     misconfigured=misconfigured)
 
 
-def _takes_over_next(ctl, state) -> bool:
+def _takes_over_next(ctl, state, verdicts: dict) -> bool:
     """Whether a policy held back (QueueClaimed) finds its queue free now and so
     takes it over at its next check (as ``claim_reconcile_reason`` decides; its
-    own claim depends only on policies older than it: no cycle)."""
+    own claim depends only on policies older than it: no cycle). ``verdicts``
+    memoizes the judgements of one top-level ``claim_of``."""
     outcome = state.outcome
     if outcome is None or outcome.ok or outcome.reason != events.QUEUE_CLAIMED or state.queue_failures:
         return False
-    return claim_of(ctl, state.body).verdict == FREE
+    if state.key not in verdicts:
+        verdicts[state.key] = claim_of(ctl, state.body, verdicts).verdict
+    return verdicts[state.key] == FREE
 
 
 def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from stalledpolicy.durations import parse_duration
 from stalledpolicy.keyspace import InvalidQueueName, validate_queue_name
-from stalledpolicy.redis_url.redaction import redact_value
+from stalledpolicy.redis_url.redaction import holds_password, redact_value
 from stalledpolicy.redis_url.validation import check_redis_url, stored_url
 from stalledpolicy.sweeper.config import SETTINGS, NumberOutOfRange, whole_number
 from stalledpolicy.tables import shown
@@ -229,8 +229,8 @@ def _refuse_credentials(flag: str, what: str, values: list[str]) -> None:
     flag) is refused, quoted redacted: echoed back in a table, a note or the JSON,
     it would show the password. No lane or job id holds one."""
     for value in values:
-        masked = redact_value(value)
-        if masked != value:
+        if holds_password(value):
+            masked = redact_value(value)
             raise UsageError(f"{flag}: {masked!r} holds a URL with a password, which {what} never does "
                              "(the Redis URL goes in --redis-url)")
 

@@ -171,6 +171,14 @@ def redact_urls(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda url: _redact_found(url.group(0)), text)
 
 
+def holds_password(value: str) -> bool:
+    """Whether ``value`` is, or quotes, a URL with a password (a user name alone,
+    ``ssh://git@host``, is none: :func:`secrets_of`)."""
+    urls = [value.strip()] if _URL_START.match(value) else []
+    urls += [found.group(0) for found in _URL_IN_TEXT.finditer(value)]
+    return any(secrets_of(url) for url in urls)
+
+
 def redact_value(value: str) -> str:
     """A setting's or a field's value, to quote in a message: redacted whole when
     it is a URL (so a password holding a space is masked too), else any URL in it."""

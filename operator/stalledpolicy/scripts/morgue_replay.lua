@@ -67,19 +67,17 @@ local lanes = {}       -- group -> ids going back to the lane
 local lane_order = {}
 local flat = {}
 local moves = {}       -- {id, row, last_error} of each job replayed, written after the reads
-local chosen, chosen_groups, chosen_rows = {}, {}, {}  -- by position: id, group (false: flat), {row, last_error}
-local n = 0            -- ids chosen (at most max_replayed)
-local last_examined = ''
 
-for _, id in ipairs(candidates) do
-  if n >= max_replayed then
-    -- stopped early: resume right after the last id examined
-    if mode ~= 'ids' then next_cursor = last_examined end
-    break
-  end
-  last_examined = id
+-- What each id of the window is, read before anything is decided (by position):
+-- MISSING, a reason to keep it (false: not ours, a filtered scan's other lane),
+-- or nil with its group and row to replay. The limit applies after, to the ids
+-- that are replayed: an id kept must not use up a place.
+local MISSING = {}  -- not in `dead` (ids mode)
+local verdict, group_of, row_of = {}, {}, {}
+local eligible, eligible_groups = {}, {}
+for i, id in ipairs(candidates) do
   if mode == 'ids' and redis.call('ZSCORE', KEYS[1], id) == false then
-    missing[#missing + 1] = id
+    verdict[i] = MISSING
   else
     local row = prefix .. 'job:' .. id
     local f = redis.pcall('HMGET', row, 'group', 'attempts', 'state', 'last_error')
@@ -117,36 +115,49 @@ for _, id in ipairs(candidates) do
     elseif g and lane_refusal(g) ~= '' then
       reason = lane_refusal(g)
     end
-    if reason == false then
-      -- another lane's job (or a laneless row) met by a filtered scan: not ours this time
-    elseif reason then
-      -- kept in `dead` and reported: never dropped, never half-replayed
-      -- (the reason may quote a row's bytes: made valid UTF-8)
-      kept[#kept + 1] = id
-      kept[#kept + 1] = readable(reason)
-    else
-      n = n + 1
-      chosen[#chosen + 1] = id
-      chosen_groups[n] = g
-      chosen_rows[n] = {row, f[4]}
+    verdict[i] = reason
+    if reason == nil then
+      group_of[i], row_of[i] = g, {row, f[4]}
+      eligible[#eligible + 1] = id
+      eligible_groups[#eligible] = g
     end
   end
 end
 
 -- An id that also waits where a worker claims it is kept: replayed, it would
 -- wait twice (lib/elsewhere).
-local found = waiting_elsewhere(prefix, chosen, chosen_groups)
-for i, id in ipairs(chosen) do
-  local g = chosen_groups[i]
-  if found[id] then
+local found = waiting_elsewhere(prefix, eligible, eligible_groups)
+
+local n = 0
+local last_examined = ''
+for i, id in ipairs(candidates) do
+  if n >= max_replayed then
+    -- stopped early: resume right after the last id examined
+    if mode ~= 'ids' then next_cursor = last_examined end
+    break
+  end
+  last_examined = id
+  local reason = verdict[i]
+  if reason == nil and found[id] then
+    reason = 'also waits in ' .. found[id] .. ': replayed, it would run twice; to drop only the morgue entry: ZREM '
+      .. KEYS[1] .. ' <id>'
+  end
+  if reason == MISSING then
+    missing[#missing + 1] = id
+  elseif reason == false then
+    -- another lane's job (or a laneless row) met by a filtered scan: not ours this time
+  elseif reason then
+    -- kept in `dead` and reported: never dropped, never half-replayed
+    -- (the reason may quote a row's bytes: made valid UTF-8)
     kept[#kept + 1] = id
-    kept[#kept + 1] = readable('also waits in ' .. found[id] .. ': replayed, it would run twice; '
-      .. 'to drop only the morgue entry: ZREM ' .. KEYS[1] .. ' <id>')
+    kept[#kept + 1] = readable(reason)
   else
+    n = n + 1
+    local g = group_of[i]
     replayed[#replayed + 1] = id
     replayed[#replayed + 1] = g or ''
     if not dry then
-      moves[#moves + 1] = {id, chosen_rows[i][1], chosen_rows[i][2]}
+      moves[#moves + 1] = {id, row_of[i][1], row_of[i][2]}
       if g then
         if lanes[g] == nil then
           lanes[g] = {}
