@@ -768,8 +768,9 @@ def test_a_refused_step_after_the_moves_is_a_problem_not_a_lost_reply(redis_serv
 
 
 @pytest.mark.parametrize("refusal", [("-hset",), ("-zadd",), ("-lpush",), ("-hincrby",),
-                                     ("resetkeys", "%R~*", "~{prefix}[^j]*"), ("-hmget",)],
-                         ids=["no-hset", "no-zadd", "no-wake-push", "no-counters", "rows-read-only", "no-hmget"])
+                                     ("resetkeys", "%R~*", "~{prefix}[^j]*"), ("-hmget",), ("-zremrangebyrank",)],
+                         ids=["no-hset", "no-zadd", "no-wake-push", "no-counters", "rows-read-only", "no-hmget",
+                              "no-removal-by-rank"])
 def test_a_user_that_may_not_write_the_queue_moves_nothing(redis_server, r, keys, refusal):
     """Refused after the batch left `active`, the call would stop with its jobs in
     no set: every write is asked for first, on the real keys."""

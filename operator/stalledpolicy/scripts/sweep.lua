@@ -65,7 +65,7 @@ require_sorted_set(KEYS[3], 'nothing was moved')
 -- (a row: the first of the batch); the lanes' and the totals' too: refused,
 -- they would leave a lane slot taken for good.
 local id1, row1 = expired[1], prefix .. 'job:' .. expired[1]
-require_permitted(prefix, {{'ZREM', KEYS[1], id1}, {'ZADD', KEYS[2], '0', id1}, {'ZADD', KEYS[3], '0', id1},
+require_permitted(prefix, {{'ZREMRANGEBYRANK', KEYS[1], '0', '0'}, {'ZADD', KEYS[2], '0', id1}, {'ZADD', KEYS[3], '0', id1},
   {'HMGET', row1, 'state'}, {'TYPE', row1}, {'EXISTS', row1}, {'HSET', row1, 'state', 'dead'},
   {'HINCRBY', row1, 'attempts', '1'}, {'HSET', KEYS[5], 'g', '1'}, {'HDEL', KEYS[5], 'g'},
   {'RPUSH', KEYS[4], 'g'}, {'LPUSH', KEYS[8], '1'}, {'LTRIM', KEYS[8], '0', '63'},
@@ -242,7 +242,11 @@ end
 -- that refusal matters, not the count.
 variadic('EXISTS', KEYS[1], lane_keys, false)
 
-variadic('ZREM', KEYS[1], expired, false)
+-- The batch is the first #expired ranks of `active` (-inf is its lowest score,
+-- and nothing above wrote to it): removed by rank, with no search per id and
+-- none of the ids passed back to Redis (2 % of the call's instructions at
+-- batch 1,000, bench/instructions.py).
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #expired - 1)
 
 for i = 1, #expired do
   local id, step, g = expired[i], what[i], group_of[i] or nil
