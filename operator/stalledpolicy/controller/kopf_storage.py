@@ -18,9 +18,10 @@ no write), unless the API server's managed fields say the annotation was set by
 someone other than kopf (``kubectl create``, Velero, a GitOps tool: a copy made
 before the upgrade). Managed fields say nothing (stripped, or a server without
 them): trusted. kopf stores the diff base again only when the spec changes, so
-a trusted uid-less value would stay forever, and with it the trust: an export
-of such a policy that kept its managed fields (kopf named as the annotation's
-manager), created again, was taken for the same object and got no sweeper. The
+a trusted uid-less value would stay forever, and with it the trust: a copy of
+such a policy created again with kopf named as the annotation's manager (the
+API server names a create's own field manager, whatever managed fields the
+copy kept) was taken for the same object and got no sweeper. The
 resume handler therefore rewrites a trusted uid-less diff base once with the
 object's uid (:meth:`UidDiffBaseStorage.bind_uid`: the stored essence
 unchanged, the uid added; one annotation in the resume's own patch, no handler
