@@ -13,7 +13,7 @@ memory by textual ablation, each run by EVAL on the same seeded queue:
   lane is put on the ring (NOT correct, cost only);
 - ``no-lane-totals``: the per-lane fields of sweeper:totals skipped;
 - ``lua-floor``: not the script at all: the same per-job commands (HMGET,
-  HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREM/ZADD with none of its logic
+  HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREMRANGEBYRANK/ZADD with none of its logic
   (every job to pending): the floor of this work inside one Lua script.
 
 Each variant's figure is the server's time (INFO commandstats eval usec) per
@@ -58,7 +58,7 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit 
 local more = 0
 if #ids > limit then more = 1; ids[#ids] = nil end
 if #ids == 0 then return {0, 0, 0, 0, 0, {}} end
-redis.call('ZREM', KEYS[1], unpack(ids))
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
 local zargs = {}
 for _, id in ipairs(ids) do
   local row = ARGV[1] .. 'job:' .. id
