@@ -768,9 +768,10 @@ def test_a_refused_step_after_the_moves_is_a_problem_not_a_lost_reply(redis_serv
 
 
 @pytest.mark.parametrize("refusal", [("-hset",), ("-zadd",), ("-lpush",), ("-hincrby",),
-                                     ("resetkeys", "%R~*", "~{prefix}[^j]*"), ("-hmget",), ("-zremrangebyrank",)],
+                                     ("resetkeys", "%R~*", "~{prefix}[^j]*"), ("-hmget",),
+                                     ("-zremrangebyrank", "-zrem")],
                          ids=["no-hset", "no-zadd", "no-wake-push", "no-counters", "rows-read-only", "no-hmget",
-                              "no-removal-by-rank"])
+                              "no-removal-from-active"])
 def test_a_user_that_may_not_write_the_queue_moves_nothing(redis_server, r, keys, refusal):
     """Refused after the batch left `active`, the call would stop with its jobs in
     no set: every write is asked for first, on the real keys."""
@@ -782,6 +783,22 @@ def test_a_user_that_may_not_write_the_queue_moves_nothing(redis_server, r, keys
         with pytest.raises(redis.ResponseError, match="EMQNOPERM the Redis user may not run .*nothing was moved"):
             sweep(client, keys, default=2)
     assert {key: r.dump(key) for key in r.keys("*")} == before
+
+
+def test_a_user_granted_zrem_but_not_removal_by_rank_still_recovers(redis_server, r, keys):
+    """docs/scripts.md listed ZREM for `active` until the sweep removed its batch
+    by rank: a user granted command by command from that list keeps working."""
+    for i in range(5):
+        put_active(r, keys, f"JOB{i}", group="g" if i % 2 else None)
+    put_active(r, keys, "LATER", score=server_ms(r) + 60_000)  # a lease still running
+    with restricted_user(redis_server, r, "zrem-only", "-zremrangebyrank") as client:
+        result = sweep(client, keys, default=2, limit=3)
+        assert (result.recovered, result.more) == (3, True)
+        result = sweep(client, keys, default=2, limit=3)
+    assert (result.recovered, result.more) == (2, False)
+    assert r.zrange(keys.active, 0, -1) == ["LATER"]
+    assert r.zrange(keys.pending, 0, -1) == ["JOB0", "JOB2", "JOB4"]
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1", "JOB3"]
 
 
 def test_a_lane_the_user_may_not_write_sends_its_jobs_to_the_morgue(redis_server, r, keys):
