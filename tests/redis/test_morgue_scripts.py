@@ -748,6 +748,31 @@ def test_purge_keeps_an_entry_whose_row_says_it_is_alive(r, keys):
     assert r.exists(keys.job("JOB1")) == 1 and morgue_ids(r, keys) == ["JOB1"]
 
 
+def test_purge_deletes_a_purged_jobs_log_lines_as_echomqs_remove_job_does(r, keys):
+    """EchoMQ's add_log keeps a job's lines in job:<id>:logs; its remove_job
+    deletes them with the row: so does a purge, and only for what it purges."""
+    put_dead(r, keys, "JOB1")
+    put_dead(r, keys, "JOB2", state="active")  # kept: its row says it is alive
+    for job in ("JOB1", "JOB2", "JOB3"):  # JOB3: not in the morgue at all
+        r.rpush(keys.job(job) + ":logs", "line 1", "line 2")
+    assert engine.morgue_purge(r, keys.queue, dry_run=True).ids == ["JOB1"]
+    assert r.exists(keys.job("JOB1") + ":logs") == 1
+    result = engine.morgue_purge(r, keys.queue, ids=["JOB1", "JOB2", "JOB3"])
+    assert result.ids == ["JOB1"] and list(result.kept) == ["JOB2"] and result.missing == ["JOB3"]
+    assert r.exists(keys.job("JOB1"), keys.job("JOB1") + ":logs") == 0
+    assert r.exists(keys.job("JOB2") + ":logs", keys.job("JOB3") + ":logs") == 2
+
+
+def test_a_user_who_may_not_delete_the_log_lines_still_purges(redis_server, r, keys):
+    put_dead(r, keys, "JOB1")
+    r.rpush(keys.job("JOB1") + ":logs", "line 1")
+    rows_not_logs = ("resetkeys", f"~{keys.prefix}[^j]*", f"~{keys.job('JOB1')}")
+    with restricted_user(redis_server, r, "no-logs", *rows_not_logs) as client:
+        assert engine.morgue_purge(client, keys.queue).ids == ["JOB1"]
+    assert r.exists(keys.job("JOB1")) == 0 and morgue_ids(r, keys) == []
+    assert r.lrange(keys.job("JOB1") + ":logs", 0, -1) == ["line 1"]
+
+
 def test_purge_dry_run_reports_and_changes_nothing(r, keys):
     now = server_ms(r)
     put_dead(r, keys, "JOB1", dead_at=now - 10_000)

@@ -153,8 +153,13 @@ end
 local problems = {}
 if not dry then
   for _, id in ipairs(purged) do
+    local row = prefix .. 'job:' .. id
     redis.call('ZREM', KEYS[1], id)
-    redis.call('DEL', prefix .. 'job:' .. id)
+    redis.call('DEL', row)
+    -- and its log lines (EchoMQ's add_log), as EchoMQ's own remove_job does.
+    -- Not read first, so not a reason to stop half-way: refused (ACL, or
+    -- already moved to another node while the slot migrates), it stays.
+    redis.pcall('DEL', row .. ':logs')
   end
   for i, row in ipairs(stamps) do
     local stamped = redis.pcall('HSET', row, 'dead_at', now_s, 'dead_attempts', marks[i])
