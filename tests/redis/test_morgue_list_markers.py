@@ -90,6 +90,24 @@ def test_the_json_still_gives_the_state_and_the_warning_whole(r, url, queue_name
     assert jobs["JOB004"]["warning"].endswith("nothing to replay; purge it")
 
 
+def test_a_flow_child_is_marked_and_its_parent_named_as_waiting(r, url, queue_name):
+    """EchoMQ's flows are outside the wire contract: a child the sweep
+    dead-lettered leaves its parent waiting, which the list says."""
+    keys = QueueKeys(queue_name)
+    bury(r, queue_name, "JOB001", last_error=ERROR)
+    bury(r, queue_name, "JOB002", last_error=ERROR)
+    r.hset(keys.job("JOB002"), "parent", "JOB000")
+    result = morgue(url, "list", "--queue", queue_name)
+    assert result.returncode == 0, result.stderr
+    cells = error_cells(result.stdout)
+    assert cells["JOB001"].startswith(ERROR_HEAD) and cells["JOB002"].startswith(f"[flow child] {ERROR_HEAD}")
+    text = " ".join(line.strip() for line in legend_of(result.stdout))
+    assert text.startswith("[flow child]") and "its parent job waits for it" in text
+    assert "replay it to let the parent go on" in text
+    jobs = {job["id"]: job for job in json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)["jobs"]}
+    assert jobs["JOB001"]["warning"] is None and jobs["JOB002"]["warning"].startswith("flow child: ")
+
+
 def test_a_long_state_is_cut_in_its_marker_not_in_the_json(r, url, queue_name):
     keys = QueueKeys(queue_name)
     state = "waiting-for-the-upstream-migration-to-finish"

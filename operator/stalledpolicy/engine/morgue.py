@@ -29,7 +29,8 @@ class DeadJob:
     state: str | None
     #: set when the row cannot be read as a job: missing, or not a hash
     problem: str | None = None
-    #: set for a row the replay refuses though it reads as a job (a ghost row)
+    #: set for a row the replay refuses though it reads as a job (a ghost row),
+    #: or for a flow child whose parent waits for it
     warning: str | None = None
 
 

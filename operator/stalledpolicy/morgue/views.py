@@ -96,11 +96,11 @@ _NOT_DEAD_MEANING = ("the row's state is S, not dead (the row says the job is el
 
 
 def _markers(job: Any) -> list[tuple[str, str, str]]:
-    """The short markers of a readable row that replay and purge leave in the
-    morgue, each as (marker, its legend key, what the key means): a state
-    other than ``dead`` (the scripts refuse it: the row says the job lives
-    elsewhere), a warning (a ghost row; the scripts write one as
-    ``name: explanation``, its name is the marker)."""
+    """The short markers of a readable row, each as (marker, its legend key,
+    what the key means): a state other than ``dead`` (replay and purge leave
+    it in the morgue: the row says the job lives elsewhere), a warning (a
+    ghost row, which the replay leaves too, or a flow child; the scripts write
+    one as ``name: explanation``, its name is the marker)."""
     markers = []
     state = getattr(job, "state", None)
     if state is not None and state != "dead":

@@ -30,7 +30,7 @@
 -- (raw field values, nil when absent, but dead_at: the time of death as the
 -- purge reads it (lib/death), nil when the entry is undated; `problem` names
 -- a row that is missing or not a hash, `warning` a ghost row (lib/ghost),
--- which the replay refuses) and `next` is the cursor for the
+-- which the replay refuses, or else a flow child) and `next` is the cursor for the
 -- following window, '' at the end. On a cluster whose slot is being migrated
 -- a row that moved is never reported missing: the call is refused instead
 -- (lib/refusals: read_refused, here), as the replay and the purge are.
@@ -58,7 +58,13 @@ else
   ids = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, count)
 end
 
-local fields = {'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state', 'dead_attempts'}
+local fields = {'group', 'stalled', 'attempts', 'last_error', 'dead_at', 'state', 'dead_attempts', 'parent'}
+
+-- A child of an EchoMQ flow (its row names a `parent`; flows are not in the
+-- wire contract): EchoMQ's retry fails or releases the parent when a child
+-- dies at its last attempt, a dead-letter by the sweep does not (README, flows)
+local FLOW_CHILD = 'flow child: its parent job waits for it (a dead-letter by the sweep does not fail or '
+  .. "release the parent, as EchoMQ's retry does); replay it to let the parent go on"
 
 -- the row of one id as 'index' and 'lex' return it
 local function row_of(id, key)
@@ -73,10 +79,12 @@ local function row_of(id, key)
   local problem, warning = false, false
   -- absent, or moved to the importing node while the slot migrates: asked
   -- with `dead` (lib/refusals, here), which refuses the call if it moved
-  if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]) and not here(key) then
+  if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7] or f[8]) and not here(key) then
     problem = 'job row is missing'
   elseif f[3] == false and is_ghost(key) then
     warning = GHOST_ROW  -- a hash: in its lane (flat) as for the replay and the purge
+  elseif f[8] then
+    warning = FLOW_CHILD
   end
   local died = false
   if time_of_death(f[5], f[7], f[3], now) then died = f[5] end
