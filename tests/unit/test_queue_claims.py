@@ -8,6 +8,7 @@ import copy
 import socket
 
 import pytest
+import redis
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.redis_hosts import HostResolver
@@ -101,6 +102,16 @@ def test_redis_endpoint_is_host_port_and_database():
     assert redis_endpoint("rediss://u:p@10.0.0.1:6380/2") == ("10.0.0.1", 6380, 2)
     assert redis_endpoint("redis://h:6379?db=3") == ("h", 6379, 3)
     assert redis_endpoint("redis://[::1]:7000") == ("::1", 7000, 0)
+
+
+def test_the_database_of_an_endpoint_is_the_one_redis_py_connects_to():
+    """redis-py takes ``?db=`` over the path: /0?db=3 is database 3, the same
+    queue as /3 (two sweepers raced on it with two budgets), and not the queue
+    of /0 (held back, it was swept by no one)."""
+    for url in ("redis://h/0?db=3", "redis://h/3", "redis://h?db=3", "redis://h/?db=3"):
+        connected = redis.Redis.from_url(url).connection_pool.connection_kwargs["db"]
+        assert redis_endpoint(url) == ("h", 6379, connected) == ("h", 6379, 3), url
+    assert redis_endpoint("redis://h/0?db=x") is None
 
 
 def test_the_newer_policy_of_a_claimed_queue_gets_no_sweeper_and_says_why():

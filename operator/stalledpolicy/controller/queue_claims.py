@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import urlsplit
 
 from stalledpolicy.controller import events
 from stalledpolicy.controller.apply import policy_owner
@@ -43,6 +43,7 @@ from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
 from stalledpolicy.controller.redis_hosts import Endpoint, as_seen_from, same_server
 from stalledpolicy.controller.status import NO_URL_REASONS, Problem
+from stalledpolicy.redis_url.validation import url_database
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -74,21 +75,17 @@ class Claim:
 
 
 def redis_endpoint(url: str) -> Endpoint | None:
-    """The server and database a Redis URL names (redis-py's defaults: port 6379,
-    database 0; ``?db=`` when the path has none); None when it cannot be read."""
+    """The server and database a Redis URL connects to (redis-py's defaults:
+    port 6379, database 0; the database as redis-py reads it, ``?db=`` over
+    the path); None when it cannot be read."""
     try:
         parts = urlsplit(url.strip())
         host = (parts.hostname or "").lower()
         port = parts.port or 6379
+        db = url_database(url)
     except ValueError:
         return None
     if not host:
-        return None
-    path = unquote(parts.path or "").strip("/")
-    db_text = path or dict(parse_qsl(parts.query)).get("db") or "0"
-    try:
-        db = int(db_text)
-    except ValueError:
         return None
     return host, port, db
 

@@ -67,9 +67,9 @@ def missing_database_problem(url: str, databases: int | None = None,
     """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`);
     ``databases``: the server's own count, when known (:func:`server_databases`);
     ``exc``: the server's refusal, when at hand (it tells a cluster node's)."""
-    from redis.connection import parse_url
+    from stalledpolicy.redis_url.validation import url_database
 
-    db = int(parse_url(url).get("db", 0))
+    db = url_database(url)
     if isinstance(databases, ClusterDatabases) or (exc is not None and is_cluster_database(exc)):
         return (f"names database {db}, but the server is a Redis Cluster node and a Redis Cluster has only "
                 "database 0; write /0 after the host (or no path)")

@@ -96,6 +96,15 @@ def check_redis_url(url: str, *, unix: bool = True, credentials: bool = True) ->
     return _check_host_and_path(parts, write) or _check_query(url) or _check_connection_options(url)
 
 
+def url_database(url: str) -> int:
+    """The database a URL connects to, read as redis-py reads it: ``?db=``
+    wins over the path (``redis://h/0?db=3`` is database 3); 0 when neither
+    names one. Raises ValueError for a URL redis-py cannot read."""
+    from redis.connection import parse_url
+
+    return int(parse_url(url.strip()).get("db", 0))
+
+
 def _check_host_and_path(parts: Any, write: str) -> str | None:
     try:
         port = parts.port  # raises on a non-numeric or out-of-range port
