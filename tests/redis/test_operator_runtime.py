@@ -276,6 +276,9 @@ def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_s
     redis = condition_of(sink.patches[-1], "RedisReachable")
     assert redis["status"] == "False" and "requires a password" in redis["message"], redis
     assert "HELLO" not in redis["message"] and "c0rrect" not in str(sink.patches)
+    # Redis answers: no outage (an alert on RedisUnreachable would page its owners)
+    assert redis["reason"] == "RedisCredentialsRefused"
+    assert condition_of(sink.patches[-1], "Ready")["reason"] == "RedisCredentialsRefused"
 
 
 def test_a_password_wanted_for_spec_redis_url_points_at_the_secret_ref(redis_server, queue_name):

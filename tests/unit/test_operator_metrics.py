@@ -39,6 +39,23 @@ def test_every_series_exists_at_zero_from_the_start():
         assert line in text, line
 
 
+def test_refused_credentials_are_counted_apart_from_an_outage():
+    """Redis answered but refused the Secret's password: its own reason, so an
+    alert on RedisUnreachable does not page the owners of a Redis that is up."""
+    import redis
+
+    from stalledpolicy.controller.queue_reading import failure_reason
+    from stalledpolicy.controller.status import Problem
+
+    metrics = OperatorMetrics()
+    for exc in (redis.AuthenticationError("invalid username-password pair"),
+                redis.ConnectionError("Error 111 connecting to db:6379. Connection refused.")):
+        metrics.count_refresh(Problem(failure_reason(exc), "cannot read queue q"))
+    assert metrics.value(FAILURES, reason="RedisCredentialsRefused") == 1
+    assert metrics.value(FAILURES, reason="RedisUnreachable") == 1
+    assert metrics.value(FAILURES, reason="Other") == 0
+
+
 def test_each_controller_counts_on_its_own_registry():
     _, one, _ = reconciled_policy()
     other = fake_controller(FakeApps())

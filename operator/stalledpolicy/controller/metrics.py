@@ -29,7 +29,8 @@ RECONCILE_RESULTS = {
     events.QUEUE_CLAIMED: "queue_claimed",
 }
 # Problem reasons a status refresh may end with (the RedisReachable condition's reasons).
-REFRESH_FAILURE_REASONS = ("RedisUnreachable", "QueueUnreadable", "StatusWriteFailed", *sorted(CONFIGURATION_REASONS))
+REFRESH_FAILURE_REASONS = ("RedisUnreachable", "RedisCredentialsRefused", "QueueUnreadable", "StatusWriteFailed",
+                           *sorted(CONFIGURATION_REASONS))
 OTHER = "Other"
 REPLAY_RESULTS = ("done", "failed", "refused")
 

@@ -53,7 +53,7 @@ CLAIM_LOST_AFTER = 3
 # Refresh problems that mean a policy's sweeper cannot sweep either. Not the
 # configuration reasons (a Secret gone or blank, a bad URL): they roll nothing, and
 # the running pods keep sweeping with the URL they started with.
-UNREADABLE_REASONS = frozenset({"RedisUnreachable", "QueueUnreadable"})
+UNREADABLE_REASONS = frozenset({"RedisUnreachable", "RedisCredentialsRefused", "QueueUnreadable"})
 
 FREE, CLAIMED, UNKNOWN = "free", "claimed", "unknown"
 

@@ -79,7 +79,14 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
         detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "
                   "hold one; put the whole URL, password included, in a Secret and name it in "
                   "spec.redis.secretRef")
-    return Problem("RedisUnreachable", f"cannot read queue {spec.get('queue')} at {where}: {detail}")
+    return Problem(failure_reason(exc), f"cannot read queue {spec.get('queue')} at {where}: {detail}")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The reason of a Redis failure: a refusal of the URL's credentials is no
+    outage (Redis answers; the Secret is to fix), as the sweeper's
+    stalledpolicy_redis_up says too, so an alert on outages does not fire."""
+    return "RedisCredentialsRefused" if is_credentials_refusal(exc) else "RedisUnreachable"
 
 
 def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader,

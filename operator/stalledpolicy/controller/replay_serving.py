@@ -16,7 +16,7 @@ from typing import Any, Callable
 from stalledpolicy.controller import REPLAY_ANNOTATION, events
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.queue_reading import failure_reason, safe_error
 from stalledpolicy.controller.redis_clients import RedisClients
 from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
                                              served_replay, with_served)
@@ -57,7 +57,7 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
     except (redis.RedisError, OSError) as exc:
         clients.invalidate(state.key)
         metrics.count_replay("failed")
-        return Problem("RedisUnreachable", f"replay of queue {queue} failed: {safe_error(exc, url)}"), snapshot
+        return Problem(failure_reason(exc), f"replay of queue {queue} failed: {safe_error(exc, url)}"), snapshot
     finally:
         if replay_client is not None:
             try:
