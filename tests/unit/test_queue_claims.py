@@ -146,6 +146,11 @@ def test_the_newer_policy_takes_the_queue_over_when_the_older_is_deleted():
     assert outcome.ok, outcome
     stored = apps.of("emails-dup-sweeper").stored
     assert stored is not None and stored["spec"]["replicas"] == 1
+    # the QueueClaimed Warning is followed by news that it ended
+    kinds = [(e[1], e[2]) for e in ctl.recorder.events if e[0] == "emails-dup"]
+    assert kinds[-2:] == [("Warning", "QueueClaimed"), ("Normal", "QueueReleased")], kinds
+    [released] = [e[3] for e in ctl.recorder.events if e[2] == "QueueReleased"]
+    assert released == "queue emails is no longer claimed by ns/emails: this policy's sweeper Deployment is applied"
 
 
 def test_when_the_owner_goes_only_the_oldest_waiting_policy_takes_the_queue_over():

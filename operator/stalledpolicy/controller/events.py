@@ -76,6 +76,13 @@ DRIFT_REVERTING = "Reverting"
 # An older policy of the operator's sweeps the same queue on the same Redis: this
 # one gets no sweeper (two sweepers of one queue race, neither budget holds).
 QUEUE_CLAIMED = "QueueClaimed"
+# A policy held back by QUEUE_CLAIMED got its queue: its sweeper is applied now.
+QUEUE_RELEASED = "QueueReleased"
+
+
+def queue_released_message(queue: Any, claimed_by: tuple | None) -> str:
+    by = f" by {claimed_by[0]}/{claimed_by[1]}" if claimed_by else ""
+    return f"queue {queue} is no longer claimed{by}: this policy's sweeper Deployment is applied"
 
 
 def _budget(value: int | None) -> str:

@@ -285,6 +285,10 @@ class Controller(StatusLoop):
                 log.info("policy status kept as recorded: " + outcome.message, extra=extra)
             elif outcome.ok:
                 log.info("policy reconciled", extra=extra)
+                if before is not None and before.reason == events.QUEUE_CLAIMED:
+                    # the QueueClaimed Warning said "no sweeper": say that it ended
+                    self.recorder.post(state.body, events.NORMAL, events.QUEUE_RELEASED,
+                                       events.queue_released_message(_queue_of(state.body), before.claimed_by))
             elif outcome.reason == events.OLD_SWEEPER_DELETING:
                 # Expected after a delete and create again: news, not a warning.
                 log.info(outcome.message, extra=extra)
