@@ -696,6 +696,63 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
 
 
 
+def test_a_crd_no_release_owns_is_named_with_the_values_that_take_it_over(helm, control_plane):
+    """A CRD applied with kubectl (the repository's crds/): Helm's own refusal
+    ("invalid ownership metadata") named no value; the chart names them."""
+    from tests.kube.operator_harness import apply_crd
+
+    apply_crd(control_plane)
+    release_ns = unique("chart-bare")
+    restricted_namespace(control_plane, release_ns)
+    try:
+        # as kubectl apply leaves it (the owner of an earlier test's release is gone: not put
+        # back, since a value written by kubectl annotate would conflict with Helm's next apply)
+        control_plane.kubectl("annotate", "crd", CRD_NAME, *[f"{key}-" for key in RELEASE_ANNOTATIONS])
+        refused = helm("install", "bare", str(CHART), "--namespace", release_ns, "--dry-run=server", check=False)
+        assert refused.returncode != 0
+        assert ("crds.install=true, but the StalledPolicy CRD (stalledpolicies.queues.emq.dev) exists and no Helm "
+                "release owns it (applied with kubectl?)") in refused.stderr, refused.stderr
+        assert "--set crds.takeOwnership=true and helm's --take-ownership" in refused.stderr
+        assert "invalid ownership metadata" not in refused.stderr
+        for fix in (["--take-ownership", "--set", "crds.takeOwnership=true"], ["--set", "crds.install=false"]):
+            done = helm("install", "bare", str(CHART), "--namespace", release_ns, "--dry-run=server", *fix,
+                        check=False)
+            assert done.returncode == 0, (fix, done.stderr)
+    finally:
+        delete_namespaces(control_plane, release_ns)
+
+
+def test_turning_crds_install_off_never_deletes_a_crd_installed_without_keep(helm, control_plane):
+    """Helm deletes what a release no longer renders: with crds.keep=false, an
+    upgrade to crds.install=false deleted the CRD, every policy and every
+    sweeper. It is refused, naming crds.keep=true; after that, it goes through
+    and the CRD stays."""
+    release, release_ns = "spk", unique("chart-keep")
+    install(helm, control_plane, release, release_ns, "--set", "crds.keep=false")
+    try:
+        annotations = json.loads(control_plane.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)[
+            "metadata"].get("annotations") or {}
+        assert "helm.sh/resource-policy" not in annotations
+        refused = helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values",
+                       "--set", "crds.install=false", check=False)
+        assert refused.returncode != 0
+        assert (f"crds.install=false, but release {release} installed the StalledPolicy CRD without crds.keep: "
+                "this upgrade would delete the CRD") in refused.stderr, refused.stderr
+        assert control_plane.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+        # the fix it names, then the same upgrade
+        helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values", "--set", "crds.keep=true")
+        helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values", "--set", "crds.install=false")
+        assert control_plane.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    finally:
+        if helm("get", "values", release, "--namespace", release_ns, "--all", check=False).stdout.count(
+                "keep: false"):
+            helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values",
+                 "--set", "crds.keep=true", check=False)  # never uninstall with the CRD unprotected
+        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
+        delete_namespaces(control_plane, release_ns)
+    assert control_plane.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+
+
 def test_a_watched_namespace_created_again_stops_only_its_own_service_until_helm_upgrade(
         helm, control_plane, tmp_path):
     """Deleting a watched namespace deletes the chart's Role in it; created again,
