@@ -132,9 +132,18 @@ def test_the_notes_point_kubectl_at_a_watched_namespace(helm, shape, flag):
     # Helm located a propertyNames failure at a random other value (reviewer's reproduction)
     ({"podLabels": {"app.kubernetes.io/name": "x"}}, "at '/podLabels'"),
     ({"resources": {"requests": {"bad name": "1"}}}, "at '/resources/requests': additional properties 'bad name'"),
+    # each of these passed the schema and failed at apply, the release half-applied (reviewer's reproduction)
+    ({"networkPolicy": {"redis": {"cidrs": ["10.0.0.0/99"]}}}, "cidrs"),
+    ({"networkPolicy": {"apiServer": {"cidrs": ["300.0.0.0/8"]}}}, "cidrs"),
+    ({"podDisruptionBudget": {"enabled": True, "maxUnavailable": "500%"}}, "maxUnavailable"),
+    ({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 1.5}}, "maxUnavailable"),
+    ({"operator": {"listenAddress": "999.1.1.1"}}, "listenAddress"),
+    ({"sweeperImage": " "}, "sweeperImage"),
 ], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern",
         "zero-status-interval", "sub-second-backoff", "star-inside-an-allowed-image",
-        "fractional-scrape-interval", "fractional-scrape-timeout", "reserved-pod-label", "resource-name"])
+        "fractional-scrape-interval", "fractional-scrape-timeout", "reserved-pod-label", "resource-name",
+        "cidr-prefix-too-long", "cidr-octet-too-big", "percentage-over-100", "fractional-pod-count",
+        "address-octet-too-big", "blank-sweeper-image"])
 def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))
