@@ -124,6 +124,7 @@ def test_scrub_masks_a_password_holding_url_delimiters():
     "redis://h/0?password=me@corp", "unix:///run/redis.sock?db=2", "unix://:pw@/run/redis.sock",
     "redis://h/2147483647?socket_timeout=0.5&socket_connect_timeout=10",
     "redis://redis.ns.svc.cluster.local./0", "redis://b\u00fccher.example/0",
+    "redis://:pa,ss@h/0",  # a ',' in the password is no second host
 ])
 def test_check_redis_url_accepts_what_redis_py_reads_as_written(url):
     assert check_redis_url(url) is None
@@ -178,6 +179,10 @@ SECRET = "s3cr"  # every bad URL below holds it, most of them in the password
     ("redis://:s3cr/et?x#y@host:6379/0x", "%23"),
     ("redis://u:1234?s3cr@h/0", "%3F"),
     ("redis://u:s3cr@h/0#frag", "#"),
+    # several nodes: redis-py reads a port "7000,b:7001" (refused as a port) or a host "a,b" (an outage)
+    ("redis://:s3cr@a:7000,b:7001/0", "names several hosts"),
+    ("redis://:s3cr@a,b:7001/0", "names several hosts"),
+    ("redis://a,b/0", "names several hosts"),
 ])
 def test_check_redis_url_names_the_problem_without_any_value(url, words):
     problem = check_redis_url(url)

@@ -106,6 +106,10 @@ def url_database(url: str) -> int:
 
 
 def _check_host_and_path(parts: Any, write: str) -> str | None:
+    if "," in parts.netloc.rpartition("@")[2]:
+        # redis://a:7000,b:7001/0 read as a port "7000,b:7001", redis://a,b/0 as a host "a,b"
+        return ("names several hosts (a ',' after the '@'); a Redis URL names one node: for a Redis Cluster, "
+                f"any one of its nodes (the client learns the others from it); {write}")
     try:
         port = parts.port  # raises on a non-numeric or out-of-range port
     except ValueError:
