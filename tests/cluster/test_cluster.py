@@ -382,6 +382,30 @@ def test_a_morgue_change_while_the_queue_slot_migrates_changes_nothing(redis_clu
     client.close()
 
 
+@pytest.mark.parametrize("moved", ["log lines", "everything but the log lines"])
+def test_a_purge_while_the_slot_migrates_never_leaves_log_lines_behind(redis_cluster, moved):
+    """The log lines (job:<id>:logs) already on the other node, or not yet there
+    while the call is redirected to it: deleted apart from the row, they were
+    left with no job, silently. The call is refused with nothing changed."""
+    client = redis_cluster.client(decode_responses=True)
+    client.flushall()
+    queue = "migrating-logs"
+    keys = QueueKeys(queue)
+    put_dead(client, keys, "JOB1")
+    client.rpush(keys.job("JOB1") + ":logs", "line 1", "line 2")
+    _every_shared_key(client, keys)
+    logs = [keys.job("JOB1") + ":logs"]
+    rest = [keys.dead, keys.sweeper_totals, keys.job("JOB1"), keys.pending, keys.prefix + "schedule"]
+    with slot_migrating(client, queue, logs if moved == "log lines" else rest):
+        with pytest.raises(redis.ResponseError) as refusal:
+            engine.morgue_purge(client, queue, ids=["JOB1"])
+        assert errors.is_slot_migrating(refusal.value), str(refusal.value)
+    assert client.zrange(keys.dead, 0, -1) == ["JOB1"] and client.exists(keys.job("JOB1"), *logs) == 2
+    assert engine.morgue_purge(client, queue, ids=["JOB1"]).purged == 1
+    assert client.exists(keys.job("JOB1"), *logs) == 0
+    client.close()
+
+
 def _asking(port: int, *command):
     """One command on the importing node of a migrating slot (ASKING first)."""
     node = _node_client(port)

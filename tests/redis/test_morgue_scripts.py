@@ -764,13 +764,23 @@ def test_purge_deletes_a_purged_jobs_log_lines_as_echomqs_remove_job_does(r, key
 
 
 def test_a_user_who_may_not_delete_the_log_lines_still_purges(redis_server, r, keys):
+    """Read-only log lines: the purge goes on and says what it left. Not even
+    readable: the call stops with nothing changed, as for any key of the queue
+    the user may not read (README: every key must be readable)."""
     put_dead(r, keys, "JOB1")
     r.rpush(keys.job("JOB1") + ":logs", "line 1")
-    rows_not_logs = ("resetkeys", f"~{keys.prefix}[^j]*", f"~{keys.job('JOB1')}")
-    with restricted_user(redis_server, r, "no-logs", *rows_not_logs) as client:
-        assert engine.morgue_purge(client, keys.queue).ids == ["JOB1"]
+    rows = ("resetkeys", f"~{keys.prefix}[^j]*", f"~{keys.job('JOB1')}")
+    with restricted_user(redis_server, r, "no-logs", *rows) as client:
+        with pytest.raises(engine.AclRefused, match="nothing was changed"):
+            engine.morgue_purge(client, keys.queue)
+    assert morgue_ids(r, keys) == ["JOB1"] and r.exists(keys.job("JOB1")) == 1
+    with restricted_user(redis_server, r, "read-only-logs", *rows, f"%R~{keys.job('JOB1')}:logs") as client:
+        result = engine.morgue_purge(client, keys.queue)
+    assert result.ids == ["JOB1"]
     assert r.exists(keys.job("JOB1")) == 0 and morgue_ids(r, keys) == []
     assert r.lrange(keys.job("JOB1") + ":logs", 0, -1) == ["line 1"]
+    [problem] = result.problems
+    assert problem.startswith(f"the log lines ({keys.prefix}job:<id>:logs) of 1 purged job(s) were not deleted (")
 
 
 def test_purge_dry_run_reports_and_changes_nothing(r, keys):
