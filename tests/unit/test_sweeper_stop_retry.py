@@ -1,6 +1,7 @@
-"""The sweeper's client retries nothing once a stop is requested, and a
-failed --once pass's log line names the exit it leads to (no Redis here;
-tests/redis/test_sweeper_settings_signals_and_lanes.py runs the process)."""
+"""A failed --once pass's log line names the exit it leads to, a stop
+included (no Redis here; tests/redis/test_sweeper_settings_signals_and_lanes.py
+runs the process; tests/redis/test_sweeper_single_attempt.py: the single
+server's client makes one attempt per call)."""
 
 from __future__ import annotations
 
@@ -14,53 +15,6 @@ import redis
 from stalledpolicy.sweeper import client, loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import SweeperMetrics
-
-
-def test_one_retry_without_a_stop():
-    calls: list[int] = []
-    retry = client.StoppableRetry(1, lambda: False)
-
-    def do():
-        calls.append(1)
-        if len(calls) == 1:
-            raise redis.TimeoutError("Timeout reading from socket")
-        return "answer"
-
-    assert retry.call_with_retry(do, lambda error: None) == "answer"
-    assert len(calls) == 2
-
-
-def test_no_retry_once_a_stop_is_requested_and_the_failure_is_cleaned_up_first():
-    stop = threading.Event()
-    failed: list[Exception] = []
-    calls: list[int] = []
-    retry = client.StoppableRetry(1, stop.is_set)
-
-    def do():
-        calls.append(1)
-        stop.set()  # the signal came while the call was in flight
-        raise redis.TimeoutError("Timeout reading from socket")
-
-    with pytest.raises(redis.TimeoutError):
-        retry.call_with_retry(do, failed.append)
-    assert len(calls) == 1
-    assert len(failed) == 1  # redis-py's own clean-up (the connection closed) still ran
-
-
-def test_a_copy_asks_the_same_stop():
-    """redis-py deep-copies a connection's retry; an Event cannot be copied."""
-    stop = threading.Event()
-    retry = copy.deepcopy(client.StoppableRetry(1, stop.is_set))
-    stop.set()
-    calls: list[int] = []
-
-    def do():
-        calls.append(1)
-        raise redis.ConnectionError("gone")
-
-    with pytest.raises(redis.ConnectionError):
-        retry.call_with_retry(do, lambda error: None)
-    assert len(calls) == 1
 
 
 def _once_sweeper(stop: threading.Event) -> loop.Sweeper:

@@ -29,7 +29,8 @@ def single_attempt() -> Any:
     return Retry(NoBackoff(), 0)
 
 
-def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, **client_options: Any) -> Any:
+def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, retry_on_cluster: bool | None = None,
+            **client_options: Any) -> Any:
     """A client for ``url``: a ``RedisCluster`` when the server has cluster mode
     on (:func:`cluster_mode`: INFO, else HELLO; a user allowed neither is
     refused with ``EMQNOPERM``), else a plain ``Redis``. ``client_options`` (timeouts, ``decode_responses``)
@@ -38,7 +39,9 @@ def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, **clien
     plain client's one quick retry would turn every failover into an error.
     :func:`single_attempt` is the exception: a change must never be sent twice,
     on a cluster either (a failover during it is then an error to check).
-    ``cluster_factory(url, **options)`` makes the cluster client
+    ``retry_on_cluster`` False: ``retry`` goes to the plain client only, even
+    a single attempt (the caller's cluster client keeps its own, as the
+    sweeper's does). ``cluster_factory(url, **options)`` makes the cluster client
     (``RedisCluster.from_url`` unless given)."""
     import redis
     from redis.cluster import RedisCluster
@@ -55,7 +58,7 @@ def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, **clien
     if cluster_enabled:
         client.close()
         cluster_options = dict(client_options)
-        if retry is not None and retry.get_retries() == 0:
+        if retry is not None and (retry_on_cluster if retry_on_cluster is not None else retry.get_retries() == 0):
             cluster_options["retry"] = retry
         return (cluster_factory or RedisCluster.from_url)(url, **cluster_options)
     return client

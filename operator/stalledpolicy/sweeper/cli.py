@@ -181,7 +181,7 @@ def _serve(config) -> int:
                                       f"{sweeper.bad_setting}")
             # stopped by a signal before the pass finished: it stopped between two calls
             # with work left, or the call in flight when the signal came failed (no
-            # retry is made after a signal: client.StoppableRetry, client.StoppableRedisCluster)
+            # retry is made after a signal: client.StoppableRedisCluster; a single server's client makes one attempt)
             interrupted = bool(received) and (not ok or sweeper.last_stopped_early)
             if not ok and not interrupted:
                 # the one JSON line on failure too (`| jq` gets a document): the error, and

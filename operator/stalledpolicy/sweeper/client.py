@@ -1,7 +1,8 @@
-"""The sweeper's Redis client: a plain ``Redis`` or a Redis Cluster client that
-makes no new attempt once a stop was requested (a signal), and, on a cluster,
-reports each round trip so the loop's heartbeat stays fresh while the client
-waits on a node that stopped answering (see HEALTH_FLOOR_S in loop.py)."""
+"""The sweeper's Redis client: a plain ``Redis`` that makes one attempt per
+call, or a Redis Cluster client that makes no new attempt once a stop was
+requested (a signal) and reports each round trip, so the loop's heartbeat
+stays fresh while it waits on a node that stopped answering (see
+HEALTH_FLOOR_S in loop.py)."""
 
 from __future__ import annotations
 
@@ -9,42 +10,12 @@ import functools
 from typing import Any, Callable
 
 import redis
-from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from stalledpolicy.redis_url import connecting
 
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
-
-
-class StoppableRetry(Retry):
-    """redis-py's Retry, with no retry once ``should_stop()`` says a stop was
-    requested: the call in flight ends (its answer, or its timeout) and its error
-    is raised as is, instead of a new connection and a second wait (a SIGTERM to
-    ``--once`` facing a server that never answers ended it after two timeouts,
-    exit 1, the signal not said)."""
-
-    def __init__(self, retries: int, should_stop: Callable[[], bool]):
-        super().__init__(NoBackoff(), retries)
-        self._should_stop = should_stop
-
-    def __deepcopy__(self, memo: dict) -> "StoppableRetry":
-        # redis-py gives each connection a deep copy of its retry: the copy must
-        # ask the same stop (an Event, which holds a lock, cannot be copied)
-        return StoppableRetry(self._retries, self._should_stop)
-
-    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], is_retryable: Any = None,
-                        with_failure_count: bool = False) -> Any:
-        should_stop = self._should_stop
-
-        def failed(error: Exception, *count: int) -> Any:
-            fail(error, *count)  # redis-py's own clean-up of the connection first
-            if should_stop():
-                raise error
-
-        return super().call_with_retry(do, failed, is_retryable, with_failure_count)
 
 
 class _AttemptReportingPool(redis.ConnectionPool):
@@ -74,7 +45,7 @@ class _StopRequested(Exception):
 class StoppableRedisCluster(RedisCluster):
     """redis-py's RedisCluster, with no new attempt once ``should_stop()`` says a
     stop was requested: the attempt in flight ends (its answer, or its timeout)
-    and its error is raised as is, as :class:`StoppableRetry` does for a single server.
+    and its error is raised as is (a single server's client makes one attempt anyway).
 
     A ``retry`` cannot do it here: RedisCluster reads its ``retry`` only for the
     number of retries, once when a command starts (``_internal_execute_command``),
@@ -154,10 +125,13 @@ def connect(url: str, should_stop: Callable[[], bool] = lambda: False,
         "decode_responses": True,
         "encoding_errors": "surrogateescape",
     }
-    # on a single server, one immediate retry replaces a pooled connection a restart
-    # broke, and the loop's own backoff handles real outages; the cluster keeps
-    # redis-py's own retries (a failover), up to a stop
-    return connecting.connect(url, retry=StoppableRetry(1, should_stop),
+    # On a single server, one attempt: a script call that timed out (or lost its
+    # reply) may have run, and sent again its moves went uncounted (the --once
+    # JSON and the metrics said 0 dead-lettered for a call that dead-lettered
+    # 200); a pooled connection a restart broke is replaced by the pool, and the
+    # loop's own backoff handles real outages. The cluster keeps redis-py's own
+    # retries (a failover), up to a stop.
+    return connecting.connect(url, retry=connecting.single_attempt(), retry_on_cluster=False,
                               cluster_factory=functools.partial(StoppableRedisCluster.from_url,
                                                                 should_stop=should_stop, on_attempt=on_attempt),
                               **options)

@@ -10,8 +10,8 @@ interval, and each cause is logged once while it lasts.
 
 Stopping: a signal sets :attr:`Sweeper.stop`; the engine checks it between
 script calls (so the current call finishes) and every wait is on that Event.
-The client makes no new attempt once it is set (client.py: ``StoppableRetry``
-for a single server, ``StoppableRedisCluster`` for a Redis Cluster).
+The client makes no new attempt once it is set (client.py: a single server's
+client makes one attempt per call, ``StoppableRedisCluster`` stops its retries).
 """
 
 from __future__ import annotations
