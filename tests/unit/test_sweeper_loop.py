@@ -594,3 +594,22 @@ def test_the_once_summary_lists_flat_jobs_under_the_empty_lane():
 
 def test_the_once_summary_of_a_pass_that_moved_nothing_has_no_lanes():
     assert json.loads(loop.result_summary("orders", engine.SweepResult()))["lanes"] == {}
+
+
+def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls(monkeypatch, clock):
+    """A proxy in front of a Redis that went down (or Redis dying mid-call)
+    closes the connection as a TLS-only server does: once a script call came
+    back on this URL, the outage is told in redis-py's words, not as a
+    question about rediss:// (reviewer's reproduction). Before any answer,
+    the question stands."""
+    closed = redis.ConnectionError("Connection closed by server.")
+    _, ref = script_engine(monkeypatch, clock, [closed])
+    ref[0] = fresh = make_sweeper(clock, interval="60s")
+    fresh.sweep_pass()
+    assert "TLS" in fresh.health.reason
+
+    _, ref = script_engine(monkeypatch, clock, [0.0, closed])
+    ref[0] = sweeper = make_sweeper(clock, interval="60s")
+    assert sweeper.sweep_pass()
+    assert not sweeper.sweep_pass()
+    assert sweeper.health.reason == "redis unreachable: Connection closed by server."

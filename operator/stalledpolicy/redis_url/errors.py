@@ -149,12 +149,15 @@ def not_redis_problem(exc: BaseException) -> str | None:
     return NOT_REDIS_PROBLEM if any(isinstance(link, InvalidResponse) for link in _chain(exc)) else None
 
 
-def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
+def refusal_in_our_words(exc: BaseException, url: str, *, connected: bool = False) -> str | None:
     """What a person must fix in ``url`` when ``exc`` says so (credentials, a
     database, a replica, a scheme that does not match the server's TLS, a
     server that is not Redis), in our words and without any part of the URL;
-    else None."""
-    if not_redis_problem(exc):
+    else None. ``connected``: Redis has answered on this URL before, so a
+    dropped connection is no sign of a wrong scheme or port (a proxy in front
+    of a Redis that went down closes connections the way a TLS-only server
+    does): those two readings are not offered."""
+    if not connected and not_redis_problem(exc):
         return NOT_REDIS_PROBLEM
     if is_credentials_refusal(exc):
         return f"Redis requires a password (or refused this user/password): {CREDENTIALS_ADVICE}"
@@ -162,7 +165,7 @@ def refusal_in_our_words(exc: BaseException, url: str) -> str | None:
         return missing_database_problem(url, exc=exc)
     if is_read_only_refusal(exc):
         return f"Redis is a read-only replica and refused a write: {READ_ONLY_ADVICE}"
-    return tls_mismatch_problem(exc, url)
+    return None if connected else tls_mismatch_problem(exc, url)
 
 
 def is_slot_migrating(exc: BaseException) -> bool:

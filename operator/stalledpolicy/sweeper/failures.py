@@ -73,6 +73,7 @@ class PassFailures:
         self._failed_attempts = 0
         self._logged_errors: set[str] = set()
         self._reported_problems: set[str] = set()
+        self._url_answered = False  # a script call came back on this URL (set by the loop)
 
     def _handle_pass_failure(self, exc: Exception) -> None:
         """Sort the error that ended a pass by what it says of Redis, and
@@ -250,8 +251,10 @@ class PassFailures:
 
     def _scrub(self, exc: BaseException) -> str:
         url = self.config.redis_url.get_secret_value()
-        # a refusal the URL must fix (credentials, a database) in our words, else the server's
-        return errors.refusal_in_our_words(exc, url) or redaction.scrub(str(exc) or type(exc).__name__, url)
+        # a refusal the URL must fix (credentials, a database) in our words, else the server's;
+        # once a script call came back on this URL, a dropped connection blames no TLS or port
+        return (errors.refusal_in_our_words(exc, url, connected=self._url_answered)
+                or redaction.scrub(str(exc) or type(exc).__name__, url))
 
     def backoff_delay(self) -> float:
         """Up to 1s, 2s, 4s, ... doubling per failed attempt, never above 30s; each
