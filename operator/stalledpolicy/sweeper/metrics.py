@@ -163,6 +163,10 @@ class Health:
 class _Handler(BaseHTTPRequestHandler):
     metrics: Any  # has exposition() -> bytes: SweeperMetrics, or the operator's OperatorMetrics
     health: Health | None  # None: /metrics only (the operator: kopf serves its liveness)
+    # a connection that sends nothing (or half a request) is closed after this
+    # many seconds: each held a thread and ~26 KB for good, and a few thousand
+    # idle ones from anywhere in the cluster network OOM-killed the pod
+    timeout = 10
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?", 1)[0]
