@@ -78,7 +78,7 @@ def test_sweep_once_failing_part_way_prints_the_error_and_the_counts_so_far(redi
         assert len(lines) == 1, swept.stdout
         summary = json.loads(lines[0])
         assert summary["error"].startswith(f"last pass failed: the slot of queue {queue} is being migrated")
-        assert "the script calls before it were applied" in summary["error"]
+        assert "the 1 script call(s) before it were applied (1 recovered, 0 dead-lettered)" in summary["error"]
         assert (summary["recovered"], summary["dead_lettered"], summary["calls"]) == (1, 0, 1)
         assert summary["lanes"] == {"": {"recovered": 1, "dead_lettered": 0}}
         assert summary["stopped_early"] is False

@@ -613,3 +613,19 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls(monkeypa
     assert sweeper.sweep_pass()
     assert not sweeper.sweep_pass()
     assert sweeper.health.reason == "redis unreachable: Connection closed by server."
+
+
+def test_a_pass_refused_half_way_says_what_its_earlier_calls_moved(monkeypatch, clock, caplog):
+    """A primary demoted during a drain: the calls before the refusal moved jobs,
+    and the line said "nothing was moved" (reviewer's reproduction)."""
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        on_call(engine.SweepResult(recovered=40, dead_lettered=2, calls=1), 0.01)
+        raise redis.ReadOnlyError("You can't write against a read only replica.")
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.ERROR, logger="stalledpolicy.sweeper"):
+        assert not sweeper.sweep_pass()
+    [record] = [r for r in caplog.records if "read-only replica" in r.getMessage()]
+    assert "nothing was moved" not in record.getMessage()
+    assert "the 1 script call(s) before it were applied (40 recovered, 2 dead-lettered)" in record.getMessage()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 
@@ -63,6 +63,7 @@ class PassFailures:
     _clock: Callable[[], float]
     _jitter: Callable[[], float]
     _calls_this_pass: int
+    so_far: Any
     stop: threading.Event
     bad_setting: str | None
     last_error: str | None
@@ -174,7 +175,7 @@ class PassFailures:
             return
         log.error(
             ("Redis is a read-only replica and refused the sweep's writes: " + errors.READ_ONLY_ADVICE
-             + "; nothing was moved; " + self._then("retrying next interval (logged once until a pass succeeds)")),
+             + f"; {self._moved_so_far()}; " + self._then("retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                    "error_type": type(exc).__name__})
 
@@ -190,10 +191,20 @@ class PassFailures:
         self.bad_setting = message
         if not self._failed_pass(message, "credentials refused", "sweep pass refused again: the credentials"):
             return
-        log.error("Redis refused the credentials of the Redis URL; nothing was moved; "
+        log.error(f"Redis refused the credentials of the Redis URL; {self._moved_so_far()}; "
                   + self._then("retrying next interval (logged once until a pass succeeds)"),
                   extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                          "error_type": type(exc).__name__})
+
+    def _moved_so_far(self) -> str:
+        """What the pass that just failed moved: nothing, or what its answered
+        script calls moved before the one that failed (a primary demoted, a
+        user's rights changed half-way through a drain)."""
+        if not self._calls_this_pass:
+            return "nothing was moved"
+        done = self.so_far
+        return (f"the {self._calls_this_pass} script call(s) before it were applied ({done.recovered} recovered, "
+                f"{done.dead_lettered} dead-lettered), the refused one moved nothing")
 
     def _slot_migrating(self, exc: BaseException) -> None:
         """The queue's slot is being moved between Redis Cluster nodes (a
@@ -202,8 +213,7 @@ class PassFailures:
         and the pass is retried every interval until the slot has moved.
         Logged once until a pass succeeds."""
         self._redis_answered()
-        moved = ("nothing was moved" if not self._calls_this_pass else
-                 "the script calls before it were applied, the one that met the migration moved nothing")
+        moved = self._moved_so_far()
         then = self._then("retrying next interval")
         what = (f"the slot of queue {self.config.queue} is being migrated between Redis Cluster nodes "
                 f"(resharding); {moved}; {then}")
@@ -230,7 +240,7 @@ class PassFailures:
         log.error(
             # an ACL refusal names the grant in `error` (EMQNOPERM ...); nothing moved
             f"sweep pass refused by the Redis ACL (the user may not use the queue's keys or a command; "
-            f"the error names the grant); nothing was moved; {then}" if engine.is_acl_refusal(exc) else
+            f"the error names the grant); {self._moved_so_far()}; {then}" if engine.is_acl_refusal(exc) else
             f"sweep pass failed: the Redis URL names a database this server does not have; {then}"
             if self.bad_setting is not None else f"sweep pass failed; {then}",
             extra={"queue": self.config.queue, "error": message, "error_type": type(exc).__name__},
