@@ -629,3 +629,30 @@ def test_a_pass_refused_half_way_says_what_its_earlier_calls_moved(monkeypatch, 
     [record] = [r for r in caplog.records if "read-only replica" in r.getMessage()]
     assert "nothing was moved" not in record.getMessage()
     assert "the 1 script call(s) before it were applied (40 recovered, 2 dead-lettered)" in record.getMessage()
+
+
+def test_readyz_stops_saying_unreachable_once_redis_answers_again(monkeypatch, clock):
+    """After an outage, the pass that drains the backlog: Redis is up (redis_up
+    1) and /readyz said "redis unreachable" until the drain ended (reviewer's
+    reproduction). Not ready still, for a true reason."""
+    seen = []
+    down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        seen.append(None)
+        if len(seen) == 2:
+            raise down
+        on_call(engine.SweepResult(recovered=1000, calls=1), 0.01)
+        seen[-1] = sweeper.health.ready()  # mid-drain, after one call came back
+        return engine.SweepResult(recovered=1000, calls=1)
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    monkeypatch.setattr(loop.engine, "queue_snapshot", lambda client, queue, lanes=(): SNAPSHOT)
+    sweeper = make_sweeper(clock)
+    assert sweeper.sweep_pass()  # the pod's first drain: ready from its first call
+    assert not sweeper.sweep_pass()
+    assert sweeper.health.ready() == (False, sweeper.health.reason) and "unreachable" in sweeper.health.reason
+    assert sweeper.sweep_pass()
+    ready, reason = seen[2]
+    assert not ready and "unreachable" not in reason and reason.startswith("Redis reachable again"), reason
+    assert sweeper.health.ready() == (True, "ok")

@@ -162,6 +162,10 @@ class PassFailures:
                 "queue": self.config.queue, "redis": self.config.redis_url_redacted,
                 "outage_s": round(self._clock() - self._down_since, 1),
                 "attempts": self._failed_attempts})
+            if not self.health.last_pass_ok:
+                # /readyz still says not ready (no pass has ended well since), but
+                # no longer that Redis is unreachable while the backlog drains
+                self.health.reason = "Redis reachable again after an outage; draining, no pass has ended since"
         self._down_since = None
         self._failed_attempts = 0
 
