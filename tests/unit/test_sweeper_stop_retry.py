@@ -5,14 +5,12 @@ server's client makes one attempt per call)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 
-import pytest
 import redis
 
-from stalledpolicy.sweeper import client, loop
+from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import SweeperMetrics
 
