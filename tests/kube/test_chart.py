@@ -704,7 +704,6 @@ def test_installed_namespaced_the_chart_identity_reconciles_only_there(
         delete_namespaces(control_plane, release_ns, watched, other)
 
 
-
 def test_a_crd_no_release_owns_is_named_with_the_values_that_take_it_over(helm, control_plane):
     """A CRD applied with kubectl (the repository's crds/): Helm's own refusal
     ("invalid ownership metadata") named no value; the chart names them."""
@@ -760,54 +759,6 @@ def test_turning_crds_install_off_never_deletes_a_crd_installed_without_keep(hel
         helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
         delete_namespaces(control_plane, release_ns)
     assert control_plane.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
-
-
-def test_a_watched_namespace_created_again_stops_only_its_own_service_until_helm_upgrade(
-        helm, control_plane, tmp_path):
-    """Deleting a watched namespace deletes the chart's Role in it; created again,
-    kopf serves it again with no rights there. kopf gave up on its ninth refused
-    request and the operator ended, for every namespace (a crash loop until helm
-    upgrade): now only that namespace waits, and helm upgrade heals it."""
-    release, release_ns = "spr", unique("chart-re")
-    again, other = unique("chart-again"), unique("chart-kept")
-    for name in (again, other):
-        restricted_namespace(control_plane, name)
-    install(helm, control_plane, release, release_ns, "--set", f"watchNamespaces={{{again},{other}}}")
-    policy = {"apiVersion": "queues.emq.dev/v1alpha1", "kind": "StalledPolicy",
-              "spec": {"queue": "q", "redis": {"url": "redis://redis.example:6379/0"}}}
-
-    def create_policy(namespace: str, name: str) -> None:
-        control_plane.kubectl("apply", "-n", namespace, "-f", "-",
-                              input=json.dumps({**policy, "metadata": {"name": name}}))
-
-    def has_sweeper(namespace: str, name: str) -> bool:
-        return control_plane.kubectl("get", "deployment", sweeper_name(name), "-n", namespace,
-                                     check=False).returncode == 0
-
-    operator = None
-    try:
-        kubeconfig = control_plane.kubeconfig_for_service_account(release_ns, f"{release}-stalledpolicy-operator")
-        control_plane.kubectl("delete", "namespace", again, "--timeout=120s")  # waits until it is gone
-        control_plane.kubectl("create", "namespace", again)
-        assert not can_i(control_plane, kubeconfig, "list", "deployments.apps", "-n", again)
-        operator = ChartOperator(control_plane, release_ns, release, kubeconfig, tmp_path / "operator.log")
-        # past kopf's nine attempts of a request (1+1+2+...+21 = 54 s), where it gave up
-        wait_for(lambda: "Request attempt #10 failed; will retry" in operator.log(),
-                 "a refused request of the namespace created again, tried a tenth time", timeout=150)
-        assert operator.process.poll() is None, operator.log()[-3000:]
-        create_policy(other, "kept")
-        wait_for(lambda: has_sweeper(other, "kept"), "the other namespace served all along", timeout=60)
-
-        helm("upgrade", release, str(CHART), "--namespace", release_ns, "--reuse-values")
-        assert can_i(control_plane, kubeconfig, "list", "deployments.apps", "-n", again)
-        create_policy(again, "again")
-        wait_for(lambda: has_sweeper(again, "again"), "the namespace served again after helm upgrade",
-                 timeout=120)
-    finally:
-        code = operator.stop() if operator is not None else 0
-        helm("uninstall", release, "--namespace", release_ns, "--wait", check=False)
-        delete_namespaces(control_plane, release_ns, again, other)
-    assert code == 0, operator.log()[-3000:]
 
 
 # Each of these installed "successfully" (or stopped half-way with Helm's own message) and left an

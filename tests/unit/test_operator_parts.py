@@ -506,61 +506,6 @@ def parse_seconds(text):
 
 # -- kopf settings ---------------------------------------------------------------------------
 
-def _kopf_request_attempts(monkeypatch, settings, failures: int) -> tuple[list[float], bool]:
-    """kopf's own request routine against an API that fails ``failures`` times
-    (no connection), then answers: the delays kopf slept, and whether it got
-    the answer (False: it gave up and raised)."""
-    import asyncio
-    import logging
-    import types
-
-    import aiohttp
-    from kopf._cogs.clients import api
-
-    slept: list[float] = []
-    attempts = []
-
-    async def no_sleep(delay, *args, **kwargs):
-        slept.append(delay)
-
-    async def request(**_):
-        attempts.append(1)
-        if len(attempts) <= failures:
-            raise aiohttp.ClientConnectionError("the API server refused the connection")
-        return types.SimpleNamespace(status=200)
-
-    monkeypatch.setattr(api.asyncio, "sleep", no_sleep)
-    context = types.SimpleNamespace(server="https://api.example", session=types.SimpleNamespace(request=request),
-                                    add_response=lambda response: None)
-    try:
-        asyncio.run(api.request("get", "/api/v1/namespaces/x/pods", settings=settings, context=context,
-                                logger=logging.getLogger("test")))
-    except aiohttp.ClientConnectionError:
-        return slept, False
-    return slept, True
-
-
-def test_startup_retries_refused_api_requests_for_ever_where_kopf_gives_up(monkeypatch):
-    """A watched namespace deleted and created again loses the chart's Role:
-    kopf gave up on its ninth refused attempt and the operator ended for every
-    namespace. Our settings retry (kopf's delays, then every 30 s)."""
-    import kopf
-
-    from stalledpolicy.controller import main, wiring
-
-    class Started:
-        def start(self):
-            pass
-
-    assert _kopf_request_attempts(monkeypatch, kopf.OperatorSettings(), failures=9)[1] is False
-    monkeypatch.setattr(wiring, "build_controller", lambda config: Started())
-    monkeypatch.setattr(main, "_controller", None)
-    settings = kopf.OperatorSettings()
-    main.startup(settings=settings)
-    for _ in range(2):  # each request walks the delays from the start
-        slept, answered = _kopf_request_attempts(monkeypatch, settings, failures=12)
-        assert answered and slept == [1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30, 30]
-
 def test_startup_asks_the_api_server_for_our_sweepers_only(monkeypatch):
     import kopf
 

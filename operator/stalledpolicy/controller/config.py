@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 
-import itertools
 import os
 import re
 from dataclasses import dataclass
@@ -22,23 +21,6 @@ ALLOWED_SWEEPER_IMAGES_ENV = ENV_PREFIX + "ALLOWED_SWEEPER_IMAGES"
 METRICS_PORT_ENV = ENV_PREFIX + "METRICS_PORT"
 METRICS_ADDRESS_ENV = ENV_PREFIX + "METRICS_ADDRESS"
 LIVENESS_ENV = ENV_PREFIX + "LIVENESS"
-
-
-class ApiErrorBackoffs:
-    """kopf's delays between attempts of a request the API server refused (403,
-    5xx, 429) or never answered: kopf's own, then one every 30 s for ever,
-    where kopf gives up after its ninth attempt and ends the operator. A
-    watched namespace deleted and created again loses the chart's Role with
-    it: the operator stopped serving every namespace (a crash loop until
-    someone ran helm upgrade); now that namespace's requests wait, logged at
-    each attempt, and the others are served. Iterable again for each request
-    (kopf walks it per request: one shared iterator would carry over)."""
-
-    FIRST = (1, 1, 2, 3, 5, 8, 13, 21)  # kopf's default error_backoffs
-    THEN_S = 30
-
-    def __iter__(self):
-        return itertools.chain(self.FIRST, itertools.repeat(self.THEN_S))
 
 
 def check_metrics_port(text: str) -> int:

@@ -15,7 +15,7 @@ import kopf
 
 from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
                                       VERSION)
-from stalledpolicy.controller.config import ApiErrorBackoffs, OperatorConfig
+from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
 from stalledpolicy.controller.reapply import adopt_sweeper, disowned_policy, reapply_after_deletion
@@ -92,9 +92,6 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.label_selectors["apps", "v1", "deployments"] = SWEEPER_SELECTOR
     # Clean shutdown on SIGTERM: give running handlers a moment, then stop.
     settings.process.ultimate_exiting_timeout = 10
-    # A refused or failing API request is retried for ever (capped), never the
-    # end of the operator for every namespace (config.ApiErrorBackoffs).
-    settings.networking.error_backoffs = ApiErrorBackoffs()
     from stalledpolicy.controller.wiring import build_controller
 
     global _started, _startup_problem
