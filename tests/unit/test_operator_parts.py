@@ -1298,3 +1298,47 @@ def test_a_missing_secret_is_looked_at_again_every_interval_not_after_a_growing_
     delays = [ctl.refresh(("ns", "p")) for _ in range(5)]
     assert delays == [10] * 5
     assert condition_of(ctl.policies[("ns", "p")].status, "Ready")["reason"] == "SecretNotFound"
+
+
+def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
+    """A proxy in front of a Redis that went down closes connections as a TLS-only
+    server does: once a read of the queue came back on this URL, the policy's status
+    tells the outage in redis-py's words, not as a question about rediss:// (the
+    sweeper's rule, carried to the operator). Before any answer, and again once no
+    policy names the URL, the question stands."""
+    import redis
+
+    from stalledpolicy.controller.queue_reading import read_queue
+
+    closed = redis.ConnectionError("Connection closed by server.")
+    replies = []
+
+    def snapshot_fn(client, queue, lanes):
+        reply = replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    clients = RedisClients(connect_fn=lambda url, timeout: FakeClient(url))
+    secrets = SecretReader(lambda ns, name: None, ttl=1)
+    spec = {"queue": "orders", "redis": {"url": "redis://db:6379/0"}}
+
+    def read(key=("ns", "p")):
+        return read_queue(key, spec, secrets=secrets, clients=clients, snapshot_fn=snapshot_fn)
+
+    replies[:] = [closed]
+    _, _, problem, _ = read()
+    assert "speaking TLS only" in problem.message, problem.message
+
+    replies[:] = ["snapshot", closed]
+    assert read()[1] == "snapshot"
+    _, _, problem, _ = read()
+    assert problem.reason == "RedisUnreachable"
+    assert problem.message == "cannot read queue orders at redis://db:6379/0: ConnectionError: Connection closed by server."
+    replies[:] = [closed]  # another policy of the same URL: Redis answered there too
+    assert "TLS" not in read(("ns", "q"))[2].message
+
+    clients.drop(("ns", "p"))
+    clients.drop(("ns", "q"))
+    replies[:] = [closed]
+    assert "speaking TLS only" in read()[2].message

@@ -21,10 +21,11 @@ from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_ou
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 
 
-def safe_error(exc: BaseException, url: str | None) -> str:
+def safe_error(exc: BaseException, url: str | None, *, connected: bool = False) -> str:
     """An exception as text, with the URL's password (if any) never shown; a
-    refusal the URL must fix (credentials, a database) in our words."""
-    ours = refusal_in_our_words(exc, url) if url else None
+    refusal the URL must fix (credentials, a database) in our words.
+    ``connected``: Redis has answered on this URL (refusal_in_our_words)."""
+    ours = refusal_in_our_words(exc, url, connected=connected) if url else None
     return ours or scrub(f"{type(exc).__name__}: {exc}", url)[:500]
 
 
@@ -44,7 +45,9 @@ def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader
     try:
         url = resolve_url(key[0], spec.get("redis") or {}, secrets)
         client = clients.client(key, url)
-        return client, snapshot_fn(client, spec.get("queue"), lanes_of(spec)), None, url
+        snapshot = snapshot_fn(client, spec.get("queue"), lanes_of(spec))
+        clients.mark_answered(url)
+        return client, snapshot, None, url
     except RedisConfigError as exc:
         return None, None, Problem(exc.reason, exc.message), None
     except InvalidQueueName as exc:
@@ -57,7 +60,7 @@ def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader
             return None, None, Problem(
                 "QueueUnreadable",
                 f"Redis at {redact_url(url)} refused to read queue {spec.get('queue')}: "
-                f"{safe_error(exc, url)}; check the queue's keys (`stalledpolicy morgue stats`) "
+                f"{safe_error(exc, url, connected=True)}; check the queue's keys (`stalledpolicy morgue stats`) "
                 "and the Redis user's permissions"), None
         return None, None, _unreachable(key, spec, url, exc, secrets=secrets, clients=clients), None
     except (redis.RedisError, OSError) as exc:
@@ -73,7 +76,7 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
         # A wrong URL is fixed by editing the Secret: read it again next time.
         secrets.forget(key[0], ref["name"])
     where = redact_url(url) if url else "Redis"
-    detail = safe_error(exc, url)
+    detail = safe_error(exc, url, connected=bool(url) and clients.answered(url))
     if url and not ref.get("name") and is_credentials_refusal(exc):
         # CREDENTIALS_ADVICE says "put them in the URL": spec.redis.url refuses them.
         detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "

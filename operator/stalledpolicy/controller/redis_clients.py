@@ -194,6 +194,19 @@ class RedisClients:
         self._lock = threading.Lock()
         self._by_digest: dict[str, Any] = {}
         self._policy_digest: dict[PolicyKey, str] = {}
+        # URLs (digests) Redis has answered a read on, while a policy names them:
+        # past that, a dropped connection is an outage, no sign of a wrong scheme or
+        # port (a proxy in front of a Redis that went down closes connections the way
+        # a TLS-only server does).
+        self._answered: set[str] = set()
+
+    def mark_answered(self, url: str) -> None:
+        with self._lock:
+            self._answered.add(url_digest(url))
+
+    def answered(self, url: str) -> bool:
+        with self._lock:
+            return url_digest(url) in self._answered
 
     def client(self, policy: PolicyKey, url: str):
         digest = url_digest(url)
@@ -242,6 +255,7 @@ class RedisClients:
         with self._lock:
             if digest in self._policy_digest.values():
                 return
+            self._answered.discard(digest)
             client = self._by_digest.pop(digest, None)
         if client is not None:
             try:
@@ -254,6 +268,7 @@ class RedisClients:
             clients = list(self._by_digest.values())
             self._by_digest.clear()
             self._policy_digest.clear()
+            self._answered.clear()
         for client in clients:
             try:
                 client.close()

@@ -57,7 +57,9 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
     except (redis.RedisError, OSError) as exc:
         clients.invalidate(state.key)
         metrics.count_replay("failed")
-        return Problem(failure_reason(exc), f"replay of queue {queue} failed: {safe_error(exc, url)}"), snapshot
+        # connected: the refresh that asked for this replay has read the queue on this URL
+        detail = safe_error(exc, url, connected=True)
+        return Problem(failure_reason(exc), f"replay of queue {queue} failed: {detail}"), snapshot
     finally:
         if replay_client is not None:
             try:
