@@ -76,12 +76,22 @@ def apply_crd(control_plane) -> None:
     wait_crd_established(control_plane.kubectl, CRD_NAME)
 
 
-def operator_kubeconfig(control_plane, kube_api) -> Path:
-    """A kubeconfig for a ServiceAccount holding exactly OPERATOR_RULES, cluster-wide."""
+# The chart's namespaced mode adds these to its ClusterRole: kopf, given namespace
+# names, lists and watches namespaces. Without them it retries for ~1 minute, then
+# serves the names it was given (an operator installed with rbac.create=false and
+# only the per-namespace rules).
+NAMESPACE_RULES = [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+
+
+def operator_kubeconfig(control_plane, kube_api, *, namespaced: bool = False) -> Path:
+    """A kubeconfig for a ServiceAccount holding exactly OPERATOR_RULES, cluster-wide,
+    plus NAMESPACE_RULES when ``namespaced`` (an operator run with --namespace, as the
+    chart grants it in that mode)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    name = f"{OPERATOR_ACCOUNT}-namespaced" if namespaced else OPERATOR_ACCOUNT
 
     def create(call, *args):
         try:
@@ -91,23 +101,20 @@ def operator_kubeconfig(control_plane, kube_api) -> Path:
                 raise
 
     create(core.create_namespace, {"metadata": {"name": OPERATOR_NAMESPACE}})
-    create(core.create_namespaced_service_account, OPERATOR_NAMESPACE,
-           {"metadata": {"name": OPERATOR_ACCOUNT}})
-    role = {"metadata": {"name": "stalledpolicy-operator"}, "rules": OPERATOR_RULES}
+    create(core.create_namespaced_service_account, OPERATOR_NAMESPACE, {"metadata": {"name": name}})
+    role = {"metadata": {"name": name}, "rules": OPERATOR_RULES + (NAMESPACE_RULES if namespaced else [])}
     try:
         rbac.create_cluster_role(role)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        rbac.replace_cluster_role("stalledpolicy-operator", role)
+        rbac.replace_cluster_role(name, role)
     create(rbac.create_cluster_role_binding, {
-        "metadata": {"name": "stalledpolicy-operator"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "stalledpolicy-operator"},
-        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT,
-                      "namespace": OPERATOR_NAMESPACE}],
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}],
     })
-    return control_plane.kubeconfig_for_service_account(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+    return control_plane.kubeconfig_for_service_account(OPERATOR_NAMESPACE, name)
 
 
 class OperatorProcess:

@@ -5,6 +5,7 @@ Operators started and stopped here, scoped to the test's namespace."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -39,13 +40,35 @@ def left_alone(apps, namespace, name):
     assert read_deployment(apps, namespace, name).spec.replicas == 0, "reverted during a conflict"
 
 
-def started(kubeconfig, log, namespace, apps, custom, queue, marker):
-    """An operator process, once it watches: a policy created now got its sweeper."""
+def resumed(process, namespace, name) -> bool:
+    """kopf's resume handler has run for the policy: whatever it applies at start is
+    in, so a rival's change made now is drift (before it, the resume's own apply puts
+    the sweeper back, a revert counted nowhere, and the budget is one short)."""
+    for line in process.log().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if (entry.get("namespace"), entry.get("object")) == (namespace, f"StalledPolicy/{name}") and \
+                entry.get("msg", "").startswith("Resuming is processed"):
+            return True
+    return False
+
+
+def started(kubeconfig, log, namespace, apps, custom, queue, marker, *, resuming=()):
+    """An operator process, once it watches (a policy created now got its sweeper) and
+    has resumed the policies named in ``resuming``; stopped if it never gets there."""
     process = OperatorProcess(kubeconfig, log, "--namespace", namespace)
-    # A queue of its own: a second policy of the fought one's queue and Redis would be QueueClaimed.
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                           policy_manifest(marker, f"{queue}-{marker}"))
-    wait_for(lambda: read_deployment(apps, namespace, f"{marker}-sweeper"), f"the operator up ({marker})")
+    try:
+        # A queue of its own: a second policy of the fought one's queue and Redis would be QueueClaimed.
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                               policy_manifest(marker, f"{queue}-{marker}"))
+        wait_for(lambda: read_deployment(apps, namespace, f"{marker}-sweeper"), f"the operator up ({marker})")
+        for name in resuming:
+            wait_for(lambda: resumed(process, namespace, name), f"the operator to resume {name} ({marker})")
+    except BaseException:
+        process.stop()
+        raise
     return process
 
 
@@ -55,7 +78,7 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     custom = client.CustomObjectsApi(kube_api)
     apply_crd(control_plane)
-    kubeconfig = operator_kubeconfig(control_plane, kube_api)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
     core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
 
     def policy():
@@ -78,7 +101,8 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
 
     # Restarted: the last revert of the budget, then the conflict (a fresh budget
     # in memory would have reverted this change too).
-    second = started(kubeconfig, tmp_path / "second.log", ns, apps, custom, queue_name, "marker-2")
+    second = started(kubeconfig, tmp_path / "second.log", ns, apps, custom, queue_name, "marker-2",
+                     resuming=["fought"])
     try:
         rival_scales_to_zero(apps, ns, name)
         reverted(apps, ns, name)
@@ -98,7 +122,8 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
     # Restarted during the conflict: it holds. kopf's resume handler applies nothing
     # while the status records the conflict (it would put the policy's spec back, a
     # revert counted nowhere), and the rival's next change stays too.
-    third = started(kubeconfig, tmp_path / "third.log", ns, apps, custom, queue_name, "marker-3")
+    third = started(kubeconfig, tmp_path / "third.log", ns, apps, custom, queue_name, "marker-3",
+                    resuming=["fought"])
     try:
         wait_for(lambda: "is not applied at start" in third.log(), "the resume to hold the sweeper", timeout=30)
         left_alone(apps, ns, name)

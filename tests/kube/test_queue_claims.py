@@ -28,7 +28,7 @@ def test_the_newer_policy_of_a_queue_gets_no_sweeper_until_the_older_goes(
         control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
     ns = kube_namespace
     core, apps, custom = apis(control_plane, kube_api)
-    kubeconfig = operator_kubeconfig(control_plane, kube_api)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
     core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
     # The same server and database, spelt differently, in a Secret of its own.
     core.create_namespaced_secret(ns, redis_secret("redis-dup", f"redis://127.0.0.1:{redis_server.port}"))
@@ -77,8 +77,8 @@ def test_one_redis_named_localhost_and_127_0_0_1_is_one_redis(
     core, apps, custom = apis(control_plane, kube_api)
     core.create_namespaced_secret(ns, redis_secret("by-ip", f"redis://127.0.0.1:{redis_server.port}/0"))
     core.create_namespaced_secret(ns, redis_secret("by-name", f"redis://localhost:{redis_server.port}/0"))
-    process = OperatorProcess(operator_kubeconfig(control_plane, kube_api), tmp_path / "operator.log",
-                              "--namespace", ns)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
+    process = OperatorProcess(kubeconfig, tmp_path / "operator.log", "--namespace", ns)
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
                                                policy_manifest("by-ip", queue_name, secret="by-ip"))
@@ -103,8 +103,8 @@ def test_an_older_policy_whose_secret_is_misspelled_does_not_hold_the_queue(
     ns = kube_namespace
     core, apps, custom = apis(control_plane, kube_api)
     core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
-    process = OperatorProcess(operator_kubeconfig(control_plane, kube_api), tmp_path / "operator.log",
-                              "--namespace", ns)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
+    process = OperatorProcess(kubeconfig, tmp_path / "operator.log", "--namespace", ns)
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
                                                policy_manifest("typo", queue_name, secret="redis-typo"))
