@@ -1334,7 +1334,8 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
     assert read()[1] == "snapshot"
     _, _, problem, _ = read()
     assert problem.reason == "RedisUnreachable"
-    assert problem.message == "cannot read queue orders at redis://db:6379/0: ConnectionError: Connection closed by server."
+    assert problem.message == ("cannot read queue orders at redis://db:6379/0: "
+                               "ConnectionError: Connection closed by server.")
     replies[:] = [closed]  # another policy of the same URL: Redis answered there too
     assert "TLS" not in read(("ns", "q"))[2].message
 

@@ -656,3 +656,24 @@ def test_readyz_stops_saying_unreachable_once_redis_answers_again(monkeypatch, c
     ready, reason = seen[2]
     assert not ready and "unreachable" not in reason and reason.startswith("Redis reachable again"), reason
     assert sweeper.health.ready() == (True, "ok")
+
+
+@pytest.mark.parametrize("failure, line", [
+    (redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."), "redis unreachable"),
+    (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), "sweep pass failed"),
+])
+def test_a_pass_failing_after_a_signal_says_the_sweeper_stops_not_that_it_retries(monkeypatch, clock, caplog,
+                                                                                 failure, line):
+    """SIGTERM during a hung call: the call fails, and its line said "retrying"
+    just before "sweeper stopped" (reviewer's note)."""
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+        sweeper.stop.set()  # the signal handler, while the call hangs
+        raise failure
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    sweeper = make_sweeper(clock)
+    with caplog.at_level(logging.WARNING, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    [record] = [r for r in caplog.records if r.getMessage().startswith(line)]
+    assert "stopping (a signal came during the pass)" in record.getMessage(), record.getMessage()
+    assert "retrying" not in record.getMessage()

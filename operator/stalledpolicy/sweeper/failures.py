@@ -100,9 +100,10 @@ class PassFailures:
 
     def _then(self, retrying: str) -> str:
         """What comes after a failed pass, for its log line: ``retrying`` in the
-        long-running mode; with --once the exit it leads to (cli.py)."""
+        long-running mode (stopping, when a signal came during the pass); with
+        --once the exit it leads to (cli.py)."""
         if not self.config.once:
-            return retrying
+            return "stopping (a signal came during the pass)" if self.stop.is_set() else retrying
         if self.bad_setting is not None:
             return "--once exits 2 (a bad setting)"
         if self.stop.is_set():
@@ -139,7 +140,7 @@ class PassFailures:
             self._outage_causes = {cause}
             log.warning(
                 f"redis unreachable; the pass failed and {self._then('')}" if self.config.once else
-                "redis unreachable; retrying with backoff (logged once per outage)",
+                f"redis unreachable; {self._then('retrying with backoff (logged once per outage)')}",
                 extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted,
                        "error": self._scrub(exc), "error_type": cause},
             )
@@ -223,7 +224,8 @@ class PassFailures:
                 f"(resharding); {moved}; {then}")
         if not self._failed_pass(what, "slot migrating", "sweep pass met the slot migration again"):
             return
-        log.warning(what + ("" if self.config.once else " (logged once until a pass succeeds)"), extra={
+        once_note = "" if self.config.once or self.stop.is_set() else " (logged once until a pass succeeds)"
+        log.warning(what + once_note, extra={
             "queue": self.config.queue, "error": self._scrub(exc), "error_type": type(exc).__name__})
 
     def _pass_error(self, exc: BaseException) -> None:
