@@ -816,6 +816,31 @@ def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
     assert drifted_policy(ctl, foreign) is None
 
 
+def test_a_rival_write_between_a_revert_and_its_record_is_drift_too():
+    """The revert's apply, then (before the revert is recorded on the Deployment) the
+    other writer again: the record's generation is past the apply's by two. Taking
+    it as ours hid the other writer's change: it was neither reverted nor counted
+    (raceaudit's reading, seen as a timeout in the kube test on a loaded machine)."""
+    from stalledpolicy.controller.drift import DRIFT_REVERTS_ANNOTATION, drifted_policy, revert_drift
+
+    apps, ctl, body = reconciled_policy()
+    record = apps._merge_patch
+
+    def rival_first(patch, **kwargs):
+        apps.scale_by_hand(0)
+        return record(patch, **kwargs)
+
+    apps._merge_patch = rival_first
+    revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0))
+    apps._merge_patch = record
+    assert apps.stored["spec"]["replicas"] == 0 and DRIFT_REVERTS_ANNOTATION in apps.stored["metadata"]["annotations"]
+    assert drifted_policy(ctl, copy.deepcopy(apps.stored)) == ("ns", "p")
+    revert_drift(ctl, ("ns", "p"), copy.deepcopy(apps.stored))
+    assert apps.stored["spec"]["replicas"] == 1
+    assert len(apps.stored["metadata"]["annotations"][DRIFT_REVERTS_ANNOTATION].split(",")) == 2
+    assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # the second record was ours alone
+
+
 class CountingApps(FakeApps):
     def __init__(self):
         super().__init__()

@@ -88,13 +88,17 @@ def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
     return times
 
 
-def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float]) -> None:
+def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float],
+                    applied_generation: int) -> None:
     """Write the revert times on the sweeper Deployment (a merge patch of one
-    annotation, under the policy's apply_lock). A Deployment's annotations are part
-    of its generation (the API server copies them to its ReplicaSets): the one this
-    write makes is ours, like an apply's, never drift to revert; the pod template is
-    unchanged, so no rollout. Failing, this process still counts the reverts; only
-    a restart before the next write forgets them."""
+    annotation, under the policy's apply_lock) just after our apply made
+    ``applied_generation``. A Deployment's annotations are part of its generation
+    (the API server copies them to its ReplicaSets): the one this write makes is
+    ours, like an apply's, never drift to revert, when it is the very next one; a
+    later one means another writer changed the sweeper between our apply and this
+    write, and that change is drift (taking it as ours kept it unnoticed). The pod
+    template is unchanged, so no rollout. Failing, this process still counts the
+    reverts; only a restart before the next write forgets them."""
     namespace = state.key[0]
     value = ",".join(_format_time(t) for t in times) or None  # none: the annotation removed
     try:
@@ -108,6 +112,8 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
         return
     ctl.observe_deployment(written, read=True)
     generation = int((written.get("metadata") or {}).get("generation") or 0)
+    if generation != applied_generation + 1:
+        return  # unchanged (nothing to take), or another writer came in between (drift)
     with state.lock:
         if state.outcome is not None and state.outcome.ok and generation > (state.outcome.deployment_generation or 0):
             state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
@@ -176,12 +182,12 @@ def end_conflict_by_edit(state, generation: int) -> bool:
     return True
 
 
-def clear_recorded_reverts(ctl: Controller, state, deployment: Mapping[str, Any]) -> None:
+def clear_recorded_reverts(ctl: Controller, state, applied: Mapping[str, Any]) -> None:
     """Remove the drift reverts annotation from the sweeper Deployment (a new revert
-    budget), if it has one."""
-    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
-    if DRIFT_REVERTS_ANNOTATION in annotations:
-        _record_reverts(ctl, state, (deployment.get("metadata") or {}).get("name"), [])
+    budget), if the one just applied (``applied``, the API server's answer) has it."""
+    meta = applied.get("metadata") or {}
+    if DRIFT_REVERTS_ANNOTATION in (meta.get("annotations") or {}):
+        _record_reverts(ctl, state, meta.get("name"), [], int(meta.get("generation") or 0))
 
 
 def _end_drift_conflict(state) -> None:
@@ -234,7 +240,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
             state.drift_reverts.append(now)
-            _record_reverts(ctl, state, meta.get("name"), state.drift_reverts)
+            _record_reverts(ctl, state, meta.get("name"), state.drift_reverts, outcome.deployment_generation)
             ctl.metrics.drift_reverts.inc()
             ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
                               f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
