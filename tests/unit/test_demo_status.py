@@ -53,3 +53,22 @@ def test_a_running_demo_prints_the_footer(tmp_path, monkeypatch, capsys):
     assert demo.status(tmp_path) == 0
     out = capsys.readouterr().out
     assert "Look around" in out and "broken" not in out
+
+
+def test_the_footer_runs_as_printed_again_and_tells_the_workload_only_after_it(tmp_path, monkeypatch):
+    """A first-time user's walk through the demo (helper's reproduction): the replay
+    line failed the second time (no --overwrite), `stalledpolicy` named by the events
+    was not on the exported PATH, and the workload's story was told again by
+    `make demo-status` after an edit had changed the budget it names."""
+    _state(tmp_path, {})
+    state = demo.DemoState.load(tmp_path)
+    monkeypatch.setattr(demo, "sweeper_metrics_urls", lambda state: {"emails": "http://127.0.0.1:5/metrics"})
+    after_up, later = demo.footer(state, workload_ran=True), demo.footer(state)
+    assert "maxStalled 3" in after_up and "maxStalled 3" not in later
+    for text in (after_up, later):
+        [replay] = [line for line in text.splitlines() if "queues.emq.dev/replay=" in line]
+        assert "annotate --overwrite" in replay
+        [path] = [line for line in text.splitlines() if line.strip().startswith("export PATH=")]
+        assert os.path.dirname(sys.executable) in path.split("=", 1)[1].split(":")
+        assert "  stalledpolicy morgue list --redis-url" in text
+        assert "make demo-status prints the current ones" in text

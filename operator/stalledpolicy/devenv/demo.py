@@ -508,7 +508,7 @@ def up(state_dir: Path) -> int:
         return 130
     print()
     show(state)
-    print(footer(state))
+    print(footer(state, workload_ran=True))
     return 0
 
 
@@ -571,32 +571,36 @@ def sweeper_metrics_urls(state: DemoState) -> dict[str, str]:
     return dict(sorted(urls.items()))
 
 
-def footer(state: DemoState) -> str:
-    cli = Path(sys.executable).parent / "stalledpolicy"
-    cli_name = str(cli.relative_to(REPO)) if cli.is_file() and cli.is_relative_to(REPO) else (
-        str(cli) if cli.is_file() else "stalledpolicy")
+def footer(state: DemoState, *, workload_ran: bool = False) -> str:
+    """What to look at next; ``workload_ran``: just after the demo's workload (what
+    it did is told then only: after an edit or a replay it no longer holds)."""
+    # The package's own command, on the PATH exported below (the events name it bare).
+    cli_dir = Path(sys.executable).parent
+    path_dirs = [str(state.bin_dir)] + ([str(cli_dir)] if (cli_dir / "stalledpolicy").is_file() else [])
     metrics = sweeper_metrics_urls(state)
     metrics_lines = "\n".join(f"  curl -s {url} | grep ^stalledpolicy_   # sweeper of {policy}"
                               for policy, url in metrics.items()) or "  (no sweeper running)"
     operator_metrics_line = (f"Operator metrics:\n  curl -s {state.operator_metrics} | grep ^stalledpolicy_operator_"
                              if state.operator_metrics else "")
-    return f"""
+    story = """
 The poison job killed every worker that claimed it; each stall was counted on
 the job, and at the budget (emails: maxStalled 3) the sweeper moved it to the
 morgue. In the tenants queue, the imports lane (maxStalled 1) dead-letters at
 the first stall, billing (maxStalled 0) never does.
-
+""" if workload_ran else ""
+    return f"""{story}
 Look around:
   export KUBECONFIG={state.kubeconfig}
-  export PATH={state.bin_dir}:$PATH
+  export PATH={":".join(path_dirs)}:$PATH
   kubectl get stalledpolicies -n {NAMESPACE} -o wide
   kubectl describe stalledpolicy {FLAT_QUEUE} -n {NAMESPACE}      # conditions and events (DeadLettered)
   kubectl get deployments,pods -n {NAMESPACE}                # one sweeper per policy
-  {cli_name} morgue list --redis-url {state.redis_url} --queue {FLAT_QUEUE}
-  {cli_name} morgue stats --redis-url {state.redis_url} --queue {LANED_QUEUE}
-  kubectl annotate stalledpolicy {FLAT_QUEUE} -n {NAMESPACE} queues.emq.dev/replay=$(date +%s)   # replay the morgue
+  stalledpolicy morgue list --redis-url {state.redis_url} --queue {FLAT_QUEUE}
+  stalledpolicy morgue stats --redis-url {state.redis_url} --queue {LANED_QUEUE}
+  kubectl annotate --overwrite stalledpolicy {FLAT_QUEUE} -n {NAMESPACE} queues.emq.dev/replay=$(date +%s)   # replay the morgue
 
-Sweeper metrics:
+Sweeper metrics (a sweeper's port changes when it rolls out, after an edit of its
+policy: make demo-status prints the current ones):
 {metrics_lines}
 {operator_metrics_line}
 
