@@ -20,6 +20,9 @@ import threading
 import time
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from stalledpolicy.devenv.ports import free_port
 from stalledpolicy.keyspace import QueueKeys
@@ -146,17 +149,39 @@ _LONG_SCRIPT = (
     "repeat until now() >= stop")
 
 
-def another_clients_long_script(redis_server, seconds: float) -> threading.Thread:
-    """A thread (to start) in which another client's script keeps the server
-    busy for ``seconds``, well under busy-reply-threshold: a call sent
-    meanwhile is neither read nor refused, and runs when the script ends, even
-    if its client gave up waiting and closed the connection."""
+class LongScript(threading.Thread):
+    """Another client's script keeping the server busy for ``seconds``, well under
+    busy-reply-threshold: a call sent meanwhile is neither read nor refused, and
+    runs when the script ends, even if its client gave up waiting and closed the
+    connection. ``start()`` returns once the server is busy in it (a PING of a
+    connection of its own gets no answer): a call sent after is behind it, however
+    slowly this machine started the thread and its connection."""
 
-    def run() -> None:
-        with redis_server.client() as other:
-            other.eval(_LONG_SCRIPT, 0, seconds)
+    def __init__(self, redis_server, seconds: float) -> None:
+        super().__init__(name="long-script", daemon=True)
+        self.redis_server, self.seconds = redis_server, seconds
 
-    return threading.Thread(target=run)
+    def run(self) -> None:
+        with self.redis_server.client() as other:
+            other.eval(_LONG_SCRIPT, 0, self.seconds)
+
+    def start(self) -> None:
+        super().start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            # one attempt (redis-py retries a timed-out command by default); at a busy
+            # server even the connection's handshake goes unanswered
+            with self.redis_server.client(socket_timeout=0.05, retry=Retry(NoBackoff(), 0)) as probe:
+                try:
+                    probe.ping()
+                except (redis.TimeoutError, redis.ConnectionError):
+                    return
+            time.sleep(0.01)
+        raise AssertionError("the long script never kept the server busy")
+
+
+def another_clients_long_script(redis_server, seconds: float) -> LongScript:
+    return LongScript(redis_server, seconds)
 
 
 pytestmark = pytest.mark.redis
@@ -940,7 +965,7 @@ def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_n
     outcome the engineer must check, and the call that did run is the only one."""
     standard_morgue(r, queue_name)
     keys = QueueKeys(queue_name)
-    busy_s, timeout_s = 1.5, 1.0  # a resend (at ~1.0 s) would be answered at ~1.5 s
+    busy_s, timeout_s = 2.0, 1.0  # a resend (at ~1.0 s) would be answered at ~2.0 s
 
     def evalsha_calls() -> int:
         return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
@@ -952,7 +977,6 @@ def test_a_change_that_timed_out_is_not_sent_again(r, redis_server, url, queue_n
         # another client's long script: the server runs ours only after it
         sent["before"] = evalsha_calls()
         worker.start()
-        time.sleep(0.1)
 
     out, err = io.StringIO(), io.StringIO()
     code = morgue_cli.run(
@@ -988,7 +1012,7 @@ def test_a_purge_call_that_timed_out_after_others_answered_says_what_they_did(r,
     for i in range(1, 6):
         bury(r, queue_name, f"JOB00{i}")
     keys = QueueKeys(queue_name)
-    worker = another_clients_long_script(redis_server, 1.5)
+    worker = another_clients_long_script(redis_server, 2.0)
     real = engine.morgue_purge
 
     def purge(*args, dry_run=False, progress=None, **kwargs):
@@ -998,7 +1022,6 @@ def test_a_purge_call_that_timed_out_after_others_answered_says_what_they_did(r,
             # after the first call only: a resent second call would also answer 2 ids
             if not dry_run and worker.ident is None and len(result.ids) == 2:
                 worker.start()  # the next call waits behind it
-                time.sleep(0.1)
         return real(*args, dry_run=dry_run, progress=after_call, **kwargs)
 
     monkeypatch.setattr(engine, "morgue_purge", purge)
@@ -1020,8 +1043,6 @@ def test_a_purge_call_that_timed_out_after_others_answered_says_what_they_did(r,
 
 
 def test_which_failures_of_a_sent_call_leave_its_outcome_unknown():
-    import redis
-
     unknown = [redis.TimeoutError("Timeout reading from socket"), TimeoutError("timed out"),
                redis.ConnectionError("Connection closed by server."),
                redis.ConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")]

@@ -629,13 +629,12 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
     secrets = {("ns", "creds"): {"url": b64(f"{redis_server.url}?socket_timeout=1")}}
     keys = QueueKeys(queue_name)
     dead_letter(r, queue_name, "JOB0001")
-    busy = another_clients_long_script(redis_server, 1.5)
+    busy = another_clients_long_script(redis_server, 2.0)
     runs = []
 
     def replay_behind_a_long_script(client, queue, lane=None, progress=None):
         runs.append(queue)
-        busy.start()  # another client's script: ours runs after it, 0.5 s past our timeout
-        time.sleep(0.1)
+        busy.start()  # another client's script: ours runs after it, ~1 s past our timeout
         return morgue_replay(client, queue, lane=lane, progress=progress)
 
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
