@@ -4,6 +4,7 @@ runner, and waiting."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -115,6 +116,22 @@ def operator_kubeconfig(control_plane, kube_api, *, namespaced: bool = False) ->
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}],
     })
     return control_plane.kubeconfig_for_service_account(OPERATOR_NAMESPACE, name)
+
+
+def resumed(process, namespace, name) -> bool:
+    """Whether ``process`` (an OperatorProcess logging JSON) has run kopf's resume
+    handler for the policy ``name``: what it applies at start is in. A test acting on
+    a policy that existed before the operator started waits for this (before it, the
+    resume's own apply may undo what the test did)."""
+    for line in process.log().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if (entry.get("namespace"), entry.get("object")) == (namespace, f"StalledPolicy/{name}") and \
+                entry.get("msg", "").startswith("Resuming is processed"):
+            return True
+    return False
 
 
 class OperatorProcess:

@@ -608,9 +608,9 @@ def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, 
               "metadata": {"name": "chart"},
               "spec": {"queue": queue, "maxStalled": 1, "sweepInterval": "1s",
                        "redis": {"secretRef": {"name": "redis"}}}}
-    operator = start_operator()
-    pods = PodRunnerThread(kube_api, namespace, tmp_path / "pods")
+    operator, pods = start_operator(), None
     try:
+        pods = PodRunnerThread(kube_api, namespace, tmp_path / "pods")
         control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
         done = control_plane.kubectl("wait", "-n", namespace, "--for=condition=Ready",
                                      "stalledpolicy/chart", "--timeout=90s", check=False)
@@ -649,7 +649,8 @@ def reconcile_end_to_end(control_plane, kube_api, namespace: str, redis_server, 
             assert control_plane.kubectl("get", "deployment", sweeper_name("stolen"), "-n", namespace,
                                          check=False).returncode != 0
     finally:
-        pods.stop()
+        if pods is not None:
+            pods.stop()
         code = operator.stop()
         client.close()
     assert code == 0, operator.log()[-3000:]

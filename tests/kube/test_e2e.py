@@ -86,6 +86,18 @@ def sweeper_starts(log_dir) -> list[dict]:
     return found
 
 
+def earlier_sweepers_stopped(log_dir, max_stalled: int) -> bool:
+    """Whether every sweeper process started with another budget than ``max_stalled``
+    has stopped (its pod deleted by the rollout, the pod runner's SIGTERM): one left
+    running a moment after the rollout would still apply its budget."""
+    for path in sorted(log_dir.glob("*.log")):
+        text = path.read_text(errors="replace")
+        starts = [json.loads(line) for line in text.splitlines() if '"sweeper started"' in line]
+        if any(s["max_stalled"] != max_stalled for s in starts) and '"sweeper stopped"' not in text:
+            return False
+    return True
+
+
 def test_poison_job_dead_lettered_budget_raised_then_replayed(
         operator, pod_runner, control_plane, kube_api, kube_namespace, guarded_redis, queue_name):
     ns = kube_namespace
@@ -133,6 +145,7 @@ spec:
     control_plane.kubectl("wait", "-n", ns, "--for=condition=Ready", "stalledpolicy/orders", "--timeout=120s")
     wait_for(lambda: any(s["max_stalled"] == 3 for s in sweeper_starts(pod_runner)),
              "a sweeper started with max_stalled 3")
+    wait_for(lambda: earlier_sweepers_stopped(pod_runner, 3), "the sweeper with max_stalled 1 stopped")
     deployment = kubectl_json(control_plane, "get", "-n", ns, "deployment/orders-sweeper")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["STALLEDPOLICY_MAX_STALLED"] == "3"

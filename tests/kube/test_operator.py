@@ -23,8 +23,9 @@ from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 GROUP, VERSION, PLURAL = "queues.emq.dev", "v1alpha1", "stalledpolicies"
-LIVENESS_PORT = free_port()
-METRICS_PORT = free_port()
+# Chosen when the operator starts (chosen at import, minutes before, a Redis of the
+# session could take one first): its liveness and metrics ports.
+PORTS: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +33,20 @@ def operator(control_plane, kube_api, tmp_path_factory):
     apply_crd(control_plane)
     kubeconfig = operator_kubeconfig(control_plane, kube_api)
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+    PORTS.update(liveness=free_port(), metrics=free_port())
     process = OperatorProcess(kubeconfig, log_path, "--all-namespaces",
-                              "--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
-                              "--metrics-port", str(METRICS_PORT), "--metrics-address", "127.0.0.1")
+                              "--liveness", f"http://127.0.0.1:{PORTS['liveness']}/healthz",
+                              "--metrics-port", str(PORTS["metrics"]), "--metrics-address", "127.0.0.1")
     # Started, not just spawned: a test run alone would otherwise read an empty log
     # and signal an interpreter that has not yet installed its SIGTERM handling.
-    wait_for(lambda: _answers(f"http://127.0.0.1:{LIVENESS_PORT}/healthz"), "the operator's liveness endpoint")
+    # Stopped if it never answers: left running, it would serve every namespace
+    # beside the operators of the tests that follow.
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{PORTS['liveness']}/healthz"),
+                 "the operator's liveness endpoint")
+    except BaseException:
+        process.stop()
+        raise
     yield process
     code = process.stop()
     assert code == 0, f"the operator did not exit cleanly on SIGTERM ({code}):\n{process.log()[-3000:]}"
@@ -380,12 +389,12 @@ def test_operator_logs_are_json_and_never_hold_the_password(operator):
 
 
 def test_liveness_endpoint_answers(operator):
-    assert operator.alive() and _answers(f"http://127.0.0.1:{LIVENESS_PORT}/healthz")
+    assert operator.alive() and _answers(f"http://127.0.0.1:{PORTS['liveness']}/healthz")
 
 
 def scrape_metrics() -> str:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=2) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORTS['metrics']}/metrics", timeout=2) as answer:
             return answer.read().decode()
     except OSError:
         return ""
@@ -524,8 +533,15 @@ def test_steady_state_writes_nothing(operator, apis, kube_namespace, secret, que
         return policy if (policy.get("status") or {}).get("observedGeneration") == 1 else None
 
     wait_for(settled, "a first status")
-    time.sleep(3)  # the Deployment settles (the deployment controller) and the status with it
-    before = get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"]
+    # The Deployment settles (the deployment controller) and the status with it: no
+    # write for two status intervals, however slowly this machine gets there.
+    seen = []
+
+    def unchanged_for_two_intervals():
+        seen.append(get_policy(custom, kube_namespace, "quiet")["metadata"]["resourceVersion"])
+        return len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3] and seen[-1]
+
+    before = wait_for(unchanged_for_two_intervals, "the status to settle", interval=1.0)
     time.sleep(5)  # five status intervals
     policy = get_policy(custom, kube_namespace, "quiet")
     assert policy["metadata"]["resourceVersion"] == before
@@ -551,6 +567,10 @@ def test_redis_unreachable_then_back_is_a_condition_and_two_events(operator, api
     assert "pw-not-shown" not in down["message"]
     core.patch_namespaced_secret("flaky", kube_namespace, {"stringData": {"url": redis_server.url}})
     wait_for(redis_reason("Reachable"), "RedisReachable=True after the Secret is fixed", timeout=30)
+    # the event is posted after the status write that shows the condition
+    reasons = wait_for(lambda: (lambda found: found if "RedisReachable" in found else None)(
+        [e.reason for e in events_for(kube_api, kube_namespace, "flaky")]), "the RedisReachable event")
+    time.sleep(2)  # two more status intervals: a repeat would have come
     reasons = [e.reason for e in events_for(kube_api, kube_namespace, "flaky")]
     assert reasons.count("RedisUnreachable") == 1 and reasons.count("RedisReachable") == 1
     assert all("pw-not-shown" not in e.message for e in events_for(kube_api, kube_namespace, "flaky"))

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from stalledpolicy.keyspace import QueueKeys
 from tests.kube.operator_harness import (OperatorProcess, apply_crd, operator_kubeconfig,
-                                         policy_manifest, read_deployment, redis_secret, wait_for)
+                                         policy_manifest, read_deployment, redis_secret, resumed, wait_for)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
@@ -87,7 +87,12 @@ def test_restart_resumes_without_rewriting_or_replaying_again(control_plane, kub
     second = OperatorProcess(kubeconfig, tmp_path / "second.log", "--all-namespaces")
     try:
         wait_for(lambda: read_deployment(apps, ns, "while-down-sweeper"), "the policy made while down")
-        time.sleep(3)  # the resume reconcile and several status refreshes of "kept"
+        # "kept"'s resume and a status refresh of this process (JOB0002 dead-lettered
+        # while down), then several more refreshes: what they could redo, they have
+        wait_for(lambda: resumed(second, ns, "kept"), "the resume of kept")
+        wait_for(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "kept").get("status")
+                          or {}).get("deadLetters") == 1, "kept's status read by the restarted operator")
+        time.sleep(3)
         after = read_deployment(apps, ns, "kept-sweeper")
         assert after.metadata.generation == before.metadata.generation
         # Our apply on resume was a no-op: our managed-fields entry was not touched.
