@@ -6,12 +6,15 @@ import re
 
 from stalledpolicy.tables import shown
 
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Nanoseconds, as Go's time.ParseDuration (and the CRD's CEL duration()) adds parts:
+# in floating point, 0.7s0.2s0.1s was 0.9999999999999999 s and out of a 1s minimum
+# the API server had admitted.
+_UNIT_NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9}
+_PART = re.compile(r"(\d+)(?:\.(\d+))?(ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+$"
-# No setting needs more; a longer one is a typo, and 320 digits would be inf.
-LONGEST_S = 36_500 * 86_400.0
+# No setting needs more: a longer one is a typo.
+LONGEST_S = 36_500 * 86_400
 _SHOWN_MAX = 40
 
 
@@ -22,10 +25,12 @@ def parse_duration(text: str) -> float:
         raise ValueError(
             f"{_shown(text)} is not a duration; write a number with a unit, for example 30s, 2m, 1h, 1h30m or 7d"
         )
-    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
-    if not seconds <= LONGEST_S:  # also inf
+    # a fraction below the nanosecond is dropped, as Go drops it
+    nanoseconds = sum(int(whole) * _UNIT_NS[unit] + int(fraction or 0) * _UNIT_NS[unit] // 10 ** len(fraction)
+                      for whole, fraction, unit in _PART.findall(value))
+    if nanoseconds > LONGEST_S * 10**9:
         raise ValueError(f"{_shown(text)} is longer than 36500d (100 years); write a shorter duration")
-    return seconds
+    return nanoseconds / 10**9
 
 
 def _shown(text: object) -> str:

@@ -190,7 +190,10 @@ def test_a_full_policy_is_accepted_as_written(crd_installed, objects, kube_names
     StalledPolicySpec.from_k8s(spec)
 
 
-@pytest.mark.parametrize("interval", ["1s", "1000ms", "90s", "1m30s", "0.5h", "1h"])
+@pytest.mark.parametrize("interval", ["1s", "1000ms", "90s", "1m30s", "0.5h", "1h",
+                                      # more digits than 5 (they were refused as "not a number
+                                      # with a unit"); a sum of 1s exactly, in floating point 0.99...
+                                      "120000ms", "3600000ms", "3600s", "0.7s0.2s0.1s"])
 def test_intervals_within_bounds_are_accepted(crd_installed, objects, kube_namespace, interval):
     assert create(objects, kube_namespace, with_(sweepInterval=interval))["spec"]["sweepInterval"] == interval
     assert 1 <= StalledPolicySpec.from_k8s(with_(sweepInterval=interval)).interval_seconds <= 3600
@@ -214,6 +217,8 @@ REFUSED = [
         (with_(sweepInterval="0s"), ["spec.sweepInterval", "must be from 1s to 1h"]),
         (with_(sweepInterval="999ms"), ["spec.sweepInterval", "must be from 1s to 1h"]),
         (with_(sweepInterval="2h"), ["spec.sweepInterval", "must be from 1s to 1h"]),
+        (with_(sweepInterval="3600001ms"), ["spec.sweepInterval", "must be from 1s to 1h"]),
+        (with_(sweepInterval="0.6s0.3s0.0999s"), ["spec.sweepInterval", "must be from 1s to 1h"]),
         (with_(batchSize=0), ["spec.batchSize", "greater than or equal to 1"]),
         (with_(batchSize=10001), ["spec.batchSize", "less than or equal to 10000"]),
         (with_(lanes=[{"name": "a"}, {"name": "b"}, {"name": "a", "maxStalled": 2}]), ["spec.lanes[2]", "Duplicate value"]),
@@ -274,6 +279,27 @@ REFUSED = [
             ["spec.redis.url", "redis.url has a path that is not a database number; write /0, /1"],
         ),
         (with_(sweeper={"replicas": -1}), ["spec.sweeper.replicas", "greater than or equal to 0"]),
+        # the Pod API's own rules: admitted, the sweeper Deployment was refused after admission
+        (with_(redis={"secretRef": {"name": "r", "key": ".."}}),
+         ["spec.redis.secretRef.key", "neither '.' nor starting with '..'"]),
+        (with_(sweeper={"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+         ["spec.sweeper.tolerations[0].value", "operator Exists matches any value; remove value"]),
+        (with_(sweeper={"tolerations": [{"operator": "Equal", "value": "v"}]}),
+         ["spec.sweeper.tolerations[0].operator", "needs operator Exists"]),
+        (with_(sweeper={"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 30}]}),
+         ["spec.sweeper.tolerations[0].tolerationSeconds", "applies to effect NoExecute only"]),
+        (with_(sweeper={"tolerations": [{"key": "bad key!", "operator": "Exists"}]}),
+         ["spec.sweeper.tolerations[0].key", "toleration key must be a label key"]),
+        (with_(sweeper={"tolerations": [{"key": "k", "value": "bad value!"}]}),
+         ["spec.sweeper.tolerations[0].value", "toleration value must be a label value"]),
+        (with_(sweeper={"nodeSelector": {"bad key!": "x"}}), ["spec.sweeper.nodeSelector", "must be label keys"]),
+        (with_(sweeper={"nodeSelector": {"disk": "bad value!"}}), ["spec.sweeper.nodeSelector", "must be label values"]),
+        (with_(sweeper={"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "128Mi"}}}),
+         ["spec.sweeper.resources.requests", "must not exceed sweeper.resources.limits"]),
+        (with_(sweeper={"resources": {"requests": {"cpu": 2}, "limits": {"cpu": "1500m"}}}),
+         ["spec.sweeper.resources.requests", "must not exceed sweeper.resources.limits"]),
+        (with_(sweeper={"resources": {"requests": {"gpu": "1"}}}),
+         ["spec.sweeper.resources.requests", "names a resource that is none of cpu, memory"]),
         (with_(sweeper={"tolerations": [{"operator": "Maybe"}]}), ["spec.sweeper.tolerations[0].operator", "Exists"]),
         (
             with_(sweeper={"imagePullSecrets": [{"name": "Registry_Credentials"}]}),
@@ -320,6 +346,10 @@ ONE_PROBLEM = [
     with_(sweeper={"resources": {"limits": {"cpu": "5 gigs"}}}),
     with_(sweeper={"resources": {"requests": {"memory": "1.2.3"}}}),
     with_(sweeper={"resources": {"requests": {"memory": ""}}}),
+    # an empty URL said "at least 1 chars long" too
+    with_(redis={"url": ""}),
+    with_(sweeper={"tolerations": [{"key": "bad key!", "operator": "Exists"}]}),
+    with_(sweeper={"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "128Mi"}}}),
 ]
 
 
@@ -341,6 +371,14 @@ def test_one_bad_value_is_one_message(crd_installed, objects, kube_namespace, sp
     {"resources": {"limits": {"cpu": 2, "memory": "1.5Gi"}, "requests": {"cpu": "250m", "memory": "64Mi"}}},
     {"resources": {"limits": {"cpu": "0.5", "memory": "1Gi"}, "requests": {"cpu": "250m", "memory": "1e3"}}},
     {"resources": {"limits": {"cpu": ".5", "memory": "512Mi"}, "requests": {"cpu": "1e-3", "memory": "1.5Ki"}}},
+    # a request equal to its limit; resource names beyond cpu and memory
+    {"resources": {"limits": {"cpu": "500m", "memory": "128Mi", "example.com/gpu": 1, "hugepages-2Mi": "64Mi"},
+                   "requests": {"cpu": "0.5", "memory": "134217728", "example.com/gpu": "1", "ephemeral-storage": "1Gi"}}},
+    {"nodeSelector": {"kubernetes.io/os": "linux", "node.example.com/pool": "", "tier": "batch_1.a-b"}},
+    {"tolerations": [{"operator": "Exists"}, {"key": "dedicated", "operator": "Equal", "value": "queues",
+                                              "effect": "NoSchedule"},
+                     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                      "tolerationSeconds": 30}, {"key": "spot", "value": ""}]},
 ])
 def test_sweeper_values_the_pod_api_takes_are_accepted(crd_installed, objects, kube_namespace, sweeper):
     assert create(objects, kube_namespace, with_(sweeper=sweeper))["spec"]["sweeper"] == \
@@ -370,7 +408,8 @@ def test_the_api_server_and_the_model_judge_quantities_alike(crd_installed, obje
     assert len(corpus) > 2000
     refused: dict[str, str] = {}
     for start in range(0, len(corpus), 16):
-        values = {f"r{start + i}": text for i, text in enumerate(corpus[start:start + 16])}
+        # domain-qualified resource names (an extended resource): the names rule lets them by
+        values = {f"example.com/r{start + i}": text for i, text in enumerate(corpus[start:start + 16])}
         body = policy("q", with_(sweeper={"resources": {"limits": values}}))
         try:
             objects.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, body, dry_run="All")

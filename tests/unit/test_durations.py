@@ -50,3 +50,26 @@ def test_the_refusal_of_a_non_duration_shows_days_among_the_examples():
         parse_duration("7x")
     assert str(refused.value) == ("'7x' is not a duration; write a number with a unit, "
                                   "for example 30s, 2m, 1h, 1h30m or 7d")
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("0.7s0.2s0.1s", 1.0), ("0.6s0.3s0.1s", 1.0), ("0.1s0.2s", 0.3), ("59.9s0.1s", 60.0),
+    ("0.5h0.25h0.25h", 3600.0), ("1.0000000001s", 1.0), ("0.0000000009s", 0.0)])
+def test_parts_add_up_in_nanoseconds_as_go_adds_them(text, seconds):
+    """The CRD's CEL duration() (Go's parser) admitted 0.7s0.2s0.1s as 1s; the model,
+    adding floats, found 0.9999999999999999 and refused it as below 1s."""
+    from stalledpolicy.durations import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("value, number", [
+    ("500m", "0.5"), ("0.5", "0.5"), (".5", "0.5"), ("1Ki", "1024"), ("1.5Mi", "1572864"), ("1e3", "1000"),
+    ("1E-3", "0.001"), ("128Mi", "134217728"), (2, "2"), ("-1.5k", "-1500"), ("+1G", "1000000000"), ("0", "0"),
+    ("m", "0"), ("1.", "1")])
+def test_quantity_value_is_the_number_a_quantity_stands_for(value, number):
+    from decimal import Decimal
+
+    from stalledpolicy.policy.models import quantity_value
+
+    assert quantity_value(value) == Decimal(number)

@@ -373,7 +373,19 @@ def test_crd_limits_are_the_model_limits():
     assert pull_rule["rule"] == priority_rule["rule"] == secret_rule["rule"] == dns_rule
     secret_key = props["redis"]["properties"]["secretRef"]["properties"]["key"]
     [key_rule] = secret_key["x-kubernetes-validations"]
-    assert key_rule["rule"] == f'self.matches(r"{models._SECRET_KEY.pattern}")'
+    assert key_rule["rule"] == f'self.matches(r"{models._SECRET_KEY.pattern}") && self != "." && !self.startsWith("..")'
+    # label syntax and resource names: the model's patterns, in the CRD's rules
+    sweeper = props["sweeper"]["properties"]
+    node_keys, node_values = sweeper["nodeSelector"]["x-kubernetes-validations"]
+    assert node_keys["rule"] == f'self.all(k, k.matches(r"{models.LABEL_KEY_PATTERN}"))'
+    assert node_values["rule"] == f'self.all(k, self[k].matches(r"{models.LABEL_VALUE_PATTERN}"))'
+    key_rule, value_rule, *_ = sweeper["tolerations"]["items"]["x-kubernetes-validations"]
+    assert f'self.key.matches(r"{models.LABEL_KEY_PATTERN}")' in key_rule["rule"]
+    assert f'self.value.matches(r"{models.LABEL_VALUE_PATTERN}")' in value_rule["rule"]
+    for which in ("limits", "requests"):
+        [names] = sweeper["resources"]["properties"][which]["x-kubernetes-validations"]
+        assert all(f'"{name}"' in names["rule"] for name in models.RESOURCE_NAMES)
+        assert all(f'k.matches(r"{pattern}")' in names["rule"] for pattern in models.RESOURCE_NAME_PATTERNS)
     # rules only: a pattern or minLength beside them showed the raw regex (or a second message)
     assert not {"pattern", "minLength"} & (secret_name.keys() | secret_key.keys())
     for which in ("limits", "requests"):

@@ -1280,8 +1280,9 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
 
 
 def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
-    """spec.sweeper.replicas 0 -> 2 with requests above limits: the apply is refused and
-    the Deployment still asks for 0. SweeperAvailable must not say "0 of 0 available"."""
+    """spec.sweeper.replicas 0 -> 2 with a PriorityClass that does not exist: the apply
+    is refused and the Deployment still asks for 0. SweeperAvailable must not say "0 of
+    0 available"."""
     from stalledpolicy.controller.reconcile import RetryLater, reconcile
 
     apps = FakeApps()
@@ -1293,9 +1294,9 @@ def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
     reconcile(ctl, body)
     apps.stored["status"] = {"observedGeneration": 1, "replicas": 0}
     ctl.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")
-    spec["sweeper"] = {"replicas": 2, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+    spec["sweeper"] = {"replicas": 2, "priorityClassName": "missing-class"}
     edited = policy_body(spec, generation=2)
-    apps.refuse = api_error(422, "Unprocessable Entity", "requests must be less than or equal to cpu limit")
+    apps.refuse = api_error(403, "Forbidden", "no PriorityClass with name missing-class was found")
     with pytest.raises(RetryLater):
         reconcile(ctl, edited)
     outcome = ctl.policies[("ns", "p")].outcome

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import (
@@ -69,8 +70,11 @@ MAX_LANES = 256
 SWEEPER_REPLICAS_MAX = 100
 SWEEPER_PULL_SECRETS_MAX = 16
 # Go's duration syntax without "d" (the CRD checks bounds with CEL duration(),
-# which is Go's parser); digit counts bounded so the sum never overflows int64 ns.
-SWEEP_INTERVAL_PATTERN = r"^([0-9]{1,5}(\.[0-9]{1,9})?(ms|s|m|h))+$"
+# which is Go's parser); digits bounded per unit so that 32 characters never
+# overflow int64 ns (at most ~500,000 h), yet every way of writing 1s to 1h fits
+# (3600000ms, 3600s, 60m).
+SWEEP_INTERVAL_PATTERN = (r"^([0-9]{1,10}(\.[0-9]{1,9})?ms|[0-9]{1,7}(\.[0-9]{1,9})?s|"
+                          r"[0-9]{1,6}(\.[0-9]{1,9})?m|[0-9]{1,5}(\.[0-9]{1,9})?h)+$")
 _SWEEP_INTERVAL = re.compile(SWEEP_INTERVAL_PATTERN)
 # A resource quantity is what the CRD's CEL isQuantity() takes (the Pod API's
 # own parser, resource.ParseQuantity: is_quantity mirrors it, a kube test
@@ -84,6 +88,20 @@ QUANTITY_FIX = "write a number with an optional unit, for example 250m, 0.5, 1e3
 QUANTITY_MAX_LENGTH = 64  # the CRD's maxLength (it bounds the cost of its isQuantity() rules)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# Label keys and values as the Pod API judges them (nodeSelector, tolerations; the
+# CRD's rules use these very patterns, a unit test compares).
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+LABEL_KEY_WORDS = ("an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', "
+                   "starting and ending with a letter or digit")
+LABEL_VALUE_WORDS = ("an empty one, or up to 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                     "letter or digit")
+# A container's resource names: these, hugepages-<size>, or a domain-qualified name.
+RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
+RESOURCE_NAME_PATTERNS = (r"^hugepages-[0-9]+[A-Za-z]*$",
+                          r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/"
+                          r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _URL_SCHEME = re.compile(r"^rediss?://")
 # No '@' anywhere, not only before the first '/', '?' or '#': a password
 # holding one of those ends urlsplit's userinfo early and would slip past a
@@ -240,6 +258,23 @@ def is_quantity(text: str) -> bool:
     return fast_path or any(ch.isdigit() for ch in text[:len(text) - len(suffix)])
 
 
+def quantity_value(value: int | str) -> Decimal:
+    """The number a quantity stands for (``value`` is one: is_quantity), to compare
+    two: ``"500m"`` is 0.5, ``"1Ki"`` 1024, ``"1e3"`` 1000."""
+    if isinstance(value, int):
+        return Decimal(value)
+    shape = _QUANTITY_SHAPE.fullmatch(value)
+    num, denom, suffix = shape["num"] or "0", shape["denom"] or "", shape["suffix"]
+    mantissa = Decimal(f"{num}.{denom}" if denom else num)
+    if suffix in _BINARY_SUFFIXES:
+        mantissa *= 2 ** _BINARY_SUFFIXES[suffix]
+    elif suffix in _DECIMAL_SUFFIXES:
+        mantissa = mantissa.scaleb(_DECIMAL_SUFFIXES[suffix])
+    elif suffix:
+        mantissa = mantissa.scaleb(int(suffix[1:]))
+    return -mantissa if shape["sign"] == "-" else mantissa
+
+
 def _is_negative_quantity(value: int | str) -> bool:
     """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` is a quantity (is_quantity)."""
     if isinstance(value, int):
@@ -297,8 +332,9 @@ class SecretKeyRef(_Model):
     @field_validator("key")
     @classmethod
     def _secret_key(cls, value: str) -> str:
-        if not _SECRET_KEY.fullmatch(value):
-            raise _problem(f"{value!r} is not a Secret key; use letters, digits, '-', '_' and '.'")
+        if not _SECRET_KEY.fullmatch(value) or value == "." or value.startswith(".."):
+            raise _problem(f"{value!r} is not a Secret key; use letters, digits, '-', '_' and '.', "
+                           "neither '.' nor starting with '..'")
         return value
 
 
@@ -369,13 +405,62 @@ class Toleration(_Model):
             )
         return value
 
+    @field_validator("key")
+    @classmethod
+    def _label_key(cls, value: str | None) -> str | None:
+        if value and not re.fullmatch(LABEL_KEY_PATTERN, value):
+            raise _problem(f"{tables.shown(value, 78, quoted=True, keep=70)} is not a label key; "
+                           f"use {LABEL_KEY_WORDS}")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _label_value(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(LABEL_VALUE_PATTERN, value):
+            raise _problem(f"{value!r} is not a label value; write {LABEL_VALUE_WORDS}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        # the Pod API's rules: the sweeper Deployment would be refused after admission
+        if not self.key and self.operator != "Exists":
+            raise _problem("a toleration without a key tolerates every taint and needs operator Exists; "
+                           "set operator: Exists, or give the taint's key", at=("operator",))
+        if self.operator == "Exists" and self.value:
+            raise _problem("a toleration with operator Exists matches any value; remove value, or use "
+                           "operator Equal", at=("value",))
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise _problem("tolerationSeconds applies to effect NoExecute only; set effect: NoExecute, "
+                           "or remove tolerationSeconds", at=("tolerationSeconds",))
+        return self
+
     def to_k8s(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+def _check_resource_names(quantities: dict[str, Any]) -> dict[str, Any]:
+    for name in quantities:
+        if name not in RESOURCE_NAMES and not any(re.fullmatch(p, name) for p in RESOURCE_NAME_PATTERNS):
+            raise _problem(f"{tables.shown(name, 78, quoted=True, keep=70)} is not a resource name; use cpu, "
+                           "memory, ephemeral-storage, hugepages-<size> or a domain-qualified name (for example "
+                           "example.com/gpu)")
+    return quantities
+
+
+ResourceList = Annotated[dict[str, Quantity], Field(max_length=16), AfterValidator(_check_resource_names)]
+
+
 class Resources(_Model):
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    limits: ResourceList = Field(default_factory=dict)
+    requests: ResourceList = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, request in self.requests.items():
+            if name in self.limits and quantity_value(request) > quantity_value(self.limits[name]):
+                raise _problem(f"the request {request} of {name} exceeds its limit {self.limits[name]}; raise "
+                               "the limit or lower the request", at=("requests", name))
+        return self
 
     def to_k8s(self) -> dict[str, Any]:
         return {k: dict(v) for k, v in (("limits", self.limits), ("requests", self.requests)) if v}
@@ -411,6 +496,18 @@ class SweeperOverrides(_Model):
     @classmethod
     def _unique_pull_secrets(cls, secrets: list[PullSecret]) -> list[PullSecret]:
         return _listed_once(secrets, "Secret", "imagePullSecrets")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _node_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not re.fullmatch(LABEL_KEY_PATTERN, key):
+                raise _problem(f"{tables.shown(key, 78, quoted=True, keep=70)} is not a label key; "
+                               f"use {LABEL_KEY_WORDS}")
+            if not re.fullmatch(LABEL_VALUE_PATTERN, value):
+                raise _problem(f"{tables.shown(value, 78, quoted=True, keep=70)} (the value of {key}) is not a "
+                               f"label value; use {LABEL_VALUE_WORDS}")
+        return labels
 
 
 class StalledPolicySpec(_Model):
