@@ -99,8 +99,8 @@ LABEL_VALUE_WORDS = ("an empty one, or up to 63 letters, digits, '-', '_' or '.'
                      "letter or digit")
 # A container's resource names: these, hugepages-<size>, or a domain-qualified name.
 RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
-RESOURCE_NAME_PATTERNS = (r"^hugepages-[0-9]+[A-Za-z]*$",
-                          r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/"
+RESOURCE_NAME_PATTERNS = (r"^hugepages-.+$",
+                          r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
                           r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _URL_SCHEME = re.compile(r"^rediss?://")
 # No '@' anywhere, not only before the first '/', '?' or '#': a password
