@@ -84,10 +84,14 @@ def apply_crd(control_plane) -> None:
 NAMESPACE_RULES = [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
 
 
-def operator_kubeconfig(control_plane, kube_api, *, namespaced: bool = False) -> Path:
+# The chart's Role in the release namespace when leader election is on: the Lease.
+LEASE_RULES = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+
+
+def operator_kubeconfig(control_plane, kube_api, *, namespaced: bool = False, leases_in: str | None = None) -> Path:
     """A kubeconfig for a ServiceAccount holding exactly OPERATOR_RULES, cluster-wide,
     plus NAMESPACE_RULES when ``namespaced`` (an operator run with --namespace, as the
-    chart grants it in that mode)."""
+    chart grants it in that mode), and LEASE_RULES in the namespace ``leases_in``."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -115,6 +119,13 @@ def operator_kubeconfig(control_plane, kube_api, *, namespaced: bool = False) ->
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}],
     })
+    if leases_in:
+        create(rbac.create_namespaced_role, leases_in, {"metadata": {"name": "operator-leases"},
+                                                        "rules": LEASE_RULES})
+        create(rbac.create_namespaced_role_binding, leases_in, {
+            "metadata": {"name": f"operator-leases-{name}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "operator-leases"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}]})
     return control_plane.kubeconfig_for_service_account(OPERATOR_NAMESPACE, name)
 
 
@@ -123,15 +134,19 @@ def resumed(process, namespace, name) -> bool:
     handler for the policy ``name``: what it applies at start is in. A test acting on
     a policy that existed before the operator started waits for this (before it, the
     resume's own apply may undo what the test did)."""
+    return any((entry.get("namespace"), entry.get("object")) == (namespace, f"StalledPolicy/{name}")
+               and entry.get("msg", "").startswith("Resuming is processed") for entry in log_entries(process))
+
+
+def log_entries(process) -> list[dict]:
+    """The JSON log lines of ``process`` (an OperatorProcess), parsed; other lines skipped."""
+    entries = []
     for line in process.log().splitlines():
         try:
-            entry = json.loads(line)
+            entries.append(json.loads(line))
         except ValueError:
             continue
-        if (entry.get("namespace"), entry.get("object")) == (namespace, f"StalledPolicy/{name}") and \
-                entry.get("msg", "").startswith("Resuming is processed"):
-            return True
-    return False
+    return entries
 
 
 class OperatorProcess:

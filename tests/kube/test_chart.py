@@ -39,7 +39,7 @@ from stalledpolicy.policy.builder import (METRICS_PORT_NAME, build_sweeper_deplo
                                           sweeper_name)
 from stalledpolicy.policy.models import StalledPolicySpec
 from stalledpolicy.devenv.ports import free_port
-from tests.kube.operator_harness import (NAMESPACE_RULES, OPERATOR_RULES, PodRunnerThread, condition,
+from tests.kube.operator_harness import (LEASE_RULES, NAMESPACE_RULES, OPERATOR_RULES, PodRunnerThread, condition,
                                          redis_secret, wait_for)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
@@ -172,7 +172,7 @@ def test_cluster_wide_rbac_is_exactly_the_operator_rules(helm):
     # Least privilege: the status is only patched (a JSON patch guarded by the
     # policy's uid), never read through the subresource.
     assert [r["verbs"] for r in role["rules"] if "stalledpolicies/status" in r["resources"]] == [["patch"]]
-    assert by_kind(docs, "Role") == []
+    assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == ["rel-stalledpolicy-operator-leader"]
     [binding] = by_kind(docs, "ClusterRoleBinding")
     [account] = by_kind(docs, "ServiceAccount")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
@@ -193,7 +193,7 @@ def test_values_that_look_like_numbers_stay_strings(helm):
 
 def test_namespaced_rbac_grants_only_the_watched_namespaces(helm):
     docs = helm.template("--set", "watchNamespaces={team-a,team-b}")
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-leader")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     # kopf lists and watches CRDs, and namespaces when given namespace names.
     crds = rule_set([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
@@ -203,17 +203,48 @@ def test_namespaced_rbac_grants_only_the_watched_namespaces(helm):
         assert rule_set(role["rules"]) == rule_set(OPERATOR_RULES) - crds
     [cluster_role] = by_kind(docs, "ClusterRole")
     assert rule_set(cluster_role["rules"]) == crds | namespaces
-    assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")
+                  if not b["metadata"]["name"].endswith("-leader")) == ["team-a", "team-b"]
     [deployment] = by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in args
 
 
+def test_leader_election_is_a_lease_of_the_release_and_replicas_need_it(helm):
+    """By default the operator elects its acting replica with the release's Lease
+    (the harness's LEASE_RULES, get/update limited to that Lease) and rolls on
+    upgrade; off, it is one replica replaced with Recreate, and more are refused."""
+    docs = helm.template("--set", "replicas=3")
+    [deployment] = by_kind(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert "--leader-election-lease=stalledpolicy-system/rel-stalledpolicy-operator" in container["args"]
+    assert "--leader-election-duration=15s" in container["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    [role] = by_kind(docs, "Role")
+    assert role["metadata"]["namespace"] == "stalledpolicy-system"
+    assert rule_set(role["rules"]) == rule_set(LEASE_RULES)
+    assert [r.get("resourceNames") for r in role["rules"] if "get" in r["verbs"]] == [["rel-stalledpolicy-operator"]]
+    [binding] = by_kind(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+    off = helm.template("--set", "leaderElection.enabled=false")
+    [deployment] = by_kind(off, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"} and deployment["spec"]["replicas"] == 1
+    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "leader" in a]
+    assert by_kind(off, "Role") == []
+    refused = helm("template", "rel", str(CHART), "--set", "replicas=2", "--set", "leaderElection.enabled=false",
+                   check=False)
+    assert refused.returncode != 0 and "replicas above 1 need leaderElection.enabled=true" in refused.stderr
+
+
 def test_operator_deployment_shape(helm):
     [deployment] = by_kind(helm.template("--set", "image.tag=9.9.9"), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "RollingUpdate"  # leader election
     pod = spec["template"]["spec"]
     [container] = pod["containers"]
     assert container["image"] == "ghcr.io/stalledpolicy/stalledpolicy-operator:9.9.9"
@@ -235,6 +266,8 @@ def test_operator_deployment_shape(helm):
     parsed = build_parser().parse_args(container["args"])
     assert parsed.all_namespaces and parsed.status_interval == 10.0 and parsed.max_backoff == 300.0
     assert parsed.metrics_port == 8081
+    assert parsed.leader_election_lease == "stalledpolicy-system/rel-stalledpolicy-operator"
+    assert parsed.leader_election_duration == 15.0
 
 
 def test_operator_metrics_port_can_be_turned_off_and_never_shares_the_liveness_port(helm):
@@ -277,12 +310,13 @@ def test_allowed_sweeper_images_reach_the_operator_as_its_env(helm, monkeypatch)
     from stalledpolicy.controller.config import OperatorConfig
 
     [default] = by_kind(helm.template(), "Deployment")
-    assert "env" not in default["spec"]["template"]["spec"]["containers"][0]  # only the sweeper image
+    # only the sweeper image
+    assert [e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]] == ["POD_NAME"]
 
     [deployment] = by_kind(helm.template("--set", "sweeperAllowedImages={registry.example/team/*,other:1}"),
                            "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env == {"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "registry.example/team/*,other:1"}
     assert OperatorConfig.from_env(env).allowed_sweeper_images == ("registry.example/team/*", "other:1")
     # The operator's command line with that environment: the list, and the chart's sweeper image.

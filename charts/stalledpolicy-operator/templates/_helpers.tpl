@@ -97,6 +97,18 @@ tests run with.
   verbs: [list, watch]
 {{- end -}}
 
+{{/* Leader election (leaderElection.enabled): the release's Lease, in the release
+namespace. create cannot be limited to a name (the object does not exist yet). */}}
+{{- define "stalledpolicy.leaseRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "stalledpolicy.fullname" . }}]
+  verbs: [get, update]
+{{- end -}}
+
 {{/* Namespaced mode: kopf follows the watched namespaces as they come and go (it lists
 namespaces when given names; cluster-wide it does not). */}}
 {{- define "stalledpolicy.namespaceRules" -}}

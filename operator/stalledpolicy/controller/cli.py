@@ -26,6 +26,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _lease(text: str) -> str:
+    from stalledpolicy.controller.leader import parse_lease
+
+    try:
+        parse_lease(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _image_pattern(text: str) -> str:
     try:
         return check_image_pattern(text.strip())
@@ -96,9 +106,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest retry delay after an error (default 5m, at least 1s)")
     parser.add_argument("--status-workers", type=int, default=None, metavar="N",
                         help="threads refreshing status (default 8)")
+    parser.add_argument("--leader-election-lease", type=_lease, default=None, metavar="NAMESPACE/NAME",
+                        help="elect a leader among operator replicas with this coordination.k8s.io Lease: "
+                             "one replica acts, the others wait to take over (default: no election, act at "
+                             "once; env STALLEDPOLICY_OPERATOR_LEADER_LEASE; the chart sets it)")
+    parser.add_argument("--leader-election-duration", type=_seconds, default=None, metavar="DURATION",
+                        help="how long a Lease not renewed keeps its holder (default 15s, at least 3s): a "
+                             "replica takes over that long after the leader stopped renewing")
     parser.add_argument("--peering", metavar="NAME",
-                        help="kopf peering name, for experiments only: one operator replica is "
-                             "supported (default: standalone)")
+                        help="kopf peering name, for experiments only (use --leader-election-lease for "
+                             "several replicas; default: standalone)")
     parser.add_argument("--log-format", choices=("text", "json"),
                         default=os.environ.get("STALLEDPOLICY_LOG_FORMAT", "text"))
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
@@ -120,6 +137,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         metrics_port=base.metrics_port if args.metrics_port is None else args.metrics_port,
         metrics_address=args.metrics_address or base.metrics_address,
         liveness=args.liveness or base.liveness,
+        leader_lease=args.leader_election_lease or base.leader_lease,
+        lease_seconds=args.leader_election_duration or base.lease_seconds,
     )
 
 
@@ -207,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         os.environ["KUBECONFIG"] = args.kubeconfig
     config = config_from_args(args)
+    if config.lease_seconds < 3:
+        # renewed every third of it: below 1 s a slow API call loses the lease
+        print("stalledpolicy operator: --leader-election-duration must be at least 3s", file=sys.stderr)
+        return EXIT_USAGE
     problem = ports_problem(config.metrics_port, config.liveness)
     if problem is not None:
         print(f"stalledpolicy operator: {problem}", file=sys.stderr)
@@ -256,6 +279,9 @@ def run(args: argparse.Namespace) -> int:
         # the port was taken between the check above and the server's start
         print(f"stalledpolicy operator: {failed}", file=sys.stderr)
         return EXIT_USAGE
+    if stalledpolicy.controller.main.leadership_lost():
+        # stopped because another replica may act now: a failure, so the pod restarts and waits
+        return 1
     return 0
 
 

@@ -21,6 +21,7 @@ ALLOWED_SWEEPER_IMAGES_ENV = ENV_PREFIX + "ALLOWED_SWEEPER_IMAGES"
 METRICS_PORT_ENV = ENV_PREFIX + "METRICS_PORT"
 METRICS_ADDRESS_ENV = ENV_PREFIX + "METRICS_ADDRESS"
 LIVENESS_ENV = ENV_PREFIX + "LIVENESS"
+LEADER_LEASE_ENV = ENV_PREFIX + "LEADER_LEASE"
 
 
 def check_metrics_port(text: str) -> int:
@@ -99,6 +100,10 @@ class OperatorConfig:
     metrics_address: str = EVERY_ADDRESS
     # kopf's liveness endpoint, served by controller/liveness.py (--liveness). None: not served.
     liveness: str | None = None
+    # The Lease of leader election, "namespace/name" (controller/leader.py): several
+    # replicas, one acting. None: no election, this process acts at once.
+    leader_lease: str | None = None
+    lease_seconds: float = 15.0
 
     @property
     def handler_workers(self) -> int:
@@ -160,6 +165,8 @@ class OperatorConfig:
             metrics_port=metrics_port(),
             metrics_address=(env.get(METRICS_ADDRESS_ENV) or "").strip() or defaults.metrics_address,
             liveness=(env.get(LIVENESS_ENV) or "").strip() or None,
+            leader_lease=(env.get(LEADER_LEASE_ENV) or "").strip() or None,
+            lease_seconds=number("LEASE_SECONDS", defaults.lease_seconds, 3.0),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -172,7 +179,10 @@ class OperatorConfig:
             ENV_PREFIX + "API_TIMEOUT": str(self.api_timeout),
             METRICS_PORT_ENV: str(self.metrics_port),
             METRICS_ADDRESS_ENV: self.metrics_address,
+            ENV_PREFIX + "LEASE_SECONDS": str(self.lease_seconds),
         }
+        if self.leader_lease:
+            env[LEADER_LEASE_ENV] = self.leader_lease
         if self.sweeper_image:
             env[ENV_PREFIX + "SWEEPER_IMAGE"] = self.sweeper_image
         if self.liveness:

@@ -29,6 +29,7 @@ _metrics_server = None
 _liveness_server = None
 _started = False
 _diffbase_storage = None
+_leadership = None
 _startup_problem = "the operator is starting: the controller is not built and started yet"
 
 
@@ -38,8 +39,15 @@ class ListenFailed(kopf.PermanentError):
 
 
 def not_ready() -> str | None:
-    """Why /healthz answers 503, or None once startup built and started the controller."""
+    """Why /healthz answers 503, or None once startup built and started the controller
+    (or while this replica waits for the leader lease: waiting is healthy)."""
+    if _leadership is not None and _leadership.waiting:
+        return None
     return None if _started else _startup_problem
+
+
+def leadership_lost() -> bool:
+    return _leadership is not None and _leadership.lost
 
 
 def controller():
@@ -73,6 +81,20 @@ async def stop_liveness(**_) -> None:
     if _liveness_server is not None:
         await _liveness_server.stop()
         _liveness_server = None
+
+
+@kopf.on.startup()
+async def lead(**_) -> None:
+    """With --leader-election-lease: wait for the Lease before anything acts (kopf
+    watches nothing until every startup handler is done)."""
+    global _leadership
+    config = OperatorConfig.from_env()
+    if config.leader_lease is None:
+        return
+    from stalledpolicy.controller.leader import leadership
+
+    _leadership = leadership(config)
+    await _leadership.acquire()
 
 
 @kopf.on.startup()
@@ -132,6 +154,8 @@ def cleanup(**_) -> None:
     if _metrics_server is not None:
         _metrics_server.stop()
         _metrics_server = None
+    if _leadership is not None:
+        _leadership.stop()  # released last: nothing of ours acts any more
 
 
 def _run_reconcile(body, retry: int, resume: bool = False) -> None:

@@ -1,0 +1,237 @@
+"""Leader election on a coordination.k8s.io Lease (``--leader-election-lease NS/NAME``):
+several operator replicas, one acting at a time, the others waiting to take over.
+
+The Lease is read and written as client-go's leader election does: the holder
+renews ``renewTime`` every third of the lease's duration; a replica takes the
+Lease once its holder has not renewed it for a whole duration (or has released
+it), each write made with the ``resourceVersion`` it read, so two replicas
+never both win. The holder that cannot renew within two thirds of the duration
+(the API server unreachable, the Lease taken) stops: it may no longer be the
+only one acting. A holder shutting down releases the Lease, so a waiting replica
+takes over at its next try rather than a duration later.
+
+``decide`` is the pure rule; ``LeaseElector`` does the API calls with it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import uuid
+from typing import Any, Callable
+
+log = logging.getLogger("stalledpolicy.operator")
+
+DEFAULT_LEASE_SECONDS = 15.0
+# A replica waiting for the Lease asks again this often (client-go's retry period).
+RETRY_SECONDS = 2.0
+
+
+def identity() -> str:
+    """Who holds the Lease: the pod's name (the chart sets POD_NAME) or the host's,
+    with a random suffix so that two processes on one host are two candidates."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def parse_lease(text: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` of the Lease; ValueError saying what is wrong."""
+    import re
+
+    namespace, _, name = text.partition("/")
+    label = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+    if not re.fullmatch(label, namespace) or not re.fullmatch(rf"{label}(\.{label})*", name) or len(name) > 253:
+        raise ValueError(f"{text!r}: give the Lease as NAMESPACE/NAME, for example "
+                         "stalledpolicy-system/stalledpolicy-operator (lowercase names)")
+    return namespace, name
+
+
+def _time(value: Any) -> dt.datetime | None:
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def decide(spec: dict[str, Any] | None, me: str, now: dt.datetime, duration: float) -> str:
+    """What a candidate does with the Lease's ``spec`` (None: no Lease yet):
+    ``create`` it, ``renew`` it (ours), ``take`` it (released, or its holder has
+    not renewed it for its whole duration), or ``wait``."""
+    if spec is None:
+        return "create"
+    holder = spec.get("holderIdentity") or ""
+    if holder == me:
+        return "renew"
+    renewed = _time(spec.get("renewTime")) or _time(spec.get("acquireTime"))
+    lasts = float(spec.get("leaseDurationSeconds") or duration)
+    if not holder or renewed is None or now - renewed > dt.timedelta(seconds=lasts):
+        return "take"
+    return "wait"
+
+
+class LeaseElector:
+    """One candidate for the Lease ``namespace/name``; ``coordination``: a
+    CoordinationV1Api. ``try_hold()`` is one round (read, decide, write)."""
+
+    def __init__(self, coordination, namespace: str, name: str, me: str, duration: float = DEFAULT_LEASE_SECONDS,
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+        self.api, self.namespace, self.name, self.me = coordination, namespace, name, me
+        self.duration, self._now = duration, now
+        self.holder: str | None = None  # the holder seen at the last round
+        self.held = False
+
+    def try_hold(self) -> bool:
+        """Acquire or renew the Lease; True when this candidate holds it now. An
+        API error is a round lost (logged by the caller), never raised."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = self._now()
+        try:
+            try:
+                lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                lease = None
+            spec = None if lease is None else lease.to_dict()["spec"] or {}
+            if spec is not None:
+                spec = {"holderIdentity": spec.get("holder_identity"), "renewTime": spec.get("renew_time"),
+                        "acquireTime": spec.get("acquire_time"), "leaseDurationSeconds": spec.get("lease_duration_seconds"),
+                        "leaseTransitions": spec.get("lease_transitions")}
+            action = decide(spec, self.me, now, self.duration)
+            self.holder = (spec or {}).get("holderIdentity") or None
+            if action == "wait":
+                self.held = False
+                return False
+            stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {"holderIdentity": self.me, "leaseDurationSeconds": int(round(self.duration)),
+                             "renewTime": stamp}}
+            if action == "create":
+                body["spec"].update(acquireTime=stamp, leaseTransitions=0)
+                self.api.create_namespaced_lease(self.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = lease.metadata.resource_version
+                acquired = _time(spec.get("acquireTime")) or now
+                body["spec"]["acquireTime"] = stamp if action == "take" else acquired.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                transitions = int(spec.get("leaseTransitions") or 0)
+                body["spec"]["leaseTransitions"] = transitions + (1 if action == "take" else 0)
+                self.api.replace_namespaced_lease(self.name, self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:  # another candidate wrote first: it won this round
+                self.held = False
+                return False
+            raise
+        self.holder, self.held = self.me, True
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up (shutting down): a waiting replica takes it at its next try."""
+        if not self.held:
+            return
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec.holder_identity != self.me:
+                return
+            lease.spec.holder_identity = None
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            log.info("leader lease released", extra={"lease": f"{self.namespace}/{self.name}"})
+        except Exception as exc:  # noqa: BLE001 - shutting down: the lease expires on its own
+            log.warning("could not release the leader lease (it expires on its own): %s", exc,
+                        extra={"lease": f"{self.namespace}/{self.name}"})
+        self.held = False
+
+
+class Leadership:
+    """The Lease held for the operator's life: ``await acquire()`` before anything
+    acts (kopf's startup), renewed on a thread from then on, released by ``stop()``
+    at shutdown. ``on_lost()`` is called (once) when it could not be renewed in
+    time: the operator must stop acting."""
+
+    def __init__(self, elector: LeaseElector, on_lost: Callable[[], None], clock: Callable[[], float] | None = None):
+        import threading
+        import time
+
+        self.elector, self._on_lost = elector, on_lost
+        self._clock = clock or time.monotonic
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.waiting = False
+        self.lost = False
+        self._problem: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.elector.namespace}/{self.elector.name}"
+
+    def _round(self) -> bool:
+        try:
+            held = self.elector.try_hold()
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: a round lost
+            problem = f"{getattr(exc, 'status', None) or type(exc).__name__} {getattr(exc, 'reason', None) or exc}"
+            if problem != self._problem:  # once while it lasts (a missing grant would repeat every 2 s)
+                self._problem = problem
+                log.warning("leader lease: the API server refused or failed a request (%s); retrying "
+                            "(the ServiceAccount needs leases create, get and update there)", problem,
+                            extra={"lease": self.where})
+            return False
+        self._problem = None
+        return held
+
+    async def acquire(self) -> None:
+        import asyncio
+
+        self.waiting = True
+        told = None
+        try:
+            while not await asyncio.to_thread(self._round):
+                if self.elector.holder != told:
+                    told = self.elector.holder
+                    log.info("waiting for the leader lease: another operator replica acts", extra={
+                        "lease": self.where, "holder": told, "identity": self.elector.me})
+                await asyncio.sleep(RETRY_SECONDS)
+        finally:
+            self.waiting = False
+        log.info("leader lease acquired: this replica acts", extra={"lease": self.where,
+                                                                   "identity": self.elector.me})
+        import threading
+
+        self._thread = threading.Thread(target=self._renew, name="leader-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        period, deadline = self.elector.duration / 3, self.elector.duration * 2 / 3
+        renewed = self._clock()
+        while not self._stop.wait(period):
+            if self._round():
+                renewed = self._clock()
+            elif self._clock() - renewed > deadline or (self.elector.holder not in (None, self.elector.me)):
+                self.lost = True
+                log.error("leader lease lost (not renewed in %g s, or taken): this replica stops acting",
+                          deadline, extra={"lease": self.where, "holder": self.elector.holder})
+                self._on_lost()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self.lost:
+            self.elector.release()
+
+
+def leadership(config) -> Leadership:
+    """The operator's Leadership for ``config.leader_lease``: losing it stops the
+    process as SIGTERM does (kopf's cleanup), and the CLI exits 1."""
+    import signal
+
+    from kubernetes import client
+
+    from stalledpolicy.controller.wiring import kubernetes_api_client
+
+    namespace, name = parse_lease(config.leader_lease)
+    # deadline below the renewal period: a hung call must not outlast the lease
+    api = client.CoordinationV1Api(kubernetes_api_client(2, config.lease_seconds / 3))
+    elector = LeaseElector(api, namespace, name, identity(), config.lease_seconds)
+    return Leadership(elector, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))

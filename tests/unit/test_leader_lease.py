@@ -1,0 +1,167 @@
+"""Leader election's rule and its Lease writes, without a cluster (the kube test
+tests/kube/test_leader_election.py runs replicas on the real control plane)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import types
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from stalledpolicy.controller.leader import Leadership, LeaseElector, decide, parse_lease
+
+T0 = dt.datetime(2026, 12, 4, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def spec(holder, renewed=T0, seconds=15):
+    return {"holderIdentity": holder, "renewTime": renewed, "acquireTime": renewed, "leaseDurationSeconds": seconds}
+
+
+@pytest.mark.parametrize("lease, now, action", [
+    (None, T0, "create"),
+    (spec("me"), T0, "renew"),
+    (spec("me", T0 - dt.timedelta(hours=1)), T0, "renew"),  # ours, however late: renewed
+    (spec("other"), T0 + dt.timedelta(seconds=14), "wait"),
+    (spec("other"), T0 + dt.timedelta(seconds=15), "wait"),
+    (spec("other"), T0 + dt.timedelta(seconds=15.001), "take"),  # not renewed for its whole duration
+    (spec("other", seconds=60), T0 + dt.timedelta(seconds=30), "wait"),  # the Lease's own duration counts
+    (spec(None), T0, "take"),  # released
+    (spec(""), T0, "take"),
+    (spec("other", renewed="2026-12-04T12:00:00.000000Z"), T0 + dt.timedelta(seconds=16), "take"),
+])
+def test_decide(lease, now, action):
+    assert decide(lease, "me", now, 15.0) == action
+
+
+class FakeLeases:
+    """CoordinationV1Api over one stored Lease, with resourceVersion checks."""
+
+    def __init__(self):
+        self.stored = None
+        self.rv = 0
+
+    def _obj(self):
+        s = self.stored
+        spec = types.SimpleNamespace(holder_identity=s["spec"].get("holderIdentity"),
+                                     acquire_time=s["spec"].get("acquireTime"))
+        obj = types.SimpleNamespace(metadata=types.SimpleNamespace(resource_version=str(self.rv)), spec=spec)
+        obj.to_dict = lambda: {"spec": {"holder_identity": s["spec"].get("holderIdentity"),
+                                        "renew_time": s["spec"].get("renewTime"),
+                                        "acquire_time": s["spec"].get("acquireTime"),
+                                        "lease_duration_seconds": s["spec"].get("leaseDurationSeconds"),
+                                        "lease_transitions": s["spec"].get("leaseTransitions")}}
+        return obj
+
+    def read_namespaced_lease(self, name, namespace):
+        if self.stored is None:
+            raise ApiException(status=404)
+        return self._obj()
+
+    def create_namespaced_lease(self, namespace, body):
+        if self.stored is not None:
+            raise ApiException(status=409)
+        self.stored, self.rv = body, self.rv + 1
+
+    def replace_namespaced_lease(self, name, namespace, body):
+        if isinstance(body, types.SimpleNamespace):  # release: the object read, holder cleared
+            self.stored["spec"]["holderIdentity"] = body.spec.holder_identity
+            self.rv += 1
+            return
+        if body["metadata"]["resourceVersion"] != str(self.rv):
+            raise ApiException(status=409)
+        self.stored, self.rv = body, self.rv + 1
+
+
+def test_one_candidate_holds_the_lease_the_other_takes_it_once_it_lapses_or_is_released():
+    api, now = FakeLeases(), [T0]
+    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: now[0])
+    b = LeaseElector(api, "ns", "op", "b", 15.0, now=lambda: now[0])
+    assert a.try_hold() and not b.try_hold() and b.holder == "a"
+    now[0] += dt.timedelta(seconds=10)
+    assert a.try_hold()  # renewed
+    now[0] += dt.timedelta(seconds=14)
+    assert not b.try_hold()  # renewed 14 s ago: still a's
+    now[0] += dt.timedelta(seconds=2)
+    assert b.try_hold() and api.stored["spec"]["leaseTransitions"] == 1  # a stopped renewing
+    assert not a.try_hold() and a.holder == "b"
+    b.release()
+    assert api.stored["spec"]["holderIdentity"] is None
+    assert a.try_hold() and api.stored["spec"]["leaseTransitions"] == 2  # at once, not 15 s later
+
+
+def test_two_candidates_writing_at_once_never_both_win():
+    api = FakeLeases()
+    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: T0)
+    b = LeaseElector(api, "ns", "op", "b", 15.0, now=lambda: T0)
+    a.try_hold()
+    api.stored["spec"]["holderIdentity"] = None  # released: both try to take it
+    read = api.read_namespaced_lease
+    seen = read("op", "ns")
+    api.read_namespaced_lease = lambda name, ns: seen  # both read the same version
+    assert [a.try_hold(), b.try_hold()].count(True) == 1
+
+
+def test_a_leader_that_cannot_renew_in_time_stops_acting():
+    api, now, ticks = FakeLeases(), [T0], [0.0]
+    elector = LeaseElector(api, "ns", "op", "a", 3.0, now=lambda: now[0])
+    assert elector.try_hold()
+    lost = []
+    leadership = Leadership(elector, on_lost=lambda: lost.append(True), clock=lambda: ticks[0])
+
+    def refused(name, namespace):
+        ticks[0] += 1.0  # each round a second later, the API server refusing
+        raise ApiException(status=503, reason="Service Unavailable")
+
+    api.read_namespaced_lease = refused
+    leadership._stop.wait = lambda timeout: False
+    leadership._renew()
+    assert lost == [True] and leadership.lost and ticks[0] > 2.0  # past two thirds of 3 s
+    leadership.stop()
+    assert api.stored["spec"]["holderIdentity"] == "a"  # a lost lease is not released: it may be another's
+
+
+@pytest.mark.parametrize("text", ["ns/op", "stalledpolicy-system/stalledpolicy-operator", "a/b.c"])
+def test_lease_names(text):
+    assert parse_lease(text) == tuple(text.split("/"))
+
+
+@pytest.mark.parametrize("text", ["op", "/op", "ns/", "NS/op", "ns/op/x", "ns/Op", "a" * 64 + "/op"])
+def test_bad_lease_names_say_the_form(text):
+    with pytest.raises(ValueError, match="NAMESPACE/NAME"):
+        parse_lease(text)
+
+
+def test_the_operator_refuses_a_bad_lease_name_at_start(capsys):
+    from stalledpolicy.cli import main
+
+    with pytest.raises(SystemExit) as exited:  # argparse's refusal
+        main(["operator", "--all-namespaces", "--leader-election-lease", "operator"])
+    assert exited.value.code == 2 and "NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_the_operator_refuses_a_lease_duration_below_3s(capsys):
+    from stalledpolicy.cli import main
+
+    assert main(["operator", "--all-namespaces", "--leader-election-lease", "ns/op",
+                 "--leader-election-duration", "2s"]) == 2
+    assert "--leader-election-duration must be at least 3s" in capsys.readouterr().err
+
+
+def test_the_lease_settings_travel_to_the_kopf_module_through_the_environment():
+    from stalledpolicy.controller.config import OperatorConfig
+
+    config = OperatorConfig(leader_lease="ns/op", lease_seconds=6.0)
+    assert OperatorConfig.from_env(config.to_env()) == config
+    assert OperatorConfig.from_env({}).leader_lease is None
+
+
+def test_a_refused_lease_request_is_logged_once_while_it_lasts(caplog):
+    """A missing grant refuses every 2 s try: one warning, naming the grant, until it changes."""
+    api = FakeLeases()
+    api.read_namespaced_lease = lambda name, ns: (_ for _ in ()).throw(ApiException(status=403, reason="Forbidden"))
+    leadership = Leadership(LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: T0), on_lost=lambda: None)
+    with caplog.at_level("WARNING", logger="stalledpolicy.operator"):
+        assert not any(leadership._round() for _ in range(5))
+    [warning] = caplog.records
+    assert "403 Forbidden" in warning.getMessage() and "leases create, get and update" in warning.getMessage()
