@@ -1,9 +1,11 @@
 """Several operator replicas with leader election (--leader-election-lease) on the
 real control plane: one acts, the others wait healthy; the leader's SIGTERM hands
-over at once (the Lease released), its SIGKILL once the Lease lapses."""
+over at once (the Lease released), its SIGKILL once the Lease lapses; a leader whose
+Lease another took stops (exit 1)."""
 
 from __future__ import annotations
 
+import datetime
 import signal
 import time
 import urllib.error
@@ -94,6 +96,14 @@ def test_one_replica_acts_and_another_takes_over_when_it_stops_or_dies(
         assert time.monotonic() - killed >= LEASE_SECONDS - 1.5, "c took a Lease that had not lapsed"
         create("third")
         wait_for(lambda: read_deployment(apps, ns, "third-sweeper"), "c to apply a sweeper")
+
+        # the Lease taken from under the leader (another holder, renewed now): it stops acting, exit 1
+        lease = coordination.read_namespaced_lease("operator", ns)
+        lease.spec.holder_identity = "intruder"
+        lease.spec.renew_time = datetime.datetime.now(datetime.timezone.utc)
+        coordination.replace_namespaced_lease("operator", ns, lease)
+        assert replicas["c"].process.wait(LEASE_SECONDS * 2) == 1
+        assert lines(replicas.pop("c"), "leader lease lost")
 
         # a waiting replica stops at once on SIGTERM
         replicas["d"] = replica("d")
