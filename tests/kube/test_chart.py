@@ -139,11 +139,13 @@ def test_the_notes_point_kubectl_at_a_watched_namespace(helm, shape, flag):
     ({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 1.5}}, "maxUnavailable"),
     ({"operator": {"listenAddress": "999.1.1.1"}}, "listenAddress"),
     ({"sweeperImage": " "}, "sweeperImage"),
+    ({"leaderElection": {"duration": "2s"}}, "duration"),  # the operator refuses it at start (exit 2)
+    ({"replicas": 0}, "replicas"),
 ], ids=["unknown-key", "string-for-integer", "string-for-boolean", "namespace-pattern",
         "zero-status-interval", "sub-second-backoff", "star-inside-an-allowed-image",
         "fractional-scrape-interval", "fractional-scrape-timeout", "reserved-pod-label", "resource-name",
         "cidr-prefix-too-long", "cidr-octet-too-big", "percentage-over-100", "fractional-pod-count",
-        "address-octet-too-big", "blank-sweeper-image"])
+        "address-octet-too-big", "blank-sweeper-image", "lease-under-3s", "no-replica"])
 def test_schema_refuses_bad_values_files(helm, tmp_path, values, complaint):
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))
