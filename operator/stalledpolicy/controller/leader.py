@@ -53,6 +53,19 @@ def _time(value: Any) -> dt.datetime | None:
     return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
+def _stamp(when: dt.datetime) -> str:
+    """A Lease's MicroTime, in UTC."""
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _spec_of(lease) -> dict[str, Any]:
+    """The Lease's spec in the API's own field names (what ``decide`` reads)."""
+    spec = lease.to_dict().get("spec") or {}
+    return {"holderIdentity": spec.get("holder_identity"), "renewTime": spec.get("renew_time"),
+            "acquireTime": spec.get("acquire_time"), "leaseDurationSeconds": spec.get("lease_duration_seconds"),
+            "leaseTransitions": spec.get("lease_transitions")}
+
+
 def decide(spec: dict[str, Any] | None, me: str, now: dt.datetime, duration: float) -> str:
     """What a candidate does with the Lease's ``spec`` (None: no Lease yet):
     ``create`` it, ``renew`` it (ours), ``take`` it (released, or its holder has
@@ -81,8 +94,9 @@ class LeaseElector:
         self.held = False
 
     def try_hold(self) -> bool:
-        """Acquire or renew the Lease; True when this candidate holds it now. An
-        API error is a round lost (logged by the caller), never raised."""
+        """Acquire or renew the Lease; True when this candidate holds it now. A
+        conflict (another candidate wrote first) is a round lost; any other API
+        error is raised, for the caller to log and count as a round lost."""
         from kubernetes.client.exceptions import ApiException
 
         now = self._now()
@@ -93,17 +107,13 @@ class LeaseElector:
                 if exc.status != 404:
                     raise
                 lease = None
-            spec = None if lease is None else lease.to_dict()["spec"] or {}
-            if spec is not None:
-                spec = {"holderIdentity": spec.get("holder_identity"), "renewTime": spec.get("renew_time"),
-                        "acquireTime": spec.get("acquire_time"), "leaseDurationSeconds": spec.get("lease_duration_seconds"),
-                        "leaseTransitions": spec.get("lease_transitions")}
+            spec = None if lease is None else _spec_of(lease)
             action = decide(spec, self.me, now, self.duration)
             self.holder = (spec or {}).get("holderIdentity") or None
             if action == "wait":
                 self.held = False
                 return False
-            stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            stamp = _stamp(now)
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {"holderIdentity": self.me, "leaseDurationSeconds": int(round(self.duration)),
@@ -114,7 +124,7 @@ class LeaseElector:
             else:
                 body["metadata"]["resourceVersion"] = lease.metadata.resource_version
                 acquired = _time(spec.get("acquireTime")) or now
-                body["spec"]["acquireTime"] = stamp if action == "take" else acquired.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                body["spec"]["acquireTime"] = stamp if action == "take" else _stamp(acquired)
                 transitions = int(spec.get("leaseTransitions") or 0)
                 body["spec"]["leaseTransitions"] = transitions + (1 if action == "take" else 0)
                 self.api.replace_namespaced_lease(self.name, self.namespace, body)
