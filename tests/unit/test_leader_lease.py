@@ -18,20 +18,22 @@ def spec(holder, renewed=T0, seconds=15):
     return {"holderIdentity": holder, "renewTime": renewed, "acquireTime": renewed, "leaseDurationSeconds": seconds}
 
 
-@pytest.mark.parametrize("lease, now, action", [
-    (None, T0, "create"),
-    (spec("me"), T0, "renew"),
-    (spec("me", T0 - dt.timedelta(hours=1)), T0, "renew"),  # ours, however late: renewed
-    (spec("other"), T0 + dt.timedelta(seconds=14), "wait"),
-    (spec("other"), T0 + dt.timedelta(seconds=15), "wait"),
-    (spec("other"), T0 + dt.timedelta(seconds=15.001), "take"),  # not renewed for its whole duration
-    (spec("other", seconds=60), T0 + dt.timedelta(seconds=30), "wait"),  # the Lease's own duration counts
-    (spec(None), T0, "take"),  # released
-    (spec(""), T0, "take"),
-    (spec("other", renewed="2026-12-04T12:00:00.000000Z"), T0 + dt.timedelta(seconds=16), "take"),
+@pytest.mark.parametrize("lease, unchanged_for, action", [
+    (None, 0.0, "create"),
+    (spec("me"), 0.0, "renew"),
+    (spec("me"), 3600.0, "renew"),  # ours, however late: renewed
+    (spec("other"), 14.0, "wait"),
+    (spec("other"), 15.0, "wait"),
+    (spec("other"), 15.001, "take"),  # seen unchanged for the Lease's whole duration
+    (spec("other", seconds=60), 30.0, "wait"),  # the Lease's own duration counts
+    (spec(None), 0.0, "take"),  # released
+    (spec(""), 0.0, "take"),
+    # renewTime is the holder's clock, never compared with ours: a renewTime an hour old
+    # (that node's clock an hour behind) is no lapse until seen unchanged for 15 s here
+    (spec("other", renewed=T0 - dt.timedelta(hours=1)), 1.0, "wait"),
 ])
-def test_decide(lease, now, action):
-    assert decide(lease, "me", now, 15.0) == action
+def test_decide(lease, unchanged_for, action):
+    assert decide(lease, "me", unchanged_for, 15.0) == action
 
 
 class FakeLeases:
@@ -74,20 +76,42 @@ class FakeLeases:
 
 
 def test_one_candidate_holds_the_lease_the_other_takes_it_once_it_lapses_or_is_released():
-    api, now = FakeLeases(), [T0]
-    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: now[0])
-    b = LeaseElector(api, "ns", "op", "b", 15.0, now=lambda: now[0])
+    api, now, ticks = FakeLeases(), [T0], [0.0]
+
+    def later(seconds):
+        now[0] += dt.timedelta(seconds=seconds)
+        ticks[0] += seconds
+
+    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: now[0], clock=lambda: ticks[0])
+    b = LeaseElector(api, "ns", "op", "b", 15.0, now=lambda: now[0], clock=lambda: ticks[0])
     assert a.try_hold() and not b.try_hold() and b.holder == "a"
-    now[0] += dt.timedelta(seconds=10)
+    later(10)
     assert a.try_hold()  # renewed
-    now[0] += dt.timedelta(seconds=14)
-    assert not b.try_hold()  # renewed 14 s ago: still a's
-    now[0] += dt.timedelta(seconds=2)
+    assert not b.try_hold()  # b sees the renewal: its wait starts again
+    later(14)
+    assert not b.try_hold()  # unchanged for 14 s: still a's
+    later(2)
     assert b.try_hold() and api.stored["spec"]["leaseTransitions"] == 1  # a stopped renewing
     assert not a.try_hold() and a.holder == "b"
     b.release()
     assert api.stored["spec"]["holderIdentity"] is None
     assert a.try_hold() and api.stored["spec"]["leaseTransitions"] == 2  # at once, not 15 s later
+
+
+def test_a_candidate_whose_clock_is_ahead_never_takes_a_renewed_lease():
+    """The holder's renewTime an hour behind this replica's clock (skewed nodes):
+    the Lease is renewed, so it is never taken; once renewals stop, a duration later it is."""
+    api, ticks = FakeLeases(), [0.0]
+    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: T0 + dt.timedelta(seconds=ticks[0]),
+                     clock=lambda: ticks[0])
+    b = LeaseElector(api, "ns", "op", "b", 15.0, now=lambda: T0 + dt.timedelta(hours=1, seconds=ticks[0]),
+                     clock=lambda: ticks[0])
+    assert a.try_hold()
+    for _ in range(10):
+        ticks[0] += 5
+        assert a.try_hold() and not b.try_hold()
+    ticks[0] += 15.5
+    assert b.try_hold()
 
 
 def test_two_candidates_writing_at_once_never_both_win():

@@ -3,9 +3,12 @@ several operator replicas, one acting at a time, the others waiting to take over
 
 The Lease is read and written as client-go's leader election does: the holder
 renews ``renewTime`` every third of the lease's duration; a replica takes the
-Lease once its holder has not renewed it for a whole duration (or has released
-it), each write made with the ``resourceVersion`` it read, so two replicas
-never both win. The holder that cannot renew within two thirds of the duration
+Lease once it has seen the Lease unchanged for a whole duration by its own clock
+(or released), each write made with the ``resourceVersion`` it read, so two
+replicas never both win. The holder's ``renewTime`` is never compared with this
+replica's clock: two nodes' clocks apart by more than a duration would have
+handed a live Lease over. A replica that starts therefore waits a whole
+duration before it takes a Lease its holder did not release. The holder that cannot renew within two thirds of the duration
 (the API server unreachable, the Lease taken) stops: it may no longer be the
 only one acting. A holder shutting down releases the Lease, so a waiting replica
 takes over at its next try rather than a duration later.
@@ -66,18 +69,18 @@ def _spec_of(lease) -> dict[str, Any]:
             "leaseTransitions": spec.get("lease_transitions")}
 
 
-def decide(spec: dict[str, Any] | None, me: str, now: dt.datetime, duration: float) -> str:
-    """What a candidate does with the Lease's ``spec`` (None: no Lease yet):
-    ``create`` it, ``renew`` it (ours), ``take`` it (released, or its holder has
-    not renewed it for its whole duration), or ``wait``."""
+def decide(spec: dict[str, Any] | None, me: str, unchanged_for: float, duration: float) -> str:
+    """What a candidate does with the Lease's ``spec`` (None: no Lease yet), which
+    it has seen unchanged for ``unchanged_for`` seconds of its own clock: ``create``
+    it, ``renew`` it (ours), ``take`` it (released, or not renewed for the Lease's
+    whole duration), or ``wait``."""
     if spec is None:
         return "create"
     holder = spec.get("holderIdentity") or ""
     if holder == me:
         return "renew"
-    renewed = _time(spec.get("renewTime")) or _time(spec.get("acquireTime"))
     lasts = float(spec.get("leaseDurationSeconds") or duration)
-    if not holder or renewed is None or now - renewed > dt.timedelta(seconds=lasts):
+    if not holder or unchanged_for > lasts:
         return "take"
     return "wait"
 
@@ -87,11 +90,26 @@ class LeaseElector:
     CoordinationV1Api. ``try_hold()`` is one round (read, decide, write)."""
 
     def __init__(self, coordination, namespace: str, name: str, me: str, duration: float = DEFAULT_LEASE_SECONDS,
-                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
         self.api, self.namespace, self.name, self.me = coordination, namespace, name, me
-        self.duration, self._now = duration, now
+        self.duration, self._now, self._clock = duration, now, clock or time.monotonic
         self.holder: str | None = None  # the holder seen at the last round
         self.held = False
+        self._seen: tuple | None = None  # the Lease record last seen, and when (this clock)
+        self._seen_at = 0.0
+
+    def _unchanged_for(self, lease, spec: dict[str, Any] | None) -> float:
+        """Seconds (this replica's clock) since the Lease last changed (any write:
+        its resourceVersion, or its record)."""
+        record = None if spec is None else (lease.metadata.resource_version,
+                                            *(str(spec.get(k)) for k in sorted(spec)))
+        now = self._clock()
+        if record != self._seen:
+            self._seen, self._seen_at = record, now
+        return now - self._seen_at
 
     def try_hold(self) -> bool:
         """Acquire or renew the Lease; True when this candidate holds it now. A
@@ -108,7 +126,7 @@ class LeaseElector:
                     raise
                 lease = None
             spec = None if lease is None else _spec_of(lease)
-            action = decide(spec, self.me, now, self.duration)
+            action = decide(spec, self.me, self._unchanged_for(lease, spec), self.duration)
             self.holder = (spec or {}).get("holderIdentity") or None
             if action == "wait":
                 self.held = False
