@@ -650,15 +650,17 @@ def test_an_apply_the_api_refuses_is_ready_false_with_its_message_and_an_event(o
                                                                                 queue_name):
     _, apps, custom = apis
     manifest = policy_manifest("refused", queue_name)
-    manifest["spec"]["sweeper"] = {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+    # An extended resource requested without its limit: the CRD admits it (it judges names
+    # and request <= limit), the Pod API refuses it (test_crd: POD_ONLY's kind of rule).
+    manifest["spec"]["sweeper"] = {"resources": {"requests": {"cpu": "10m", "example.com/gpu": "1"}}}
     create_policy(custom, kube_namespace, manifest)
 
     ready = wait_for_reason(custom, kube_namespace, "refused", "ApplyFailed")
     assert ready["status"] == "False"
-    assert "HTTP 422" in ready["message"] and "must be less than or equal to cpu limit" in ready["message"]
+    assert "HTTP 422" in ready["message"] and "Limit must be set" in ready["message"], ready["message"]
     warning = wait_for(lambda: [e for e in events_for(kube_api, kube_namespace, "refused")
                                 if e.reason == "ApplyFailed"], "an ApplyFailed event")
-    assert warning[0].type == "Warning" and "cpu limit" in warning[0].message
+    assert warning[0].type == "Warning" and "Limit must be set" in warning[0].message
     assert read_deployment(apps, kube_namespace, "refused-sweeper") is None
     time.sleep(6)  # retries (4s backoff cap here) post no second event for the same refusal
     assert len([e for e in events_for(kube_api, kube_namespace, "refused") if e.reason == "ApplyFailed"]) == 1
@@ -666,7 +668,7 @@ def test_an_apply_the_api_refuses_is_ready_false_with_its_message_and_an_event(o
     assert lines and not [entry for entry in lines if entry.get("exc")], "a traceback was logged"
 
     custom.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "refused",
-                                          {"spec": {"sweeper": {"resources": {"limits": {"cpu": "4"}}}}})
+                                          {"spec": {"sweeper": {"resources": {"limits": {"example.com/gpu": "1"}}}}})
     wait_for(lambda: read_deployment(apps, kube_namespace, "refused-sweeper"), "the sweeper once the spec is fixed")
     wait_for(lambda: (lambda c: c and c["reason"] != "ApplyFailed")(
         condition(get_policy(custom, kube_namespace, "refused"), "Ready")), "Ready no longer ApplyFailed")
