@@ -110,6 +110,13 @@ def test_one_replica_acts_and_another_takes_over_when_it_stops_or_dies(
         wait_for(lambda: lines(replicas["d"], "waiting for the leader lease"), "d to wait")
         started = time.monotonic()
         assert replicas.pop("d").stop() == 0 and time.monotonic() - started < 10
+        # a Lease the ServiceAccount may not use (no grant in that namespace): the replica
+        # ends (exit 2) with the API's words, where it had waited healthy for ever
+        refused = OperatorProcess(kubeconfig, tmp_path / "refused.log", "--namespace", ns,
+                                  "--leader-election-lease", "default/operator")
+        assert refused.process.wait(60) == 2
+        [error] = lines(refused, "leader lease: the API server refuses this replica the Lease")
+        assert "forbidden" in error["msg"] and "leases create, get and update in namespace default" in error["msg"]
     finally:
         for process in replicas.values():
             process.stop()

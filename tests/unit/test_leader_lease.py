@@ -126,23 +126,65 @@ def test_two_candidates_writing_at_once_never_both_win():
     assert [a.try_hold(), b.try_hold()].count(True) == 1
 
 
-def test_a_leader_that_cannot_renew_in_time_stops_acting():
-    api, now, ticks = FakeLeases(), [T0], [0.0]
-    elector = LeaseElector(api, "ns", "op", "a", 3.0, now=lambda: now[0])
+def test_a_leader_not_renewed_in_time_stops_even_while_its_call_hangs():
+    """The watchdog judges the time since the last renewal began, whatever the calls
+    do: a renewal hanging on a frozen API server no longer held the leader acting for
+    4 retries of each call (reviewer: 25 s with a 15 s Lease, 21 s after another took it)."""
+    api, ticks = FakeLeases(), [0.0]
+    elector = LeaseElector(api, "ns", "op", "a", 3.0, now=lambda: T0, clock=lambda: ticks[0])
     assert elector.try_hold()
     lost = []
     leadership = Leadership(elector, on_lost=lambda: lost.append(True), clock=lambda: ticks[0])
+    leadership._renewed_at, leadership.held = 0.0, True
+    waits = iter([False, False, False, True])
 
-    def refused(name, namespace):
-        ticks[0] += 1.0  # each round a second later, the API server refusing
-        raise ApiException(status=503, reason="Service Unavailable")
+    def tick(timeout):
+        ticks[0] += 1.0  # 1 s, 2 s (at the deadline: 2/3 of 3 s), 3 s
+        return next(waits)
 
-    api.read_namespaced_lease = refused
-    leadership._stop.wait = lambda timeout: False
-    leadership._renew()
-    assert lost == [True] and leadership.lost and ticks[0] > 2.0  # past two thirds of 3 s
+    leadership._stop.wait = tick
+    leadership._watch()
+    assert lost == [True] and leadership.lost and ticks[0] == 3.0
     leadership.stop()
     assert api.stored["spec"]["holderIdentity"] == "a"  # a lost lease is not released: it may be another's
+
+
+def test_a_leader_whose_lease_was_taken_stops_at_its_next_renewal():
+    api = FakeLeases()
+    a = LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: T0)
+    assert a.try_hold()
+    api.stored["spec"]["holderIdentity"] = "b"
+    api.rv += 1
+    lost = []
+    leadership = Leadership(a, on_lost=lambda: lost.append(True))
+    leadership._stop.wait = lambda timeout: False
+    leadership._renew()
+    assert lost == [True]
+
+
+def test_a_shutdown_during_a_renewal_is_no_loss():
+    lost = []
+    leadership = Leadership(LeaseElector(FakeLeases(), "ns", "op", "a", 3.0), on_lost=lambda: lost.append(True))
+    leadership._stop.set()  # SIGTERM: stop() began
+    leadership._lose("not renewed")
+    assert lost == [] and not leadership.lost
+
+
+def test_a_lease_the_api_refuses_while_waiting_ends_the_replica_with_the_api_s_words(caplog):
+    """No grant (or no such namespace): every replica waited, healthy, for ever, with one
+    warning (reviewer's reproduction); now the process ends (exit 2) and says what to grant."""
+    api = FakeLeases()
+    refusal = ApiException(status=403, reason="Forbidden")
+    refusal.body = ('{"message": "leases.coordination.k8s.io \\"op\\" is forbidden: User \\"system:serviceaccount:'
+                    'sys:op\\" cannot get resource \\"leases\\""}')
+    api.read_namespaced_lease = lambda name, ns: (_ for _ in ()).throw(refusal)
+    ended = []
+    leadership = Leadership(LeaseElector(api, "ns", "op", "a", 15.0), on_misconfigured=lambda: ended.append(2))
+    with caplog.at_level("ERROR", logger="stalledpolicy.operator"):
+        assert not leadership._round(waiting=True)
+    assert ended == [2]
+    [error] = caplog.records
+    assert 'cannot get resource "leases"' in error.getMessage() and "leases create, get and update" in error.getMessage()
 
 
 @pytest.mark.parametrize("text", ["ns/op", "stalledpolicy-system/stalledpolicy-operator", "a/b.c"])
@@ -180,12 +222,12 @@ def test_the_lease_settings_travel_to_the_kopf_module_through_the_environment():
     assert OperatorConfig.from_env({}).leader_lease is None
 
 
-def test_a_refused_lease_request_is_logged_once_while_it_lasts(caplog):
-    """A missing grant refuses every 2 s try: one warning, naming the grant, until it changes."""
+def test_a_failed_renewal_is_logged_once_while_it_lasts(caplog):
+    """A holder's renewals failing every 2 s (the API server down): one warning, until it changes."""
     api = FakeLeases()
-    api.read_namespaced_lease = lambda name, ns: (_ for _ in ()).throw(ApiException(status=403, reason="Forbidden"))
+    api.read_namespaced_lease = lambda name, ns: (_ for _ in ()).throw(ApiException(status=503, reason="Unavailable"))
     leadership = Leadership(LeaseElector(api, "ns", "op", "a", 15.0, now=lambda: T0), on_lost=lambda: None)
     with caplog.at_level("WARNING", logger="stalledpolicy.operator"):
         assert not any(leadership._round() for _ in range(5))
     [warning] = caplog.records
-    assert "403 Forbidden" in warning.getMessage() and "leases create, get and update" in warning.getMessage()
+    assert "503" in warning.getMessage()

@@ -173,19 +173,33 @@ class LeaseElector:
 
 class Leadership:
     """The Lease held for the operator's life: ``await acquire()`` before anything
-    acts (kopf's startup), renewed on a thread from then on, released by ``stop()``
-    at shutdown. ``on_lost()`` is called (once) when it could not be renewed in
-    time: the operator must stop acting."""
+    acts (kopf's startup), renewed every RETRY_SECONDS on a thread from then on,
+    released by ``stop()`` at shutdown.
 
-    def __init__(self, elector: LeaseElector, on_lost: Callable[[], None], clock: Callable[[], float] | None = None):
+    A watchdog declares the Lease lost two thirds of its duration after the last
+    round that renewed it began, even while a call hangs (the API server slow or
+    frozen): another replica may take it a duration after it last saw it change.
+    ``on_lost`` then ends the process at once (``exit_now``, exit 1: nothing of
+    this replica may act any more; kopf's graceful stop let handlers and the
+    status loop write on for seconds). ``on_misconfigured`` ends it when the API
+    refuses the Lease outright while waiting (no grant, no such namespace: exit 2,
+    a crash loop that shows, where a replica waiting for ever looked healthy)."""
+
+    def __init__(self, elector: LeaseElector, on_lost: Callable[[], None] | None = None,
+                 on_misconfigured: Callable[[], None] | None = None, clock: Callable[[], float] | None = None):
         import threading
         import time
 
-        self.elector, self._on_lost = elector, on_lost
+        self.elector = elector
+        self._on_lost = on_lost or (lambda: exit_now(1))
+        self._on_misconfigured = on_misconfigured or (lambda: exit_now(2))
         self._clock = clock or time.monotonic
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._renewed_at = 0.0
         self.waiting = False
+        self.held = False
         self.lost = False
         self._problem: str | None = None
 
@@ -193,15 +207,27 @@ class Leadership:
     def where(self) -> str:
         return f"{self.elector.namespace}/{self.elector.name}"
 
-    def _round(self) -> bool:
+    @property
+    def deadline(self) -> float:
+        return self.elector.duration * 2 / 3
+
+    def _round(self, waiting: bool = False) -> bool:
         try:
             held = self.elector.try_hold()
         except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: a round lost
-            problem = f"{getattr(exc, 'status', None) or type(exc).__name__} {getattr(exc, 'reason', None) or exc}"
-            if problem != self._problem:  # once while it lasts (a missing grant would repeat every 2 s)
+            status = getattr(exc, "status", None)
+            detail = _api_message(exc)
+            if waiting and (status in (401, 403) or (status == 404 and "namespace" in detail.lower())):
+                log.error("leader lease: the API server refuses this replica the Lease (%s %s): grant the "
+                          "ServiceAccount leases create, get and update in namespace %s (the chart's "
+                          "<release>-leader Role), or name a Lease it may use", status, detail,
+                          self.elector.namespace, extra={"lease": self.where})
+                self._on_misconfigured()
+                return False
+            problem = f"{status or type(exc).__name__} {detail}"
+            if problem != self._problem:  # once while it lasts
                 self._problem = problem
-                log.warning("leader lease: the API server refused or failed a request (%s); retrying "
-                            "(the ServiceAccount needs leases create, get and update there)", problem,
+                log.warning("leader lease: the API server refused or failed a request (%s); retrying", problem,
                             extra={"lease": self.where})
             return False
         self._problem = None
@@ -209,11 +235,15 @@ class Leadership:
 
     async def acquire(self) -> None:
         import asyncio
+        import threading
 
         self.waiting = True
         told = None
         try:
-            while not await asyncio.to_thread(self._round):
+            while True:
+                started = self._clock()
+                if await asyncio.to_thread(self._round, True):
+                    break
                 if self.elector.holder != told:
                     told = self.elector.holder
                     log.info("waiting for the leader lease: another operator replica acts", extra={
@@ -221,45 +251,90 @@ class Leadership:
                 await asyncio.sleep(RETRY_SECONDS)
         finally:
             self.waiting = False
+        self._renewed_at, self.held = started, True
         log.info("leader lease acquired: this replica acts", extra={"lease": self.where,
                                                                    "identity": self.elector.me})
-        import threading
-
-        self._thread = threading.Thread(target=self._renew, name="leader-lease", daemon=True)
-        self._thread.start()
+        for target, name in ((self._renew, "leader-lease"), (self._watch, "leader-lease-watchdog")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def _renew(self) -> None:
-        period, deadline = self.elector.duration / 3, self.elector.duration * 2 / 3
-        renewed = self._clock()
-        while not self._stop.wait(period):
+        while not self._stop.wait(min(RETRY_SECONDS, self.elector.duration / 3)):
+            started = self._clock()
             if self._round():
-                renewed = self._clock()
-            elif self._clock() - renewed > deadline or (self.elector.holder not in (None, self.elector.me)):
-                self.lost = True
-                log.error("leader lease lost (not renewed in %g s, or taken): this replica stops acting",
-                          deadline, extra={"lease": self.where, "holder": self.elector.holder})
-                self._on_lost()
+                with self._lock:
+                    self._renewed_at = max(self._renewed_at, started)
+            elif self.elector.holder not in (None, self.elector.me):
+                self._lose(f"taken by {self.elector.holder}")
                 return
 
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            with self._lock:
+                late = self._clock() - self._renewed_at
+            if late > self.deadline:
+                self._lose(f"not renewed for {late:.1f} s (at most {self.deadline:g} s)")
+                return
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if self.lost or self._stop.is_set():  # a shutdown is no loss: stop() releases
+                return
+            self.lost, self.held = True, False
+        log.error("leader lease lost (%s): this replica stops acting now", why,
+                  extra={"lease": self.where, "holder": self.elector.holder})
+        self._on_lost()
+
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if not self.lost:
+        """Shutting down: stop renewing, and release the Lease unless it was lost or
+        a renewal is still in flight (then it lapses on its own)."""
+        with self._lock:
+            self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=RETRY_SECONDS * 2)
+        if self.held and not self.lost and not any(t.is_alive() for t in self._threads):
             self.elector.release()
+        self.held = False
+
+
+def _api_message(exc: BaseException) -> str:
+    """The API server's own message of a refusal (it names the user, verb and resource)."""
+    import json
+
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            return str(json.loads(body).get("message") or body)[:300]
+        except (ValueError, AttributeError):
+            return str(body)[:300]
+    return str(getattr(exc, "reason", None) or exc)
+
+
+def exit_now(code: int) -> None:
+    """End the process at once (no kopf cleanup: nothing more may be written),
+    after the log lines said why."""
+    import sys
+
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def leadership(config) -> Leadership:
-    """The operator's Leadership for ``config.leader_lease``: losing it stops the
-    process as SIGTERM does (kopf's cleanup), and the CLI exits 1."""
-    import signal
-
+    """The operator's Leadership for ``config.leader_lease``."""
     from kubernetes import client
 
     from stalledpolicy.controller.wiring import kubernetes_api_client
 
     namespace, name = parse_lease(config.leader_lease)
-    # deadline below the renewal period: a hung call must not outlast the lease
-    api = client.CoordinationV1Api(kubernetes_api_client(2, config.lease_seconds / 3))
+    # One attempt per call (urllib3 retried a timed-out read 3 times: a 2 s call took
+    # 8 s), within a retry period: the watchdog judges the lease, not the calls.
+    api = client.CoordinationV1Api(kubernetes_api_client(2, min(RETRY_SECONDS, config.lease_seconds / 3),
+                                                         retries=False))
     elector = LeaseElector(api, namespace, name, identity(), config.lease_seconds)
-    return Leadership(elector, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return Leadership(elector)

@@ -46,9 +46,6 @@ def not_ready() -> str | None:
     return None if _started else _startup_problem
 
 
-def leadership_lost() -> bool:
-    return _leadership is not None and _leadership.lost
-
 
 def controller():
     if _controller is None:
@@ -108,6 +105,9 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
     config = OperatorConfig.from_env()
+    if config.leader_lease and (_leadership is None or not _leadership.held):
+        # kopf runs the next startup handler even when `lead` failed: never act without the Lease
+        raise kopf.PermanentError("the leader lease is not held; nothing may act")
     settings.execution.max_workers = config.handler_workers
     # Only our sweepers, filtered by the API server: without it kopf lists and
     # watches every Deployment of the cluster and drops the others itself.

@@ -28,7 +28,8 @@ class DeadlineApiClient(client.ApiClient):
                                 self.timeout if _request_timeout is None else _request_timeout)
 
 
-def kubernetes_api_client(connections: int, timeout: float | None = None) -> DeadlineApiClient:
+def kubernetes_api_client(connections: int, timeout: float | None = None, *,
+                          retries: bool | None = None) -> DeadlineApiClient:
     from kubernetes import config
 
     try:
@@ -37,6 +38,8 @@ def kubernetes_api_client(connections: int, timeout: float | None = None) -> Dea
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = connections
+    if retries is not None:  # urllib3's: False, no retry of a failed or timed-out call
+        configuration.retries = retries
     return DeadlineApiClient(configuration, timeout)
 
 
