@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     config = config_from_args(args)
     if config.lease_seconds < 3:
-        # renewed every third of it: below 1 s a slow API call loses the lease
+        # the leader is judged lost two thirds of it after a renewal: below 2 s a slow call would end it
         print("stalledpolicy operator: --leader-election-duration must be at least 3s", file=sys.stderr)
         return EXIT_USAGE
     problem = ports_problem(config.metrics_port, config.liveness)

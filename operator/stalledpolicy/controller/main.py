@@ -46,7 +46,6 @@ def not_ready() -> str | None:
     return None if _started else _startup_problem
 
 
-
 def controller():
     if _controller is None:
         raise kopf.TemporaryError("the operator is still starting", delay=1)
