@@ -135,7 +135,7 @@ def test_a_leader_not_renewed_in_time_stops_even_while_its_call_hangs():
     assert elector.try_hold()
     lost = []
     leadership = Leadership(elector, on_lost=lambda: lost.append(True), clock=lambda: ticks[0])
-    leadership._renewed_at, leadership.held = 0.0, True
+    leadership._renewed_at = 0.0
     waits = iter([False, False, False, True])
 
     def tick(timeout):

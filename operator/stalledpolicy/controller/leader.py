@@ -199,13 +199,16 @@ class Leadership:
         self._lock = threading.Lock()
         self._renewed_at = 0.0
         self.waiting = False
-        self.held = False
         self.lost = False
         self._problem: str | None = None
 
     @property
     def where(self) -> str:
         return f"{self.elector.namespace}/{self.elector.name}"
+
+    @property
+    def held(self) -> bool:
+        return self.elector.held and not self.lost
 
     @property
     def deadline(self) -> float:
@@ -251,7 +254,7 @@ class Leadership:
                 await asyncio.sleep(RETRY_SECONDS)
         finally:
             self.waiting = False
-        self._renewed_at, self.held = started, True
+        self._renewed_at = started
         log.info("leader lease acquired: this replica acts", extra={"lease": self.where,
                                                                    "identity": self.elector.me})
         for target, name in ((self._renew, "leader-lease"), (self._watch, "leader-lease-watchdog")):
@@ -281,7 +284,7 @@ class Leadership:
         with self._lock:
             if self.lost or self._stop.is_set():  # a shutdown is no loss: stop() releases
                 return
-            self.lost, self.held = True, False
+            self.lost = True
         log.error("leader lease lost (%s): this replica stops acting now", why,
                   extra={"lease": self.where, "holder": self.elector.holder})
         self._on_lost()
@@ -293,9 +296,8 @@ class Leadership:
             self._stop.set()
         for thread in self._threads:
             thread.join(timeout=RETRY_SECONDS * 2)
-        if self.held and not self.lost and not any(t.is_alive() for t in self._threads):
-            self.elector.release()
-        self.held = False
+        if not self.lost and not any(t.is_alive() for t in self._threads):
+            self.elector.release()  # if it holds the Lease
 
 
 def _api_message(exc: BaseException) -> str:
