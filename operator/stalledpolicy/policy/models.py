@@ -417,7 +417,7 @@ class Toleration(_Model):
     @classmethod
     def _label_value(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(LABEL_VALUE_PATTERN, value):
-            raise _problem(f"{value!r} is not a label value; write {LABEL_VALUE_WORDS}")
+            raise _problem(f"{value!r} is not a label value; use {LABEL_VALUE_WORDS}")
         return value
 
     @model_validator(mode="after")
