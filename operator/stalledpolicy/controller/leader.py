@@ -2,16 +2,17 @@
 several operator replicas, one acting at a time, the others waiting to take over.
 
 The Lease is read and written as client-go's leader election does: the holder
-renews ``renewTime`` every third of the lease's duration; a replica takes the
-Lease once it has seen the Lease unchanged for a whole duration by its own clock
-(or released), each write made with the ``resourceVersion`` it read, so two
-replicas never both win. The holder's ``renewTime`` is never compared with this
-replica's clock: two nodes' clocks apart by more than a duration would have
-handed a live Lease over. A replica that starts therefore waits a whole
-duration before it takes a Lease its holder did not release. The holder that cannot renew within two thirds of the duration
-(the API server unreachable, the Lease taken) stops: it may no longer be the
-only one acting. A holder shutting down releases the Lease, so a waiting replica
-takes over at its next try rather than a duration later.
+renews ``renewTime`` every RETRY_SECONDS; a replica takes the Lease once it has
+seen it unchanged for a whole duration by its own clock (or released), each
+write made with the ``resourceVersion`` it read, so two replicas never both win.
+The holder's ``renewTime`` is never compared with this replica's clock: two
+nodes' clocks apart by more than a duration would have handed a live Lease
+over. A replica that starts therefore waits a whole duration before it takes a
+Lease its holder did not release. A holder not renewed within two thirds of the
+duration (the API server unreachable or hung, the Lease taken) ends at once
+(``Leadership``): it may no longer be the only one acting. A holder shutting
+down releases the Lease, so a waiting replica takes over at its next try rather
+than a duration later.
 
 ``decide`` is the pure rule; ``LeaseElector`` does the API calls with it.
 """
@@ -24,6 +25,8 @@ import os
 import socket
 import uuid
 from typing import Any, Callable
+
+from stalledpolicy.controller.api_errors import describe_api_error
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -219,15 +222,14 @@ class Leadership:
             held = self.elector.try_hold()
         except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: a round lost
             status = getattr(exc, "status", None)
-            detail = _api_message(exc)
-            if waiting and (status in (401, 403) or (status == 404 and "namespace" in detail.lower())):
-                log.error("leader lease: the API server refuses this replica the Lease (%s %s): grant the "
+            problem = describe_api_error(exc)  # the API's words name the user, verb and resource
+            if waiting and (status in (401, 403) or (status == 404 and "namespace" in problem.lower())):
+                log.error("leader lease: the API server refuses this replica the Lease (%s): grant the "
                           "ServiceAccount leases create, get and update in namespace %s (the chart's "
-                          "<release>-leader Role), or name a Lease it may use", status, detail,
+                          "<release>-leader Role), or name a Lease it may use", problem,
                           self.elector.namespace, extra={"lease": self.where})
                 self._on_misconfigured()
                 return False
-            problem = f"{status or type(exc).__name__} {detail}"
             if problem != self._problem:  # once while it lasts
                 self._problem = problem
                 log.warning("leader lease: the API server refused or failed a request (%s); retrying", problem,
@@ -298,19 +300,6 @@ class Leadership:
             thread.join(timeout=RETRY_SECONDS * 2)
         if not self.lost and not any(t.is_alive() for t in self._threads):
             self.elector.release()  # if it holds the Lease
-
-
-def _api_message(exc: BaseException) -> str:
-    """The API server's own message of a refusal (it names the user, verb and resource)."""
-    import json
-
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            return str(json.loads(body).get("message") or body)[:300]
-        except (ValueError, AttributeError):
-            return str(body)[:300]
-    return str(getattr(exc, "reason", None) or exc)
 
 
 def exit_now(code: int) -> None:
