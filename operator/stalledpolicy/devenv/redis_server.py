@@ -117,11 +117,27 @@ def start_redis(extra_args: list[str] | None = None, workdir: Path | None = None
     """A server (Redis unless ``binaries`` says otherwise) on a free loopback port."""
     binaries = binaries or redis_binaries()
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"stalledpolicy-{binaries.name}-"))
-    port = free_port()
     extra = list(extra_args or [])
-    process = _spawn(binaries.server, port, workdir, extra)
-    _wait_ready(port, process)
-    return RedisServer(port=port, workdir=workdir, process=process, extra_args=extra, binaries=binaries)
+    for attempt in range(3):
+        # a cluster node listens on port + 10000 too; a port free a moment ago may be
+        # taken by the time the server binds it (it exits at once): another port then
+        port = free_port(with_bus="--cluster-enabled" in extra)
+        process = _spawn(binaries.server, port, workdir, extra)
+        try:
+            _wait_ready(port, process)
+        except RuntimeError:
+            if attempt == 2 or "Address already in use" not in _log_tail(workdir):
+                raise
+            continue
+        return RedisServer(port=port, workdir=workdir, process=process, extra_args=extra, binaries=binaries)
+    raise AssertionError("unreachable")
+
+
+def _log_tail(workdir: Path) -> str:
+    try:
+        return (workdir / "redis.log").read_text(errors="replace")[-2000:]
+    except OSError:
+        return ""
 
 
 @dataclass
