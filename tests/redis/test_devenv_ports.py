@@ -44,3 +44,21 @@ def test_free_port_with_bus_skips_a_port_whose_bus_port_is_taken(monkeypatch):
         assert not ports._free(taken + 10000) and ports._free(taken)
     finally:
         holder.close()
+
+def test_a_cluster_node_that_fails_to_start_stops_the_nodes_started_before_it(monkeypatch):
+    started = []
+    real_start = redis_server.start_redis
+
+    def third_fails(*args, **kwargs):
+        if len(started) == 2:
+            raise RuntimeError("redis-server exited with 1")
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(redis_server, "start_redis", third_fails)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        redis_server.start_cluster(3)
+    assert len(started) == 2
+    for node in started:
+        node.process.wait(timeout=10)
+        assert node.process.returncode is not None

@@ -167,12 +167,13 @@ def start_cluster(masters: int = 3, extra_args: list[str] | None = None,
     """``masters`` real cluster-enabled servers (Redis unless ``binaries`` says
     otherwise), slots split evenly, no replicas; ``extra_args`` are given to each."""
     binaries = binaries or redis_binaries()
-    nodes = [
-        start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "5000", *(extra_args or [])], binaries=binaries)
-        for _ in range(masters)
-    ]
+    nodes: list[RedisServer] = []
     try:
+        # one by one inside the try: a node that fails to start stops those before it
+        for _ in range(masters):
+            nodes.append(start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                      "--cluster-node-timeout", "5000", *(extra_args or [])],
+                                     binaries=binaries))
         subprocess.run(
             [binaries.cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
              "--cluster-replicas", "0", "--cluster-yes"],
