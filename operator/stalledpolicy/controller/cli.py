@@ -9,6 +9,7 @@ import sys
 
 from stalledpolicy.controller.config import (MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern,
                                              check_metrics_port)
+from stalledpolicy.kube_names import is_dns_label
 
 EXIT_USAGE = 2
 
@@ -43,8 +44,6 @@ def _image_pattern(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-# a Kubernetes namespace name is a DNS-1123 label
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _GLOB = re.compile(r"[-a-z0-9*?\[\]]+")
 
 
@@ -57,7 +56,7 @@ def _namespace(text: str) -> str:
         glob = part.removeprefix("!")
         if any(c in glob for c in "*?[") and _GLOB.fullmatch(glob):
             continue
-        if len(glob) > 63 or not _DNS_LABEL.fullmatch(glob):
+        if not is_dns_label(glob):  # a namespace's name
             where = "" if len(parts) == 1 else f"{text!r}: "
             raise argparse.ArgumentTypeError(
                 f"{where}{glob!r} is not a namespace name: a DNS-1123 label (at most 63 lower-case "

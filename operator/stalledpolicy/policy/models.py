@@ -42,6 +42,7 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy import tables
 from stalledpolicy.durations import parse_duration
+from stalledpolicy.kube_names import DNS_SUBDOMAIN, QUALIFIED_NAME
 from stalledpolicy.keyspace import (LANE_NAME_MAX, QUEUE_NAME_MAX, InvalidLaneName, InvalidQueueName,
                                    validate_lane_name, validate_queue_name)
 from stalledpolicy.sweeper.config import BATCH_DEFAULT
@@ -86,12 +87,11 @@ _SWEEP_INTERVAL = re.compile(SWEEP_INTERVAL_PATTERN)
 QUANTITY_HUGE_EXPONENT_PATTERN = r"[eE][+-]?0*[1-9][0-9]{3}"
 QUANTITY_FIX = "write a number with an optional unit, for example 250m, 0.5, 1e3, 512Mi or 1Gi"
 QUANTITY_MAX_LENGTH = 64  # the CRD's maxLength (it bounds the cost of its isQuantity() rules)
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN = re.compile(rf"^{DNS_SUBDOMAIN}$")  # anchored: CEL matches() searches; the length: max_length
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Label keys and values as the Pod API judges them (nodeSelector, tolerations; the
 # CRD's rules use these very patterns, a unit test compares).
-LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY_PATTERN = rf"^({DNS_SUBDOMAIN}/)?{QUALIFIED_NAME}$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 LABEL_KEY_WORDS = ("an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', "
                    "starting and ending with a letter or digit")
@@ -99,9 +99,7 @@ LABEL_VALUE_WORDS = ("an empty one, or up to 63 letters, digits, '-', '_' or '.'
                      "letter or digit")
 # A container's resource names: these, hugepages-<size>, or a domain-qualified name.
 RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
-RESOURCE_NAME_PATTERNS = (r"^hugepages-.+$",
-                          r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
-                          r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+RESOURCE_NAME_PATTERNS = (r"^hugepages-.+$", rf"^{DNS_SUBDOMAIN}/{QUALIFIED_NAME}$")
 _URL_SCHEME = re.compile(r"^rediss?://")
 # No '@' anywhere, not only before the first '/', '?' or '#': a password
 # holding one of those ends urlsplit's userinfo early and would slip past a
