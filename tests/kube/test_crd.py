@@ -507,6 +507,23 @@ def test_kubectl_apply_shows_the_field_and_the_fix_once(crd_installed, control_p
     assert done.stderr.count("Invalid value") + done.stderr.count("Required value") == 1, done.stderr
 
 
+def test_an_empty_spec_is_told_of_every_field_it_lacks(crd_installed, control_plane, kube_namespace, tmp_path):
+    """Both required fields in one answer, each with its fix, as the model says them
+    (the schema's `required` had stopped every rule: only the queue was named)."""
+    from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
+
+    manifest = tmp_path / "p.yaml"
+    manifest.write_text(yaml.safe_dump(policy("empty", {})))
+    done = control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(manifest), check=False)
+    assert done.returncode != 0
+    assert "spec.queue: Required value: queue is required; give the EchoMQ queue name" in done.stderr, done.stderr
+    assert "spec.redis: Required value: redis is required; set redis.url" in done.stderr, done.stderr
+    assert done.stderr.count("Required value") == 2 and "Invalid value" not in done.stderr, done.stderr
+    with pytest.raises(PolicyError) as refused:
+        StalledPolicySpec.from_k8s({})
+    assert "spec.queue: is required" in str(refused.value) and "spec.redis: is required" in str(refused.value)
+
+
 def test_every_url_the_operator_accepts_is_admitted(crd_installed, objects, kube_namespace):
     """Admission must never refuse an inline URL the operator takes
     (validation.check_redis_url): a sample of the corpus it accepts, its edge
