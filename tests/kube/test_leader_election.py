@@ -109,7 +109,10 @@ def test_one_replica_acts_and_another_takes_over_when_it_stops_or_dies(
         replicas["d"] = replica("d")
         wait_for(lambda: lines(replicas["d"], "waiting for the leader lease"), "d to wait")
         started = time.monotonic()
-        assert replicas.pop("d").stop() == 0 and time.monotonic() - started < 10
+        waiting = replicas.pop("d")
+        assert waiting.stop() == 0 and time.monotonic() - started < 10
+        assert lines(waiting, "stopping while waiting for the leader lease")
+        assert [e for e in log_entries(waiting) if e.get("level") in ("warning", "error", "critical")] == []
         # a Lease the ServiceAccount may not use (no grant in that namespace): the replica
         # ends (exit 2) with the API's words, where it had waited healthy for ever
         refused = OperatorProcess(kubeconfig, tmp_path / "refused.log", "--namespace", ns,

@@ -363,6 +363,20 @@ def test_repeated_retry_errors_are_logged_once_per_change():
     assert log_filter.filter(kopf_record("Handler 'reconcile-create' failed temporarily: other"))
 
 
+def test_only_the_cancel_of_the_lease_wait_is_dropped_from_kopfs_warnings():
+    log_filter = KopfRecordFilter()
+
+    def warning(name, message):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+
+    cut_short = "Startup activity is only partially executed due to cancellation."
+    assert log_filter.filter(warning("kopf._core.reactor.running", cut_short))  # not after the lease wait
+    assert log_filter.filter(warning("kopf.activities.startup", "Activity 'startup' is cancelled. Will escalate."))
+    assert log_filter.filter(warning("stalledpolicy.operator", "Activity 'lead' is cancelled. Will escalate."))
+    assert not log_filter.filter(warning("kopf.activities.startup", "Activity 'lead' is cancelled. Will escalate."))
+    assert not log_filter.filter(warning("kopf._core.reactor.running", cut_short))
+
+
 # -- pod runner --------------------------------------------------------------------------
 
 def test_local_command_runs_stalledpolicy_from_this_python():

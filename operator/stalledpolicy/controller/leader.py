@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Callable
 
 from stalledpolicy.controller.api_errors import describe_api_error
+from stalledpolicy.kube_names import is_dns_label, is_dns_subdomain
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -43,11 +44,8 @@ def identity() -> str:
 
 def parse_lease(text: str) -> tuple[str, str]:
     """``NAMESPACE/NAME`` of the Lease; ValueError saying what is wrong."""
-    import re
-
     namespace, _, name = text.partition("/")
-    label = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-    if not re.fullmatch(label, namespace) or not re.fullmatch(rf"{label}(\.{label})*", name) or len(name) > 253:
+    if not is_dns_label(namespace) or not is_dns_subdomain(name):
         raise ValueError(f"{text!r}: give the Lease as NAMESPACE/NAME, for example "
                          "stalledpolicy-system/stalledpolicy-operator (lowercase names)")
     return namespace, name
@@ -254,6 +252,10 @@ class Leadership:
                     log.info("waiting for the leader lease: another operator replica acts", extra={
                         "lease": self.where, "holder": told, "identity": self.elector.me})
                 await asyncio.sleep(RETRY_SECONDS)
+        except asyncio.CancelledError:
+            # a waiting replica stopped (SIGTERM): nothing of it acted, nothing to release
+            log.info("stopping while waiting for the leader lease", extra={"lease": self.where})
+            raise
         finally:
             self.waiting = False
         self._renewed_at = started

@@ -7,6 +7,7 @@ drops the rest. It also lets a handler's retry error through only when its
 text changes for that object: a policy stuck on a name clash retries with
 backoff for as long as the clash lasts, but says so once. A second filter, on
 kopf's object logger, lowers kopf's retry line of an expected wait to INFO.
+A standby replica's SIGTERM is no warning either (``_LEAD_CANCELLED``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
 # Watch-event handlers succeed on every event of every object: not news.
 _QUIET = ("Handler 'on_policy_event' succeeded.", "Handler 'on_sweeper_event' succeeded.")
 _REPEATABLE = ("failed temporarily", "failed with an exception. Will retry")
+# A waiting replica stopped by SIGTERM: kopf warns that it cancels the startup
+# handler waiting for the Lease, then that startup was cut short; that is the clean
+# way out, said by leader.py at INFO. The second line is dropped only after the first.
+_LEAD_CANCELLED = "Activity 'lead' is cancelled. Will escalate."
+_STARTUP_CUT_SHORT = "Startup activity is only partially executed due to cancellation."
 _MEMORY = 10_000
 # kopf logs every TemporaryError at ERROR (and posts that as an Event). These are
 # expected waits, each logged by the operator already at its own level, once per
@@ -36,8 +42,16 @@ class KopfRecordFilter(logging.Filter):
         super().__init__()
         self._last: dict[tuple, str] = {}
         self._lock = threading.Lock()
+        self._lead_cancelled = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("kopf.") and record.levelno == logging.WARNING:
+            message = record.getMessage()
+            if message == _LEAD_CANCELLED:
+                self._lead_cancelled = True
+                return False
+            if message == _STARTUP_CUT_SHORT and self._lead_cancelled:
+                return False
         ref = getattr(record, "k8s_ref", None)
         for attr in _KOPF_ATTRS:
             if hasattr(record, attr):
