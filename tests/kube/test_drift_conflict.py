@@ -141,3 +141,36 @@ def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_a
         reverted(apps, ns, name, recorded=1)  # a fresh budget: reverted again
     finally:
         assert third.stop() == 0, third.log()[-2000:]
+
+
+def test_a_change_made_while_no_operator_ran_is_reverted_and_counted_at_the_start(
+        control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
+    """kopf's resume apply puts the replica back: a revert like any other, with its
+    event and its record in the budget (it was counted nowhere)."""
+    ns, name = kube_namespace, "downtime-sweeper"
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    custom = client.CustomObjectsApi(kube_api)
+    apply_crd(control_plane)
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
+    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+
+    first = started(kubeconfig, tmp_path / "first.log", ns, apps, custom, queue_name, "marker-1")
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, policy_manifest("downtime", queue_name))
+        wait_for(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "downtime").get("status")
+                          or {}).get("observedGeneration"), "a first status")
+    finally:
+        assert first.stop() == 0, first.log()[-2000:]
+
+    rival_scales_to_zero(apps, ns, name)
+    second = started(kubeconfig, tmp_path / "second.log", ns, apps, custom, queue_name, "marker-2",
+                     resuming=["downtime"])
+    try:
+        reverted(apps, ns, name, recorded=1)
+        told = wait_for(lambda: [e for e in events_for(kube_api, ns, "downtime") if e.reason == "DriftReverted"],
+                        "the DriftReverted event")
+        assert "while the operator was not running" in told[0].message
+    finally:
+        assert second.stop() == 0, second.log()[-2000:]
+    # the marker policies' own starts (created by each process) were no reverts
+    assert not [e for e in events_for(kube_api, ns, "marker-1") if e.reason == "DriftReverted"]

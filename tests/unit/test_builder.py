@@ -8,7 +8,9 @@ import json
 import pytest
 
 from stalledpolicy.policy.builder import (
+    APPLIED_DIGEST_ANNOTATION,
     CONFIG_HASH_ANNOTATION,
+    applied_digest,
     build_sweeper_deployment,
     sweeper_labels,
     sweeper_name,
@@ -267,6 +269,23 @@ def test_the_generation_is_recorded_on_the_deployment_only():
     deployment = build(generation=7)
     assert deployment["metadata"]["annotations"]["queues.emq.dev/policy-generation"] == "7"
     assert deployment["spec"] == build(generation=8)["spec"] == build()["spec"]
+
+
+def applied(deployment):
+    return deployment["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION]
+
+
+def test_the_applied_digest_is_the_same_for_the_same_input_and_changes_with_anything_applied():
+    base = build(generation=7, secret_digest="41")
+    assert applied(base) == applied(build(generation=7, secret_digest="41"))
+    assert applied(base) == applied_digest(base)
+    changed = [build(generation=8, secret_digest="41"), build(generation=7, secret_digest="42"),
+               build(spec_of(sweeper={"replicas": 2}), generation=7, secret_digest="41"),
+               build(spec_of(maxStalled=3), generation=7, secret_digest="41"),
+               build(generation=7, secret_digest="41", digest="e" * 64),
+               build(generation=7, secret_digest="41", name="other")]
+    digests = {applied(d) for d in changed}
+    assert applied(base) not in digests and len(digests) == len(changed)
 
 
 def test_suspend_scales_to_zero():

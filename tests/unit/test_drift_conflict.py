@@ -268,3 +268,35 @@ def test_a_conflict_ended_by_the_window_is_in_sync_only_once_the_spec_is_applied
     status = ctl.policies[KEY].status
     assert condition_of(status, "SweeperInSync")["status"] == "True"
     assert condition_of(status, "Ready")["reason"] == "RollingOut"  # the new spec's rollout, nothing else
+
+
+def test_a_change_made_while_no_operator_ran_is_a_counted_revert_at_the_start():
+    """kopf's resume apply puts back what another writer changed while the operator
+    was down: a revert like any other (event, metric, record, budget). Before, it was
+    counted nowhere."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    fight(first, apps, now, 1)
+    rival_change(apps)  # while no operator runs
+    second = started(apps, now)
+    assert apps.stored["spec"]["replicas"] == 1
+    assert kinds(second) == ["DriftReverted"]
+    assert "while the operator was not running" in second.recorder.events[0][3]
+    assert second.metrics.drift_reverts._value.get() == 1
+    assert len(drift.recorded_reverts(apps.stored)) == 2 == len(second.policies[KEY].drift_reverts)
+    assert drift.drifted_policy(second, copy.deepcopy(apps.stored)) is None  # the record's write is ours
+    # the budget holds that revert: one more change is the last revert, the next a conflict
+    fight(second, apps, now, 2)
+    assert kinds(second) == ["DriftReverted", "DriftReverted", "DriftConflict"]
+
+
+def test_a_start_that_applies_an_edit_or_nothing_counts_no_revert():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    started(apps, now)
+    assert kinds(started(apps, now)) == []  # nothing changed meanwhile
+    edited = policy_body({"queue": "orders", "maxStalled": 3,
+                          "redis": {"secretRef": {"name": "creds", "key": "url"}}}, generation=2)
+    rival_change(apps)  # and the policy edited too: its apply is the edit's, not a revert
+    ctl = started(apps, now, edited)
+    assert "DriftReverted" not in kinds(ctl) and apps.stored["spec"]["replicas"] == 1
+    assert drift.DRIFT_REVERTS_ANNOTATION not in (apps.stored["metadata"].get("annotations") or {})

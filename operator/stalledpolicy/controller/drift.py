@@ -239,9 +239,45 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
-            state.drift_reverts.append(now)
-            _record_reverts(ctl, state, meta.get("name"), state.drift_reverts, outcome.deployment_generation)
-            ctl.metrics.drift_reverts.inc()
-            ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
-                              f"Deployment {meta.get('name')} was changed outside the policy (generation {seen}); "
-                              "the operator re-applied the policy's spec: edit the StalledPolicy instead")
+            _count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)
+
+
+def _count_revert(ctl: Controller, state, deployment_name: str, seen: int, applied_generation: int, now: float,
+                  while_down: bool = False) -> None:
+    """An apply of ours (under the policy's apply_lock) reverted generation ``seen``
+    of the sweeper: one revert of the budget, recorded on the Deployment, counted
+    in the metric and told in a DriftReverted event."""
+    state.drift_reverts.append(now)
+    _record_reverts(ctl, state, deployment_name, state.drift_reverts, applied_generation)
+    ctl.metrics.drift_reverts.inc()
+    when = " while the operator was not running" if while_down else ""
+    ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
+                      f"Deployment {deployment_name} was changed outside the policy{when} (generation {seen}); "
+                      "the operator re-applied the policy's spec: edit the StalledPolicy instead")
+
+
+def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], wanted: Mapping[str, Any],
+                          applied: Mapping[str, Any], now: float) -> bool:
+    """kopf's resume apply at an operator start (under the policy's apply_lock, its
+    outcome recorded): True, and counted as a revert (with those an earlier process
+    recorded on the Deployment), when it changed a sweeper that still carried the
+    digest of the very Deployment it applied (``wanted``): what it put back, someone
+    else had changed while no operator ran. An edit of the policy, a rotated Secret
+    or another operator version changes the digest: such an apply is no revert."""
+    from stalledpolicy.policy.builder import APPLIED_DIGEST_ANNOTATION
+
+    meta = existing.get("metadata") or {}
+    digest = (meta.get("annotations") or {}).get(APPLIED_DIGEST_ANNOTATION)
+    seen = int(meta.get("generation") or 0)
+    made = int((applied.get("metadata") or {}).get("generation") or 0)
+    if digest != wanted["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION] or made <= seen or is_deleting(state.body):
+        return False
+    with state.lock:
+        recorded = [t for t in recorded_reverts(existing) if now - t < DRIFT_WINDOW]
+        if len(recorded) > len(state.drift_reverts):
+            state.drift_reverts[:] = recorded
+    log.info("sweeper Deployment changed outside the policy while the operator was not running; re-applied",
+             extra={"namespace": state.key[0], "policy": state.key[1], "deployment": meta.get("name"),
+                    "generation": seen})
+    _count_revert(ctl, state, meta.get("name"), seen, made, now, while_down=True)
+    return True

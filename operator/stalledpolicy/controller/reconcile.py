@@ -135,7 +135,7 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
     state = ctl.state(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
-    from stalledpolicy.controller.drift import clear_recorded_reverts, end_conflict_by_edit
+    from stalledpolicy.controller.drift import clear_recorded_reverts, count_revert_at_start, end_conflict_by_edit
 
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
@@ -158,6 +158,8 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
         ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, budget_change)
     if edit_ended_conflict:
         clear_recorded_reverts(ctl, state, applied)
+    elif resume and existing is not None:
+        count_revert_at_start(ctl, state, existing, deployment, applied, ctl.clock())
     return outcome
 
 

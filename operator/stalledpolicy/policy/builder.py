@@ -42,6 +42,11 @@ SECRET_DIGEST_ANNOTATION = "queues.emq.dev/redis-secret-digest"
 # The generation of the policy the Deployment was built from (the operator tells a
 # budget edit made while it was down from a hand edit of the sweeper by it).
 POLICY_GENERATION_ANNOTATION = "queues.emq.dev/policy-generation"
+# A digest of the whole Deployment as built (this annotation aside): when the one
+# on the sweeper equals the one the operator would apply at its start, whatever
+# that apply changes was changed by someone else while it was down (drift), not by
+# an edit of the policy, a rotated Secret or another version of the operator.
+APPLIED_DIGEST_ANNOTATION = "queues.emq.dev/applied-digest"
 POLICY_LABEL = "queues.emq.dev/policy"
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -222,14 +227,14 @@ def build_sweeper_deployment(
     if generation is not None:
         annotations[POLICY_GENERATION_ANNOTATION] = str(generation)
 
-    return {
+    deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             "name": sweeper_name(policy_name),
             "namespace": namespace,
             "labels": labels,
-            **({"annotations": annotations} if annotations else {}),
+            "annotations": annotations,
             "ownerReferences": [owner_reference(policy_name, uid)],
         },
         "spec": {
@@ -251,6 +256,15 @@ def build_sweeper_deployment(
             },
         },
     }
+    annotations[APPLIED_DIGEST_ANNOTATION] = applied_digest(deployment)
+    return deployment
+
+
+def applied_digest(deployment: dict[str, Any]) -> str:
+    """The digest of ``deployment`` as built, without its own annotation."""
+    annotations = {k: v for k, v in deployment["metadata"]["annotations"].items() if k != APPLIED_DIGEST_ANNOTATION}
+    body = {**deployment, "metadata": {**deployment["metadata"], "annotations": annotations}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _copy(value: dict[str, Any]) -> dict[str, Any]:
