@@ -15,10 +15,10 @@ SECRETS = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
 KEY = ("ns", "p")
 
 
-def started(apps, now, body=None):
+def started(apps, now, body=None, secrets=SECRETS):
     """A controller (a new operator process) on the fake cluster ``apps``, its
     policy reconciled as kopf's resume handler does."""
-    ctl = fake_controller(apps, dict(SECRETS))
+    ctl = fake_controller(apps, dict(secrets))
     ctl.clock = lambda: now[0]
     body = body or policy_body()
     ctl.observe_policy(body, "ADDED")
@@ -300,3 +300,12 @@ def test_a_start_that_applies_an_edit_or_nothing_counts_no_revert():
     ctl = started(apps, now, edited)
     assert "DriftReverted" not in kinds(ctl) and apps.stored["spec"]["replicas"] == 1
     assert drift.DRIFT_REVERTS_ANNOTATION not in (apps.stored["metadata"].get("annotations") or {})
+
+
+def test_a_start_that_rolls_a_rotated_secret_counts_no_revert():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    started(apps, now)
+    rotated = {("ns", "creds"): {"url": b64("redis://:new@db:6379/0")}}
+    rival_change(apps)  # and the Secret rotated: the apply rolls the pods for the new digest
+    ctl = started(apps, now, secrets=rotated)
+    assert "DriftReverted" not in kinds(ctl) and apps.stored["spec"]["replicas"] == 1
