@@ -65,14 +65,18 @@ def started(kubeconfig, log, namespace, apps, custom, queue, marker, *, resuming
     return process
 
 
+def prepared(control_plane, kube_api, namespace, redis_server):
+    """The CRD, a namespaced operator's kubeconfig and the policies' Redis Secret."""
+    apply_crd(control_plane)
+    client.CoreV1Api(kube_api).create_namespaced_secret(namespace, redis_secret("redis", redis_server.url))
+    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
+    return client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api), kubeconfig
+
+
 def test_a_rival_field_manager_meets_a_bounded_budget_and_a_conflict_condition_across_restarts(
         control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
     ns, name = kube_namespace, "fought-sweeper"
-    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
-    custom = client.CustomObjectsApi(kube_api)
-    apply_crd(control_plane)
-    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
-    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+    apps, custom, kubeconfig = prepared(control_plane, kube_api, ns, redis_server)
 
     def policy():
         return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "fought")
@@ -148,11 +152,7 @@ def test_a_change_made_while_no_operator_ran_is_reverted_and_counted_at_the_star
     """kopf's resume apply puts the replica back: a revert like any other, with its
     event and its record in the budget (it was counted nowhere)."""
     ns, name = kube_namespace, "downtime-sweeper"
-    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
-    custom = client.CustomObjectsApi(kube_api)
-    apply_crd(control_plane)
-    kubeconfig = operator_kubeconfig(control_plane, kube_api, namespaced=True)
-    core.create_namespaced_secret(ns, redis_secret("redis", redis_server.url))
+    apps, custom, kubeconfig = prepared(control_plane, kube_api, ns, redis_server)
 
     first = started(kubeconfig, tmp_path / "first.log", ns, apps, custom, queue_name, "marker-1")
     try:
