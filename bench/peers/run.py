@@ -187,7 +187,8 @@ def print_table(rows: list[dict]) -> None:
     lines = []
     for r in rows:
         if r.get("skipped"):
-            lines.append((r["system"], f"{r['n']:,}", "skipped", r["reason"], "", "", ""))
+            lines.append((r["system"], f"{r['n']:,}", "failed" if r.get("failed") else "skipped", r["reason"],
+                          "", "", ""))
             continue
         ratio = ""
         if not r["system"].startswith("ours"):
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     row = run_peer(system, client, server.port, n, nice=args.nice)
                 except PeerCheckFailed as exc:
-                    rows.append({"system": system, "n": n, "skipped": True, "reason": f"failed: {exc}"})
+                    rows.append({"system": system, "n": n, "skipped": True, "failed": True, "reason": str(exc)})
                     log(f"    {system}: failed at N={n:,}: {exc}")
                     continue
                 rows.append(row)
