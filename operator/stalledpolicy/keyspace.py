@@ -147,6 +147,17 @@ class QueueKeys:
         return self._k("sweeper:totals")
 
     @property
+    def sweeper_holds(self) -> str:
+        """Our own sorted set: leases the sweep holds in their last moments, each
+        scored with its real deadline (scripts/lib/holds.lua)."""
+        return self._k("sweeper:holds")
+
+    @property
+    def sweeper_hold_tokens(self) -> str:
+        """Our own hash: a held lease's job -> its ``attempts`` when it was held."""
+        return self._k("sweeper:hold-tokens")
+
+    @property
     def sweeper_last_replay(self) -> str:
         """Our own string: the operator's last served replay token and its result (JSON)."""
         return self._k("sweeper:last-replay")
@@ -155,7 +166,8 @@ class QueueKeys:
         """The queue's keys that name no job nor lane: a queue EchoMQ or a sweeper
         has ever used has one of them."""
         return (self.pending, self.active, self.schedule, self.dead, self.ring, self.gactive, self.glimit,
-                self.paused, self.wake, self.metrics_failed, self.metrics_completed, self.sweeper_totals)
+                self.paused, self.wake, self.metrics_failed, self.metrics_completed, self.sweeper_totals,
+                self.sweeper_holds, self.sweeper_hold_tokens)
 
     def job(self, job_id: str) -> str:
         return self._k(f"job:{job_id}")

@@ -58,11 +58,13 @@ def clock():
     return FakeClock()
 
 
-def make_sweeper(clock, *, interval="10s", jitter=0.0, **settings):
+def make_sweeper(clock, *, interval="10s", jitter=0.0, holds=engine.NO_HOLDS, **settings):
+    """A sweeper on the fake clock; holding nothing by default, so the passes
+    are the interval's alone (the lease-timed passes have their own tests)."""
     config = SweeperConfig(queue="orders", interval=interval, **settings)
     metrics = SweeperMetrics("orders", tuple(config.lanes))
     return loop.Sweeper(config, metrics, stop=FakeStop(clock), connect_fn=lambda url: object(),
-                        clock=clock, jitter=lambda: jitter)
+                        clock=clock, jitter=lambda: jitter, holds=holds)
 
 
 def script_engine(monkeypatch, clock, steps):
@@ -71,7 +73,7 @@ def script_engine(monkeypatch, clock, steps):
     starts: list[float] = []
     pending = list(steps)
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         starts.append(clock.now)
         step = pending.pop(0)
         if not pending and sweeper_ref[0] is not None:
@@ -280,7 +282,7 @@ def test_stop_during_a_pass_skips_the_wait_and_the_snapshot(monkeypatch, clock):
     snapshots = []
     ref: list = [None]
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         ref[0].stop.set()  # the signal lands while the drain runs
         assert should_stop() is True
         return engine.SweepResult()
@@ -425,7 +427,7 @@ def test_an_error_reply_is_a_round_trip(monkeypatch, clock):
 
 
 def test_a_bug_after_a_successful_call_counts_that_call_as_a_round_trip(monkeypatch, clock):
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         on_call(engine.SweepResult(recovered=1, calls=1), 0.001)
         raise KeyError("surprise after the first call")
 
@@ -438,7 +440,7 @@ def test_a_bug_after_a_successful_call_counts_that_call_as_a_round_trip(monkeypa
 def test_a_pod_is_ready_from_its_first_call_not_from_the_end_of_its_first_drain(monkeypatch, clock):
     seen = []
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         seen.append(sweeper.health.ready())
         on_call(engine.SweepResult(recovered=25, calls=1, more=True), 0.001)
         seen.append(sweeper.health.ready())  # a large backlog: the drain goes on
@@ -453,7 +455,7 @@ def test_a_pod_is_ready_from_its_first_call_not_from_the_end_of_its_first_drain(
 
 
 def test_a_pass_that_fails_after_its_first_call_is_unready_again(monkeypatch, clock):
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         on_call(engine.SweepResult(recovered=1, calls=1), 0.001)
         raise redis.ResponseError("EMQWRONGTYPE emq:{orders}:pending is a string, not a sorted set")
 
@@ -469,7 +471,7 @@ def test_after_the_first_drain_a_pass_failing_after_its_first_call_does_not_flip
     for a pass that fails the same way each time (a long reshard, a refused step)."""
     seen = []
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         on_call(engine.SweepResult(recovered=1, calls=1, more=True), 0.001)
         seen.append(sweeper.health.ready()[0])
         raise redis.ResponseError("EMQNOPERM the user may not HSET emq:{orders}:gactive")
@@ -510,7 +512,7 @@ def test_the_long_running_log_lines_still_say_they_retry(monkeypatch, clock, cap
 def test_stopped_early_means_work_was_left(monkeypatch, clock, more, calls, early):
     ref: list = [None]
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         ref[0].stop.set()  # the signal lands during the drain
         return engine.SweepResult(recovered=calls, calls=calls, more=more)
 
@@ -618,7 +620,7 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls(monkeypa
 def test_a_pass_refused_half_way_says_what_its_earlier_calls_moved(monkeypatch, clock, caplog):
     """A primary demoted during a drain: the calls before the refusal moved jobs,
     and the line said "nothing was moved" (reviewer's reproduction)."""
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         on_call(engine.SweepResult(recovered=40, dead_lettered=2, calls=1), 0.01)
         raise redis.ReadOnlyError("You can't write against a read only replica.")
 
@@ -638,7 +640,7 @@ def test_readyz_stops_saying_unreachable_once_redis_answers_again(monkeypatch, c
     seen = []
     down = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         seen.append(None)
         if len(seen) == 2:
             raise down
@@ -666,7 +668,7 @@ def test_a_pass_failing_after_a_signal_says_the_sweeper_stops_not_that_it_retrie
                                                                                  failure, line):
     """SIGTERM during a hung call: the call fails, and its line said "retrying"
     just before "sweeper stopped" (reviewer's note)."""
-    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None):
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
         sweeper.stop.set()  # the signal handler, while the call hangs
         raise failure
 
@@ -677,3 +679,66 @@ def test_a_pass_failing_after_a_signal_says_the_sweeper_stops_not_that_it_retrie
     [record] = [r for r in caplog.records if r.getMessage().startswith(line)]
     assert "stopping (a signal came during the pass)" in record.getMessage(), record.getMessage()
     assert "retrying" not in record.getMessage()
+
+
+def lease_engine(monkeypatch, clock, replies, snapshots):
+    """Each pass returns the next ``(seconds to the next lease event or None,
+    held, uncounted)`` at once; the gauges' reads are recorded in ``snapshots``."""
+    starts: list[float] = []
+    pending = list(replies)
+    ref: list = [None]
+
+    def drain(client, queue, budgets, batch_size, should_stop=lambda: False, on_call=None, holds=None):
+        starts.append(clock.now)
+        to_next, held, uncounted = pending.pop(0)
+        if not pending:
+            ref[0].stop.set()
+        now_ms = 1_000_000 + int(clock.now * 1000)
+        result = engine.SweepResult(calls=1, held=held, uncounted=uncounted, server_now_ms=now_ms,
+                                    next_at_ms=None if to_next is None else now_ms + int(to_next * 1000))
+        if on_call:
+            on_call(result, 0.0)
+        return result
+
+    monkeypatch.setattr(loop.engine, "drain", drain)
+    monkeypatch.setattr(loop.engine, "queue_snapshot",
+                        lambda client, queue, lanes=(): snapshots.append(clock.now) or SNAPSHOT)
+    return starts, ref
+
+
+def test_a_pass_runs_when_the_next_lease_is_due_not_on_the_interval(monkeypatch, clock):
+    snapshots: list[float] = []
+    # a lease to hold in 0.2 s, then counted 0.25 s later, then nothing in active
+    starts, ref = lease_engine(monkeypatch, clock, [(0.2, 0, 0), (0.25, 1, 0), (None, 0, 0), (None, 0, 0)],
+                               snapshots)
+    ref[0] = sweeper = make_sweeper(clock, interval="10s", holds=engine.Holds())
+    sweeper.run_forever()
+    assert starts == pytest.approx([0.0, 0.201, 0.452, 0.952])
+    # the gauges are read by the interval's passes alone
+    assert snapshots == [0.0]
+
+
+def test_an_idle_queue_is_watched_twice_a_second_and_read_once_an_interval(monkeypatch, clock):
+    snapshots: list[float] = []
+    starts, ref = lease_engine(monkeypatch, clock, [(None, 0, 0)] * 6, snapshots)
+    ref[0] = sweeper = make_sweeper(clock, interval="2s", holds=engine.Holds())
+    sweeper.run_forever()
+    assert starts == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.5])
+    assert snapshots == pytest.approx([0.0, 2.0])
+
+
+def test_without_holds_the_sweeper_still_wakes_at_the_next_deadline(monkeypatch, clock):
+    starts, ref = lease_engine(monkeypatch, clock, [(3.0, 0, 0), (None, 0, 0), (None, 0, 0)], [])
+    ref[0] = sweeper = make_sweeper(clock, interval="10s", holds=engine.NO_HOLDS)
+    sweeper.run_forever()
+    assert starts == pytest.approx([0.0, 3.001, 10.0])
+
+
+def test_lapses_a_reaper_took_first_are_warned_and_counted(monkeypatch, clock, caplog):
+    starts, ref = lease_engine(monkeypatch, clock, [(None, 0, 2), (None, 0, 0)], [])
+    ref[0] = sweeper = make_sweeper(clock, interval="1s", holds=engine.Holds())
+    with caplog.at_level(logging.INFO, logger="stalledpolicy.sweeper"):
+        sweeper.run_forever()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.uncounted == 2 and "stalledpolicy_lapses_uncounted" in warning.getMessage()
+    assert sweeper.metrics.lapses_uncounted.labels("orders")._value.get() == 2

@@ -28,6 +28,8 @@ class QueueSnapshot:
     orphans_total: int
     quarantined_total: int
     lanes: list[LaneSnapshot]
+    #: lapses a reaper returned while the sweep held them, uncounted (lib/holds.lua)
+    uncounted_total: int = 0
 
 
 def queue_snapshot(client: Any, queue: str, lanes: Iterable[str] = ()) -> QueueSnapshot:
@@ -51,6 +53,7 @@ def queue_snapshot(client: Any, queue: str, lanes: Iterable[str] = ()) -> QueueS
         dead_lettered_total=totals.get("dead_lettered", 0),
         orphans_total=totals.get("orphans", 0),
         quarantined_total=totals.get("quarantined", 0),
+        uncounted_total=totals.get("uncounted", 0),
         lanes=[
             LaneSnapshot(
                 name=lane,

@@ -29,6 +29,27 @@ class Budgets:
         return self.lanes.get(lane, self.default) if lane else self.default
 
 
+@dataclass(frozen=True)
+class Holds:
+    """How the sweep holds a lease in its last moments (scripts/lib/holds.lua):
+    a lease due within ``lead_ms`` is kept out of EchoMQ's reapers' sight for
+    ``hold_ms`` more, so the sweep counts its lapse first. ``lead_ms`` 0 holds
+    nothing (leases already held are still settled)."""
+
+    lead_ms: int = 250
+    hold_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lead_ms, bool) or not isinstance(self.lead_ms, int) or self.lead_ms < 0:
+            raise ValueError(f"hold lead: must be an integer of milliseconds >= 0, got {self.lead_ms!r}")
+        if isinstance(self.hold_ms, bool) or not isinstance(self.hold_ms, int) or self.hold_ms <= self.lead_ms:
+            raise ValueError(f"hold: must be an integer of milliseconds above the lead ({self.lead_ms}), "
+                             f"got {self.hold_ms!r}")
+
+
+NO_HOLDS = Holds(lead_ms=0)
+
+
 @dataclass
 class LaneCounts:
     recovered: int = 0
@@ -47,6 +68,14 @@ class SweepResult:
     #: shared keys of the wrong type met after the moves (every job is in its
     #: set; the bookkeeping named was skipped): one line each, naming the key
     problems: list[str] = field(default_factory=list)
+    #: leases the calls took hold of
+    held: int = 0
+    #: holds a reaper ended before the sweep could count the lapse (lapses lost)
+    uncounted: int = 0
+    #: the last call's server time (ms), and when (server ms) the next lease is
+    #: due to be held or counted (None: no lease in ``active``)
+    server_now_ms: int | None = None
+    next_at_ms: int | None = None
 
     @property
     def moved(self) -> int:
@@ -67,25 +96,40 @@ class SweepResult:
             more=other.more,
             calls=self.calls + other.calls,
             problems=merged_problems(self.problems, other.problems),
+            held=self.held + other.held,
+            uncounted=self.uncounted + other.uncounted,
+            server_now_ms=other.server_now_ms if other.calls else self.server_now_ms,
+            next_at_ms=other.next_at_ms if other.calls else self.next_at_ms,
         )
+
+    def seconds_to_next(self) -> float | None:
+        """Seconds from the last call to the next lease to hold or count (0 when
+        work is left; None when no call was made or ``active`` is empty)."""
+        if self.more:
+            return 0.0
+        if self.server_now_ms is None or self.next_at_ms is None:
+            return None
+        return max(0.0, (self.next_at_ms - self.server_now_ms) / 1000)
 
 
 def _sweep_keys(keys: QueueKeys) -> list[str]:
     return [
         keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit,
-        keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals,
+        keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals, keys.sweeper_holds,
+        keys.sweeper_hold_tokens,
     ]
 
 
-def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepResult:
-    """One bounded sweep call over at most ``limit`` expired jobs of ``queue``."""
+def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Holds = Holds()) -> SweepResult:
+    """One bounded sweep call over at most ``limit`` expired jobs of ``queue``
+    (and at most ``limit`` leases held, and as many settled)."""
     check_positive("batch size", limit)
     keys = QueueKeys(queue)
-    args: list[Any] = [keys.prefix, limit, budgets.default, keys.events]
+    args: list[Any] = [keys.prefix, limit, budgets.default, keys.events, holds.lead_ms, holds.hold_ms]
     for lane, budget in budgets.lanes.items():
         args += [lane, budget]
     reply = run_script("sweep", client, keys, _sweep_keys(keys), args)
-    recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems = reply
+    recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems, held, uncounted, next_at, now = reply
     # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
     # two distinct lanes can end up under one name: their counts add up rather
     # than one lane's replacing the other's (the totals must match the jobs moved).
@@ -103,6 +147,10 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int) -> SweepR
         more=bool(more),
         calls=1,
         problems=[as_text(p) for p in problems],
+        held=int(held),
+        uncounted=int(uncounted),
+        server_now_ms=int(now),
+        next_at_ms=None if int(next_at) < 0 else int(next_at),
     )
 
 
@@ -113,6 +161,7 @@ def drain(
     batch_size: int,
     should_stop: Callable[[], bool] = lambda: False,
     on_call: Callable[[SweepResult, float], None] | None = None,
+    holds: Holds = Holds(),
 ) -> SweepResult:
     """Bounded sweep calls until the expired prefix is empty or ``should_stop()``.
 
@@ -122,7 +171,7 @@ def drain(
     total = SweepResult()
     while not should_stop():
         started = time.perf_counter()
-        result = sweep_batch(client, queue, budgets, batch_size)
+        result = sweep_batch(client, queue, budgets, batch_size, holds)
         if on_call is not None:
             on_call(result, time.perf_counter() - started)
         total = total.merge(result)

@@ -4,21 +4,29 @@
 -- KEYS[1] active   KEYS[2] pending  KEYS[3] dead      KEYS[4] ring
 -- KEYS[5] gactive  KEYS[6] glimit   KEYS[7] paused    KEYS[8] wake
 -- KEYS[9] metrics:failed            KEYS[10] sweeper:totals
+-- KEYS[11] sweeper:holds            KEYS[12] sweeper:hold-tokens
 -- ARGV[1] queue prefix 'emq:{q}:' (job rows and lane sets are derived from it,
 --         so they hash to the same slot as KEYS)
--- ARGV[2] limit (jobs examined by this call)
+-- ARGV[2] limit (jobs examined by this call; also leases held or settled)
 -- ARGV[3] default budget (0 = never dead-letter)
 -- ARGV[4] events channel
--- ARGV[5..] lane budget overrides as pairs: group, budget
+-- ARGV[5] hold lead (ms): leases due within it are held (lib/holds); 0 = none
+-- ARGV[6] hold (ms): how long a held lease stays out of the reapers' sight
+-- ARGV[7..] lane budget overrides as pairs: group, budget
 --
 -- Returns {recovered, dead_lettered, orphans, quarantined, more (0|1),
---          {group, recovered, dead_lettered, ...}, {problem, ...}}
--- (problems: shared keys of the wrong type met after the moves; see guard)
+--          {group, recovered, dead_lettered, ...}, {problem, ...},
+--          held, uncounted, next_at, now}
+-- (problems: shared keys of the wrong type met after the moves; see guard;
+-- held: leases this call took hold of; uncounted: holds a reaper ended before
+-- the sweep could count the lapse; next_at: the server time (ms) of the next
+-- lease to hold or count, -1 when none; now: this call's server time)
 
 -- @include chunked
 -- @include counters
 -- @include death
 -- @include guard
+-- @include holds
 -- @include lanes
 -- @include refusals
 -- @include text
@@ -27,15 +35,49 @@ local prefix = ARGV[1]
 local limit = tonumber(ARGV[2])
 local default_budget = tonumber(ARGV[3])
 local channel = ARGV[4]
+local lead_ms = tonumber(ARGV[5])
+local hold_ms = tonumber(ARGV[6])
 
 local lane_budget = {}
-for i = 5, #ARGV - 1, 2 do
+for i = 7, #ARGV - 1, 2 do
   lane_budget[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local now_s = string.format('%d', now)
+
+-- Holds first: a due hold's lease goes back to its deadline, so the walk
+-- below counts it with the other lapses. A user who may not run the holds'
+-- commands (ACL) still gets the sweep, and a problem that says so.
+local holding = {active = KEYS[1], holds = KEYS[11], tokens = KEYS[12], prefix = prefix}
+local hold_refusal = refused({{'ZADD', KEYS[11], '0', 'x'}, {'HSET', KEYS[12], 'x', '1'}, {'ZREM', KEYS[11], 'x'},
+  {'HDEL', KEYS[12], 'x'}, {'ZADD', KEYS[1], 'XX', '0', 'x'}, {'ZCOUNT', KEYS[1], '0', '0'}})
+local restored, uncounted, holds_left, held = 0, 0, false, 0
+if hold_refusal == nil then
+  restored, uncounted, holds_left = settle_holds(holding, now, limit, hold_ms)
+end
+
+-- What every reply ends with: the holds taken now that the expired prefix is
+-- drained (while work is left the caller calls again at once), and when to.
+local function hold_reply(reply, more)
+  if more == 0 and hold_refusal == nil and lead_ms > 0 then
+    held = take_holds(holding, now, limit, lead_ms, hold_ms)
+  end
+  local next_at = now
+  if more == 0 then next_at = next_event(holding, now, hold_refusal == nil and lead_ms or 0) end
+  if hold_refusal ~= nil and lead_ms > 0 then
+    reply[7][#reply[7] + 1] = 'the Redis user may not run ' .. hold_refusal .. ' (ACL): leases are not held, '
+      .. "so EchoMQ's reapers may return lapsed jobs before the sweep counts them; grant it the queue's keys "
+      .. 'and commands (e.g. ACL SETUSER <user> ~' .. prefix .. '* &' .. prefix .. 'events +@all)'
+  end
+  if uncounted > 0 then
+    guarded(reply[7], {KEYS[10], 'hash'}, "this call's uncounted lapses were not counted", add_counts, KEYS[10],
+      {'uncounted', uncounted})
+  end
+  reply[8], reply[9], reply[10], reply[11] = held, uncounted, next_at, now
+  return reply
+end
 
 -- limit + 1 tells us exactly whether this call left expired work behind.
 -- An `active` of the wrong type is named (Redis' own WRONGTYPE names no key);
@@ -51,8 +93,9 @@ if #expired > limit then
   more = 1
   expired[#expired] = nil
 end
+if holds_left then more = 1 end
 if #expired == 0 then
-  return {0, 0, 0, 0, 0, {}, {}}
+  return hold_reply({0, 0, 0, 0, more, {}, {}}, more)
 end
 
 -- pending and dead receive this call's jobs after their rows are written; an
@@ -408,4 +451,4 @@ for i = 1, #lanes_out, 3 do
 end
 guarded(problems, {KEYS[10], 'hash'}, "this call's totals were not counted", add_counts, KEYS[10], totals)
 
-return {recovered, dead_lettered, orphans, quarantined, more, lanes_out, problems}
+return hold_reply({recovered, dead_lettered, orphans, quarantined, more, lanes_out, problems}, more)

@@ -152,11 +152,13 @@ def _fatal(config, problem: str) -> int:
 
 
 def _serve(config) -> int:
+    from stalledpolicy.engine import NO_HOLDS, Holds
     from stalledpolicy.sweeper.loop import Sweeper, result_summary
     from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics
 
     metrics = SweeperMetrics(config.queue, tuple(config.lanes))
-    sweeper = Sweeper(config, metrics)
+    # --once holds no lease: no pass of its own would come to count the lapse
+    sweeper = Sweeper(config, metrics, holds=NO_HOLDS if config.once else Holds())
     received: list[int] = []
 
     def on_signal(signum, _frame):

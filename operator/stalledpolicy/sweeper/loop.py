@@ -1,8 +1,15 @@
-"""The sweep loop: drain the expired prefix of ``active`` every interval.
+"""The sweep loop: drain the expired prefix of ``active``, scheduled by the
+leases themselves.
 
 Each pass calls :func:`stalledpolicy.engine.drain` (bounded script calls, one
-at a time, so Redis is never blocked for long) and then reads one
-:func:`~stalledpolicy.engine.queue_snapshot` for the gauges.
+at a time, so Redis is never blocked for long); once an interval it also reads
+one :func:`~stalledpolicy.engine.queue_snapshot` for the gauges. The drain's
+last call says (server clock) when the next lease is due to be held or
+counted (scripts/lib/holds.lua), and the next pass runs then: EchoMQ's
+consumers reap a lapsed lease within milliseconds, so a fixed cadence would
+count almost nothing (docs/architecture.md, "Holding a lapsing lease"). The
+loop sleeps at most ``LEASE_WATCH_S`` (a lease claimed meanwhile is seen in
+time) and at most until the next interval's pass.
 
 A pass that fails, or does only part of its work, is handled as failures.py
 says (``PassFailures``): an outage backs off, anything else is retried on the
@@ -43,6 +50,13 @@ log = logging.getLogger("stalledpolicy.sweeper")
 # a wedged loop.
 HEALTH_FLOOR_S = 20.0
 _WAIT_SLICE_S = 1.0
+#: the longest sleep between passes while holding leases: a lease claimed
+#: meanwhile is seen before its last ``Holds.lead_ms`` when it is at least
+#: this plus the lead long (one script call, O(log n), twice a second)
+LEASE_WATCH_S = 0.5
+#: a pass timed for a lease's deadline runs this much after it, so that the
+#: server's millisecond clock has reached it
+_DEADLINE_MARGIN_S = 0.001
 
 
 class Sweeper(PassFailures):
@@ -55,9 +69,11 @@ class Sweeper(PassFailures):
         connect_fn: Callable[[str], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        holds: engine.Holds = engine.Holds(),
     ):
         self.config = config
         self.metrics = metrics
+        self.holds = holds
         self.stop = stop or threading.Event()
         self.health = Health(stale_after_s=max(3 * config.interval, HEALTH_FLOOR_S), clock=clock)
         # the default client retries nothing once a stop is requested, and on a
@@ -88,8 +104,10 @@ class Sweeper(PassFailures):
 
     # -- one pass -------------------------------------------------------------
 
-    def sweep_pass(self) -> bool:
-        """Drain once; False when the pass failed (the reason is logged)."""
+    def sweep_pass(self, snapshot: bool = True) -> bool:
+        """Drain once, then read the gauges' snapshot when ``snapshot``; False
+        when the pass failed (the reason is logged)."""
+        read_snapshot = snapshot
         started = self._clock()
         self.health.beat()
         self._first_drain = self._first_drain and not self._calls_this_pass
@@ -101,11 +119,11 @@ class Sweeper(PassFailures):
             client = self._client_or_connect()
             result = engine.drain(
                 client, self.config.queue, self._budgets, self.config.batch_size,
-                should_stop=self.stop.is_set, on_call=self._on_call,
+                should_stop=self.stop.is_set, on_call=self._on_call, holds=self.holds,
             )
             snapshot = None
             snapshot_problems: list[str] = []
-            if not self.stop.is_set():
+            if read_snapshot and not self.stop.is_set():
                 try:
                     snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
                 except redis.ResponseError as exc:
@@ -177,8 +195,17 @@ class Sweeper(PassFailures):
             )
         if snapshot is not None:
             fields["morgue"] = snapshot.dead
+        if result.held:
+            fields["held"] = result.held
+        if result.uncounted:
+            fields["uncounted"] = result.uncounted
         if self.last_stopped_early:
             fields["stopped_early"] = True
+        if result.uncounted:
+            log.warning("a held lease lapsed and another reaper returned the job before this sweeper counted "
+                        "the stall: the budget did not hold for it (the sweeper was late; see "
+                        "stalledpolicy_lapses_uncounted)", extra={"queue": self.config.queue,
+                                                                  "uncounted": result.uncounted})
         did_work = result.recovered or result.dead_lettered or result.orphans or result.quarantined
         log.log(logging.INFO if did_work else logging.DEBUG,
                 "sweep pass" if did_work else "sweep pass: nothing expired", extra=fields)
@@ -197,25 +224,42 @@ class Sweeper(PassFailures):
         return True
 
     def run_forever(self) -> None:
-        """Sweep every interval until :attr:`stop` is set."""
-        next_at = self._clock()
+        """Sweep until :attr:`stop` is set: a full pass (with the gauges) every
+        interval, and passes between them when a lease is due to be held or
+        counted (at most ``LEASE_WATCH_S`` apart while holding leases)."""
+        next_full = self._clock()
         while not self.stop.is_set():
-            self.sweep_pass()
+            full = self._clock() >= next_full
+            succeeded = self.sweep_pass(snapshot=full)
             if self.stop.is_set():
                 break
             if self.redis_down:
                 self.wait(self.backoff_delay())
-                next_at = self._clock()  # the pass after an outage runs at once
+                next_full = self._clock()  # the pass after an outage runs at once, in full
                 continue
-            # Schedule from the planned start, not from the end of the pass, so
-            # the cadence does not drift; an overrun starts the next pass now
-            # (and never in a burst of catch-up passes).
-            next_at += self.config.interval
             now = self._clock()
-            if next_at < now:
-                next_at = now
-            self.wait(next_at - now)
+            if full:
+                # Scheduled from the planned start, not from the end of the pass, so
+                # the cadence does not drift; an overrun starts the next pass now
+                # (and never in a burst of catch-up passes).
+                next_full = max(next_full + self.config.interval, now)
+            self.wait(self._sleep_before_next_pass(next_full - now, succeeded))
         self.close()
+
+    def _sleep_before_next_pass(self, to_full: float, succeeded: bool) -> float:
+        """Until the next full pass, or sooner: when the last call named the next
+        lease to hold or count, or ``LEASE_WATCH_S`` while holding leases. A
+        failed pass waits for the next full one (failures.py retries on the
+        interval)."""
+        sleep = max(0.0, to_full)
+        if not succeeded:
+            return sleep
+        if self.holds.lead_ms > 0:
+            sleep = min(sleep, LEASE_WATCH_S)
+        to_lease = self.last_result.seconds_to_next()
+        if to_lease is not None:
+            sleep = min(sleep, to_lease + _DEADLINE_MARGIN_S)
+        return sleep
 
     def close(self) -> None:
         if self._client is not None:

@@ -61,6 +61,14 @@ class SweeperMetrics:
         self.quarantined = Counter(
             "stalledpolicy_quarantined", "Malformed job rows moved to the morgue instead of aborting the batch",
             ["queue"], registry=r)
+        self.leases_held = Counter(
+            "stalledpolicy_leases_held",
+            "Leases this process held in their last moments, so their lapse is counted before EchoMQ's "
+            "reapers can return it", ["queue"], registry=r)
+        self.lapses_uncounted = Counter(
+            "stalledpolicy_lapses_uncounted",
+            "Held leases that lapsed and were returned by another reaper before this process counted the "
+            "stall (the budget leaks: the sweeper was late; see docs)", ["queue"], registry=r)
         self.pass_duration = Histogram(
             "stalledpolicy_pass_duration_seconds", "Duration of one sweep pass (a full drain)",
             registry=r, buckets=_PASS_BUCKETS)
@@ -91,6 +99,8 @@ class SweeperMetrics:
             self.dead_lettered.labels(queue, lane)
         self.orphans.labels(queue)
         self.quarantined.labels(queue)
+        self.leases_held.labels(queue)
+        self.lapses_uncounted.labels(queue)
         self.redis_up.labels(queue).set(0)
         self.key_problems.labels(queue).set(0)
 
@@ -108,6 +118,10 @@ class SweeperMetrics:
             self.orphans.labels(q).inc(result.orphans)
         if result.quarantined:
             self.quarantined.labels(q).inc(result.quarantined)
+        if result.held:
+            self.leases_held.labels(q).inc(result.held)
+        if result.uncounted:
+            self.lapses_uncounted.labels(q).inc(result.uncounted)
 
     def observe_snapshot(self, snapshot: Any) -> None:
         self.morgue_size.labels(self.queue).set(snapshot.dead)
