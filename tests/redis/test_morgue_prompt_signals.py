@@ -1,7 +1,9 @@
 """Ctrl-C at the confirmation prompt is an interruption (130), as everywhere
 else in the command (SIGTERM there is 143), not an answer (4 is "declined":
 any answer but y/yes, or end of input). A script checking $? after an
-operator's Ctrl-C sees 130. Nothing is changed either way."""
+operator's Ctrl-C sees 130. Nothing is changed either way. That holds whatever
+disposition the command inherited: a background job of a non-interactive
+shell starts with SIGINT ignored, and the prompt still honours Ctrl-C."""
 
 from __future__ import annotations
 
@@ -46,9 +48,45 @@ def test_ctrl_c_at_the_prompt_exits_130_and_changes_nothing(r, redis_server, que
     assert dump(r) == before
 
 
+def test_ctrl_c_at_the_prompt_is_honoured_when_sigint_was_inherited_ignored(r, redis_server, queue_name):
+    """In process: the command installs its own SIGINT handler while it runs
+    (an inherited SIG_IGN would swallow Ctrl-C at the prompt, which then waits
+    forever) and gives the caller's disposition back when it returns."""
+    standard_morgue(r, queue_name)
+    before = dump(r)
+
+    class CtrlCOnTheTerminal:
+        def isatty(self) -> bool:
+            return True
+
+        def readline(self) -> str:
+            os.kill(os.getpid(), signal.SIGINT)  # ignored, the read would go on: "" declines here
+            return ""
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        code = morgue_cli.run(_args("purge", "--all", "--redis-url", redis_server.url, "--queue", queue_name),
+                              stdin=CtrlCOnTheTerminal(), stdout=out, stderr=err)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130, err.getvalue()
+    assert "stalledpolicy morgue purge: interrupted\nnothing was changed\n" in err.getvalue()
+    assert dump(r) == before
+
+
+def _inheriting(signum: int, disposition: signal.Handlers):
+    """The child's disposition of ``signum`` is set here, not inherited from
+    however pytest was started (a background job gets SIGINT ignored)."""
+    return lambda: signal.signal(signum, disposition)
+
+
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["inherited-default", "inherited-ignored"])
 @pytest.mark.parametrize(("signum", "code", "words"), [(signal.SIGINT, 130, "interrupted"),
                                                        (signal.SIGTERM, 143, "terminated (SIGTERM)")])
-def test_a_signal_at_a_real_prompt_exits_128_plus_its_number(r, redis_server, queue_name, signum, code, words):
+def test_a_signal_at_a_real_prompt_exits_128_plus_its_number(r, redis_server, queue_name, signum, code, words,
+                                                             inherited):
     standard_morgue(r, queue_name)
     before = dump(r)
     master, slave = pty.openpty()
@@ -56,7 +94,8 @@ def test_a_signal_at_a_real_prompt_exits_128_plus_its_number(r, redis_server, qu
     proc = subprocess.Popen(
         [sys.executable, "-m", "stalledpolicy", "morgue", "purge", "--all", "--queue", queue_name,
          "--redis-url", redis_server.url],
-        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=_inheriting(signum, inherited))
     os.close(slave)
     try:
         shown = b""
@@ -68,6 +107,9 @@ def test_a_signal_at_a_real_prompt_exits_128_plus_its_number(r, redis_server, qu
         proc.send_signal(signum)  # as the terminal's Ctrl-C, or a kill, does
         rest_out, rest_err = proc.communicate(timeout=60)
     finally:
+        if proc.poll() is None:  # a prompt that ignored the signal is not left behind
+            proc.kill()
+            proc.communicate()
         os.close(master)
     err = (shown + rest_err).decode()
     assert proc.returncode == code, err

@@ -1,6 +1,10 @@
 """``stalledpolicy morgue``: the entry point (``add_arguments`` and ``run``,
 what ``stalledpolicy.cli`` expects of a command) and how every failure
-becomes an exit code and a message without a traceback or a password."""
+becomes an exit code and a message without a traceback or a password.
+
+SIGINT (Ctrl-C) and SIGTERM are honoured whatever disposition the process
+inherited: a background job started with SIGINT ignored still exits 130 on
+Ctrl-C at the confirmation prompt (``stopping``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,16 @@
 finishes, the next one is not sent, and what moved so far is reported (as
 ``stalledpolicy sweep --once`` does). Before the change starts (preview,
 prompt) and in the read-only actions a signal ends the command at once:
-nothing was changed."""
+nothing was changed.
+
+The command honours both signals whatever disposition it inherited: it
+installs its own handlers while it runs (and gives the previous ones back when
+it returns). A background job of a non-interactive shell (``cmd &`` in a
+script) starts with SIGINT ignored; Python then installs no KeyboardInterrupt
+handler, and Ctrl-C at the confirmation prompt would be swallowed while the
+prompt waits for an answer. To keep a run from being interrupted, do not send
+it the signal (``setsid`` gives it a session of its own, away from the
+terminal's Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -60,9 +69,10 @@ def _raise_terminated(_signum: int, _frame: Any) -> None:
 
 @contextmanager
 def terminate_like_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` (as SIGINT raises KeyboardInterrupt),
-    so the command ends with a message and 143 rather than silently."""
-    with _handlers(_raise_terminated, (signal.SIGTERM,)):
+    """SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated`, so the
+    command ends with a message and 130 or 143 rather than silently; SIGINT's
+    handler is installed here too, as an inherited SIG_IGN would leave none."""
+    with _handlers(signal.default_int_handler, (signal.SIGINT,)), _handlers(_raise_terminated, (signal.SIGTERM,)):
         yield
 
 
