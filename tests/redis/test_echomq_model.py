@@ -209,6 +209,127 @@ def test_the_model_works_without_decoded_responses(redis_server, queue_name):
     raw.close()
 
 
+# -- EchoMQ's reaper ------------------------------------------------------------
+
+def _quiet_events(r, keys):
+    """A subscriber to the queue's events channel, past its confirmation."""
+    sub = r.pubsub()
+    sub.subscribe(keys.events)
+    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    return sub
+
+
+def test_the_reaper_returns_an_expired_flat_job_uncounted(mq, r):
+    job = mq.enqueue("x")
+    claim = mq.claim(5_000, "flat")
+    r.hset(mq.keys.job(job), "stalled", "1")  # an earlier stall a sweep counted
+    assert mq.reap() == []  # the lease has not lapsed
+    mq.expire(claim)
+    events = _quiet_events(r, mq.keys)
+    assert mq.reap() == [job]
+    row = r.hgetall(mq.keys.job(job))
+    assert (row["state"], row["attempts"], row["stalled"]) == ("pending", "1", "1")
+    assert mq.where_is(job).places == ["pending"]
+    assert events.get_message(timeout=0.2) is None  # nothing published
+    events.close()
+    assert r.exists(mq.keys.metrics_failed, mq.keys.sweeper_totals) == 0
+    assert mq.audit() == []
+    again = mq.claim(5_000, "flat")
+    assert (again.id, again.token) == (job, 2)  # the next claim moves the token on
+
+
+def test_the_reaper_releases_the_lane_slot_and_rings_the_lane_back(mq, r):
+    mq.set_lane_limit("a", 1)
+    first, second = mq.enqueue_many(2, group="a")
+    claim = mq.claim(5_000, "grouped")
+    assert claim.id == first and r.llen(mq.keys.ring) == 0  # at its limit: off the ring
+    mq.expire(claim)
+    r.delete(mq.keys.wake)
+    assert mq.reap() == [first]
+    assert r.hget(mq.keys.gactive, "a") is None  # the field is deleted at 0
+    assert r.lrange(mq.keys.ring, 0, -1) == ["a"] and r.lrange(mq.keys.wake, 0, -1) == ["1"]
+    assert mq.where_is(first).places == ["lane:a"]
+    assert r.zrange(mq.keys.lane_pending("a"), 0, -1) == [first, second]
+    assert (r.hget(mq.keys.job(first), "state"), r.hget(mq.keys.job(first), "attempts")) == ("pending", "1")
+    assert mq.audit() == []
+
+
+def test_the_reaper_rings_no_lane_already_on_the_ring_paused_or_still_at_its_limit(mq, r):
+    mq.enqueue_many(3, group="open")             # keeps work on the ring after two claims
+    mq.enqueue_many(1, group="held")
+    mq.set_lane_limit("full", 1)
+    mq.enqueue_many(1, group="full")
+    claims = [mq.claim(5_000, "grouped") for _ in range(3)]
+    assert sorted(c.group for c in claims) == ["full", "held", "open"]
+    mq.pause("held")
+    for claim in claims:
+        mq.expire(claim)
+    assert mq.claim(5_000, "grouped").group == "open"  # a live lease beside the lapsed one
+    mq.set_lane_limit("full", 0)                 # its freed slot is still over the new limit
+    assert r.lrange(mq.keys.ring, 0, -1) == ["open"]
+    r.delete(mq.keys.wake)
+    assert sorted(mq.reap()) == sorted(c.id for c in claims)
+    assert r.lrange(mq.keys.ring, 0, -1) == ["open"] and r.llen(mq.keys.wake) == 0
+    assert r.hgetall(mq.keys.gactive) == {"open": "1"}
+    assert all(mq.where_is(c.id).places == [f"lane:{c.group}"] for c in claims)
+    assert mq.audit() == []
+
+
+def test_the_reaper_leaves_live_leases_alone(mq, r):
+    live, lapsed = mq.enqueue_many(2)
+    live_claim, lapsed_claim = mq.claim(60_000, "flat"), mq.claim(60_000, "flat")
+    deadline = r.zscore(mq.keys.active, live)
+    mq.expire(lapsed_claim, past_ms=1)
+    assert mq.reap() == [lapsed]
+    assert r.zscore(mq.keys.active, live) == deadline
+    assert r.hget(mq.keys.job(live), "state") == "active"
+    assert mq.complete(live_claim) is True
+    assert mq.audit() == []
+
+
+def test_the_reaper_takes_at_most_100_per_call_the_oldest_lease_first(mq, r):
+    mq.seed_stalled(230, groups=["a", "b"], lease_past_ms=60_000)
+    oldest = mq.enqueue("oldest")
+    mq.expire(mq.claim(5_000, "flat"), past_ms=120_000)
+    batches = [mq.reap() for _ in range(4)]
+    assert [len(b) for b in batches] == [100, 100, 31, 0]
+    assert batches[0][0] == oldest
+    assert len(set().union(*batches)) == 231
+    assert r.zcard(mq.keys.active) == 0 and not r.exists(mq.keys.gactive)
+    assert mq.audit() == []
+
+
+def test_a_reaped_job_can_still_be_settled_by_its_worker_with_the_old_token(mq, r):
+    """EchoMQ's reaper keeps the token: the worker whose lease it reaped still
+    completes (the job leaves pending), and its heartbeat puts the job in two
+    places (EchoMQ's extension; the strict kind refuses). Only a new claim
+    fences it off."""
+    done, beat = mq.enqueue_many(2)
+    late = [mq.claim(5_000, "flat"), mq.claim(5_000, "flat")]
+    mq.expire_all()
+    assert sorted(mq.reap()) == [done, beat]
+    assert mq.complete(late[0]) is True
+    assert mq.where_is(done).places == [] and not r.exists(mq.keys.job(done))
+    assert mq.extend(late[1], 5_000, strict=True) is False
+    assert mq.audit() == []
+    assert mq.extend(late[1], 5_000) is True
+    assert sorted(mq.where_is(beat).places) == ["active", "pending"]
+    _only(mq.audit(), "several places")
+    again = mq.claim(5_000, "flat")
+    assert again.id == beat and mq.where_is(beat).places == ["active"]
+    with pytest.raises(StaleToken):
+        mq.complete(late[1])
+    assert mq.complete(again) is True
+    assert mq.audit() == []
+
+
+def test_the_reaper_like_echomq_reads_no_row_and_leaves_a_ghost_for_a_rowless_id(mq, r):
+    r.zadd(mq.keys.active, {"JOBrowless": 0})
+    assert mq.reap() == ["JOBrowless"]
+    assert r.hgetall(mq.keys.job("JOBrowless")) == {"state": "pending"}
+    assert mq.where_is("JOBrowless").places == ["pending"]
+
+
 # -- the audit catches what it must -------------------------------------------
 
 def _only(problems: list[str], needle: str) -> None:

@@ -1,10 +1,19 @@
 """Property: whatever the interleaving of EchoMQ workers, expiring leases,
-sweeps, morgue replays and purges, on a real server from several connections
-at once, no job is ever lost, duplicated or misplaced, and the lanes stay
-consistent. Lease extensions are EchoMQ's own (``strict=False``: the id is
-re-added to ``active`` whenever the token matches) as often as the strict
-kind, at any moment, by any worker still holding a claim: the sweep's fence
-(``attempts`` bumped on every move) must refuse a stalled worker's.
+EchoMQ's reaper, sweeps, morgue replays and purges, on a real server from
+several connections at once, no job is ever lost, duplicated or misplaced, and
+the lanes stay consistent. Lease extensions are EchoMQ's own
+(``strict=False``: the id is re-added to ``active`` whenever the token
+matches) as often as the strict kind, at any moment, by any worker still
+holding a claim: the sweep's fence (``attempts`` bumped on every move) must
+refuse a stalled worker's.
+
+EchoMQ's reaper (every consumer's first call of its loop) races all of it: it
+returns lapsed leases to pending uncounted, keeping the token, so the worker
+whose lease it reaped may still complete or fail the job while it waits there.
+Its heartbeat would put the job in two places (EchoMQ's extension after
+EchoMQ's reap: their defect, shown in test_echomq_model), so a job once reaped
+is heartbeaten the strict way only, and so is every job in a step where the
+reaper runs. Run alone, the reap is checked field by field.
 
 Each hypothesis step fires a handful of operations at the same instant from
 separate connections (threads released by one barrier), then the whole queue
@@ -99,6 +108,7 @@ OPERATIONS = [  # the first entries are drawn a little more often: the racy ones
     (st.tuples(st.just("claim"), st.sampled_from(["flat", "grouped", "any"]), st.integers(1, 3)), 4),
     (st.tuples(st.just("sweep"), st.integers(1, 4)), 3),
     (st.tuples(st.just("expire"), pick), 3),
+    (st.tuples(st.just("reap"),), 2),                      # EchoMQ's, every consumer's
     (st.tuples(st.just("complete"), pick), 3),
     (st.tuples(st.just("replay"), st.one_of(st.none(), lane_names), st.integers(1, 3)), 2),
     (st.tuples(st.just("enqueue"), groups, st.integers(1, 3)), 2),
@@ -141,6 +151,8 @@ class ConcurrentQueue(RuleBasedStateMachine):
         self.floor = server_now_ms(self.clients[0])  # read before the last check's snapshot
         self.purged_ids: set[str] = set()
         self.purged_total = 0
+        self.reaped_ids: set[str] = set()  # every id EchoMQ's reaper returned
+        self.reaping = False               # the reaper runs in this step
 
     def teardown(self) -> None:
         self.pool.shutdown(wait=True)
@@ -187,6 +199,13 @@ class ConcurrentQueue(RuleBasedStateMachine):
                 # which lane it belongs to is looked up at the next check (its
                 # enqueue may not have returned yet)
                 self.flat_claims.append(claim)
+
+    def _reaped(self, claim: Claim) -> bool:
+        """EchoMQ's heartbeat after EchoMQ's reap double-places the job (see
+        the module's docstring): such a claim, and any in a step where the
+        reaper runs, is extended strictly."""
+        with self.lock:
+            return self.reaping or claim.id in self.reaped_ids
 
     def _dead_pick(self, index: int) -> str | None:
         with self.lock:
@@ -281,7 +300,7 @@ class ConcurrentQueue(RuleBasedStateMachine):
                     # EchoMQ's own extension (strict=False) re-adds the id to
                     # active whenever the token matches: the fence of every
                     # sweep move must refuse a stalled worker's heartbeat
-                    mq.extend(claim, LONG_LEASE_MS, strict=op[2])
+                    mq.extend(claim, LONG_LEASE_MS, strict=op[2] or self._reaped(claim))
                 elif kind == "complete":
                     mq.complete(claim)
                 else:
@@ -293,6 +312,10 @@ class ConcurrentQueue(RuleBasedStateMachine):
                     self._checkin(claim, drop=stale)
         elif kind == "expire_all":
             mq.expire_all(past_ms=1_000)
+        elif kind == "reap":
+            reaped = mq.reap()
+            with self.lock:
+                self.reaped_ids.update(reaped)
         elif kind == "sweep":
             result = engine.sweep_batch(mq.client, self.queue, BUDGETS, op[1])
             with self.lock:
@@ -368,14 +391,18 @@ class ConcurrentQueue(RuleBasedStateMachine):
     @rule(ops=st.lists(operation, min_size=2, max_size=WORKERS))
     def at_once(self, ops):
         barrier = threading.Barrier(len(ops))
+        self.reaping = any(op[0] == "reap" for op in ops)
 
         def run(slot: int, op: tuple) -> None:
             barrier.wait(timeout=10)
             self._apply(self.workers[slot], op)
 
         futures = [self.pool.submit(run, slot, op) for slot, op in enumerate(ops)]
-        for future in futures:
-            future.result(timeout=60)
+        try:
+            for future in futures:
+                future.result(timeout=60)
+        finally:
+            self.reaping = False
 
     @rule(index=pick, finish=st.sampled_from(["complete", "fail"]))
     def a_stalled_worker_finishes_late(self, index, finish):
@@ -404,9 +431,42 @@ class ConcurrentQueue(RuleBasedStateMachine):
             return
         claim = late[index % len(late)]
         try:
-            mq.extend(claim, LONG_LEASE_MS, strict=False)
+            mq.extend(claim, LONG_LEASE_MS, strict=self._reaped(claim))
         except StaleToken:
             self.held.remove(claim)
+
+    @rule(lapse=st.none() | pick)
+    def the_reaper_alone(self, lapse):
+        """EchoMQ's reap with nothing else running (after one held lease lapsed,
+        unless ``lapse`` is None; the sweeps take most lapsed leases first):
+        every lease lapsed before it (up to 100) is back in pending or its
+        lane, ``state=pending``, its other fields as they were; nothing else
+        changed but the lanes' slots, the ring and the wake list."""
+        client, k = self.clients[0], self.workers[0].keys
+        if lapse is not None and self.held:
+            self.workers[3].expire(self.held[lapse % len(self.held)], past_ms=1_000)
+        before = read_state(client, self.queue, atomic=True)
+        floor = server_now_ms(client)
+        rows = {job_id: client.hgetall(k.job(job_id)) for job_id in before.active}
+        reaped = self.workers[3].reap()
+        ceiling = server_now_ms(client)
+        after = read_state(client, self.queue, atomic=True)
+        self.reaped_ids.update(reaped)
+        lapsed = {job_id for job_id, deadline in before.active.items() if deadline <= floor}
+        assert len(reaped) == len(set(reaped)) <= 100
+        assert lapsed <= set(reaped) or len(reaped) == 100, (lapsed, reaped)
+        assert all(before.active[job_id] <= ceiling for job_id in reaped)
+        where = after.places()
+        for job_id in reaped:
+            group = rows[job_id].get("group")
+            assert where[job_id] == [f"lane:{group}" if group else "pending"], (job_id, where[job_id])
+            assert client.hgetall(k.job(job_id)) == {**rows[job_id], "state": "pending"}
+        untouched = {job_id: places for job_id, places in before.places().items() if job_id not in reaped}
+        assert {job_id: where[job_id] for job_id in untouched} == untouched
+        assert {j: r for j, r in after.rows.items() if j not in reaped} == {
+            j: r for j, r in before.rows.items() if j not in reaped}
+        assert (after.schedule, after.dead, after.glimit, after.paused) == (
+            before.schedule, before.dead, before.glimit, before.paused)
 
     @rule(group=groups, count=st.integers(2, 6))
     def burst_of_work(self, group, count):

@@ -3,12 +3,14 @@
 EchoMQ (Elixir) is the real producer and worker of the queues we sweep. Tests,
 the demo and the benchmarks need its side of the contract
 (``shared/echomq-wire.md``) on a real server: enqueue, claim (flat, or grouped
-by rotating the ring), lease extension, completion, failure, lane limits,
-pauses and the reprocess of a dead job. Every transition is one atomic Lua
-script on the server clock, shaped after EchoMQ's own (including its quirks:
-completion is fenced by the ``attempts`` token alone, its lease extension
-re-adds an id to ``active`` whatever set holds it now, and its reprocess puts a
-grouped job in the flat ``pending``).
+by rotating the ring), lease extension, completion, failure, the reaper, lane
+limits, pauses and the reprocess of a dead job. Every transition is one atomic
+Lua script on the server clock, shaped after EchoMQ's own (including its
+quirks: its reaper returns lapsed leases uncounted, completion is fenced by the
+``attempts`` token alone, its lease extension re-adds an id to ``active``
+whatever set holds it now, and its reprocess puts a grouped job in the flat
+``pending``). EchoMQ's consumer loop, which runs the reaper, is in
+:mod:`stalledpolicy.devenv.consumers`.
 
 :func:`audit` is the referee of the proofs: it reads a whole queue in one
 atomic script and lists every broken invariant (a job in two places, a job
@@ -35,6 +37,8 @@ from stalledpolicy.keyspace import QueueKeys
 SCRIPTS_PACKAGE = "stalledpolicy.devenv.echomq_scripts"
 WAKE_MAX = 64
 ID_DIGITS = 20
+#: EchoMQ's reaper returns at most this many expired leases per call
+REAP_BATCH = 100
 
 
 class StaleToken(Exception):
@@ -274,6 +278,18 @@ class EchoMQ:
             [k.schedule, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake],
             [s.row, s.lane_head, s.lane_tail, int(batch)],
         ))
+
+    def reap(self, limit: int = REAP_BATCH) -> list[str]:
+        """EchoMQ's reaper, the call every consumer makes at the top of its loop:
+        up to ``limit`` leases lapsed on the server clock go back to pending (or
+        their lane's, ring/wake rule) with ``state=pending``, uncounted:
+        ``attempts`` and ``stalled`` unchanged, nothing published. Returns the
+        ids reaped (EchoMQ's returns their count)."""
+        k, s = self.keys, self.stems
+        return list(_call(
+            "reap", self.client, [k.active, k.pending, k.ring, k.gactive, k.glimit, k.paused, k.wake],
+            [s.row, s.lane_head, s.lane_tail, int(limit)],
+        ) or [])
 
     # lanes ------------------------------------------------------------------
 
@@ -687,7 +703,7 @@ def seed_lane_backlog(mq: EchoMQ, group: str, count: int) -> list[str]:
 
 
 __all__ = [
-    "Claim", "EchoMQ", "Ledger", "QueueState", "Seeded", "StaleToken", "Whereabouts",
+    "REAP_BATCH", "Claim", "EchoMQ", "Ledger", "QueueState", "Seeded", "StaleToken", "Whereabouts",
     "audit", "mint_id", "mint_ids", "read_state", "seed_lane_backlog", "seed_stalled",
     "server_now_ms",
 ]
