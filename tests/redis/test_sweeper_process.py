@@ -6,11 +6,13 @@ out directly with :class:`QueueKeys` the way EchoMQ workers leave them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -424,6 +426,31 @@ def test_sigterm_in_the_middle_of_a_drain_stops_between_calls_and_loses_nothing(
     # Every job moved is whole: recovered, counted and pending.
     assert int(r.hget(keys.sweeper_totals, "recovered")) == pending
     assert "stopped_early=True" in sweeper.lines_with("sweep pass")[0]
+
+
+def test_sigterm_exits_0_with_slow_clients_holding_the_metrics_port(redis_server, queue_name, sweepers):
+    """Clients trickling a request (a header line every 0.5 s) do not hold the exit up:
+    the server's stop cuts them, before their deadline (no 'closed early' line: that is
+    what a cut at the deadline logs)."""
+    sweeper = sweepers("--redis-url", redis_server.url, "--queue", queue_name, "--interval", "1h")
+    eventually(lambda: sweeper.status("/readyz") == 200, what="/readyz 200")
+    slow = [socket.create_connection(("127.0.0.1", sweeper.metrics_port), timeout=5) for _ in range(5)]
+    try:
+        for sock in slow:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        sweeper.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while sweeper.process.poll() is None and time.monotonic() < deadline:
+            for sock in slow:
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"X-Slow: a\r\n")
+            time.sleep(0.5)
+        assert sweeper.wait(5) == 0
+    finally:
+        for sock in slow:
+            sock.close()
+    assert "signal=SIGTERM" in sweeper.lines_with("sweeper stopped")[0]
+    assert not sweeper.lines_with("closed early"), sweeper.stderr
 
 
 def test_sigint_exits_0_too(redis_server, queue_name, sweepers):

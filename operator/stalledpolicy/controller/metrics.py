@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from stalledpolicy.controller import events
 from stalledpolicy.controller.status import CONFIGURATION_REASONS
+from stalledpolicy.sweeper.metrics import http_dropped_counter
 
 # Counters' and histograms' *_created series (prometheus_client's default: each
 # series' start time, as a gauge of its own in the text format) are read by no
@@ -91,6 +92,7 @@ class OperatorMetrics:
         self.policies = Gauge(
             "stalledpolicy_operator_policies", "StalledPolicies the operator knows (watched, not deleted)",
             registry=r)
+        self.http_dropped = http_dropped_counter("stalledpolicy_operator", r)  # its /metrics server's
         # Series exist from the start, at 0, so dashboards and rate() see them.
         for result in RECONCILE_RESULTS.values():
             self.reconciles.labels(result)
