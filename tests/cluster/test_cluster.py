@@ -281,6 +281,8 @@ def _every_shared_key(client, keys: QueueKeys) -> None:
     client.sadd(keys.paused, "paused-lane")
     client.hset(keys.metrics_failed, "count", 0)
     client.hset(keys.sweeper_totals, "recovered", 0)
+    client.zadd(keys.sweeper_holds, {"JOB-running": 2**50})  # a hold never due
+    client.hset(keys.sweeper_hold_tokens, "JOB-running", "0")
 
 
 def _queue_dump(client, keys: QueueKeys, ids) -> dict:
@@ -428,7 +430,7 @@ def test_a_sweep_on_the_importing_node_never_takes_a_row_left_behind_for_gone(re
     client, keys, ids = _three_stalled_jobs(redis_cluster, "importing-sweep")
     queue = keys.queue
     declared = [keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit, keys.paused,
-                keys.wake, keys.metrics_failed, keys.sweeper_totals]
+                keys.wake, keys.metrics_failed, keys.sweeper_totals, keys.sweeper_holds, keys.sweeper_hold_tokens]
     target_port = next(node.port for node in client.get_primaries()
                        if node.port != client.get_node_from_key(keys.active).port)
     with slot_migrating(client, queue, [*declared, keys.job("JOB1")]) as node:
