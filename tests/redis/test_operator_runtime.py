@@ -221,6 +221,27 @@ def test_dead_letters_growth_is_patched_and_announced(world, r, queue_name):
     assert len(grown) == 1 and "2 jobs dead-lettered" in grown[0][3]
 
 
+def test_uncounted_lapses_are_published_and_announced_as_they_grow(world, r, queue_name):
+    """The sweep counts in the queue's totals the lapses another reaper returned
+    before it could count them (lib/holds.lua): the status shows the total, and
+    its growth is a Warning, not its first reading."""
+    ctl, sink, recorder, _, _ = world
+    keys = QueueKeys(queue_name)
+    r.hincrby(keys.sweeper_totals, "uncounted", 4)
+    ctl.refresh(("ns", "p"))
+    assert sink.patches[-1]["uncountedLapsesTotal"] == 4
+    assert [e for e in recorder.events if e[2] == "LapsesUncounted"] == []
+    r.hincrby(keys.sweeper_totals, "uncounted", 1)
+    ctl.refresh(("ns", "p"))
+    assert set(sink.patches[-1]) == {"uncountedLapsesTotal", "lastUpdateTime"}
+    assert sink.patches[-1]["uncountedLapsesTotal"] == 5
+    [warning] = [e for e in recorder.events if e[2] == "LapsesUncounted"]
+    assert warning[1] == "Warning"
+    assert "1 lapsed lease of queue" in warning[3] and "(5 in total)" in warning[3]
+    ctl.refresh(("ns", "p"))
+    assert len([e for e in recorder.events if e[2] == "LapsesUncounted"]) == 1
+
+
 def test_missing_secret_then_created(world):
     ctl, sink, recorder, _, secrets = world
     saved = secrets.pop(("ns", "creds"))

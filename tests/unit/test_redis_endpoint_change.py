@@ -15,7 +15,7 @@ from tests.unit.test_same_redis_server import FakeDns
 
 KEY = ("ns", "p")
 FIGURES = ("deadLetters", "pending", "active", "recoveredTotal", "deadLetteredTotal", "orphansTotal",
-           "quarantinedTotal", "lanes")
+           "quarantinedTotal", "uncountedLapsesTotal", "lanes")
 
 
 def snap(dead):

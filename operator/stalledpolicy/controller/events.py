@@ -56,6 +56,9 @@ COMBINED_PREFIX = "(combined from similar events): "
 # Reasons (CamelCase, as kubectl shows them).
 BUDGET_CHANGED = "BudgetChanged"
 DEAD_LETTERED = "DeadLettered"
+# EchoMQ's own reapers returned lapsed leases before the sweep counted them: the
+# stall budget did not see those stalls (docs/echomq.md).
+LAPSES_UNCOUNTED = "LapsesUncounted"
 REDIS_UNREACHABLE = "RedisUnreachable"
 REDIS_REACHABLE = "RedisReachable"
 REPLAYED = "Replayed"
@@ -140,6 +143,15 @@ def dead_letter_growth_message(queue: str, before: int | None, now: int) -> str 
     grown = now - before
     return (f"{grown} job{'s' if grown != 1 else ''} dead-lettered in queue {queue} "
             f"(morgue now holds {now}); inspect with `stalledpolicy morgue list`")
+
+
+def uncounted_lapses_message(queue: str, before: int | None, now: int) -> str | None:
+    if before is None or now <= before:
+        return None
+    grown = now - before
+    return (f"{grown} lapsed lease{'s' if grown != 1 else ''} of queue {queue} returned by another reaper "
+            f"before the sweep counted {'them' if grown != 1 else 'it'} ({now} in total): those stalls "
+            f"did not count toward maxStalled; see stalledpolicy_lapses_uncounted and docs/echomq.md")
 
 
 def _now() -> str:

@@ -29,6 +29,7 @@ def snapshot_numbers(snapshot) -> dict:
         "deadLetteredTotal": snapshot.dead_lettered_total,
         "orphansTotal": snapshot.orphans_total,
         "quarantinedTotal": snapshot.quarantined_total,
+        "uncountedLapsesTotal": snapshot.uncounted_total,
         "lanes": [{"name": lane.name, "pending": lane.pending,
                    "deadLettered": lane.dead_lettered_total, "recovered": lane.recovered_total}
                   for lane in snapshot.lanes],
@@ -38,7 +39,7 @@ def snapshot_numbers(snapshot) -> dict:
 # The status fields read from the queue's Redis: dropped when the policy names
 # another Redis (spec.redis, or the URL its Secret holds), until the new one is read.
 QUEUE_FIGURES = ("deadLetters", "pending", "active", "recoveredTotal", "deadLetteredTotal",
-                 "orphansTotal", "quarantinedTotal", "lanes")
+                 "orphansTotal", "quarantinedTotal", "uncountedLapsesTotal", "lanes")
 
 
 class _Removed:

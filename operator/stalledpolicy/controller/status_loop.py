@@ -285,6 +285,10 @@ class StatusLoop:
             spec.get("queue"), previous.get("deadLetters"), desired.get("deadLetters", 0))
         if grown:
             posts.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
+        uncounted = events.uncounted_lapses_message(
+            spec.get("queue"), previous.get("uncountedLapsesTotal"), desired.get("uncountedLapsesTotal", 0))
+        if uncounted:
+            posts.post(state.body, events.WARNING, events.LAPSES_UNCOUNTED, uncounted)
         ready_before, ready_after = condition_of(previous, READY), condition_of(desired, READY)
         if ready_after and (ready_before is None or ready_before.get("status") != ready_after.get("status")):
             log.info("Ready is now %s", ready_after.get("status"), extra={
