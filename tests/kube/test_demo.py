@@ -58,9 +58,15 @@ def test_demo_up_shows_dead_letters_and_down_stops_everything(tmp_path):
         rows = table_after(up.stdout, "kubectl get stalledpolicies -n demo")
         assert set(rows) == {"emails", "tenants", "reports"}
         assert int(rows["emails"]["DEAD"]) >= 1  # the poison job
+        # beside consumers that reap lapsed leases on every loop, as EchoMQ's do, the
+        # poison job reached the morgue at its budget (maxStalled 3), one claim spare
+        [claims] = re.findall(r"the poison job was claimed (\d+)x before the morgue", up.stdout)
+        assert 3 <= int(claims) <= 4, up.stdout[-4000:]
+        assert re.search(r"\d+ lapsed leases reaped by the consumers", up.stdout), up.stdout[-4000:]
         assert all(row["READY"] == "True" for row in rows.values()), rows
         wide = table_after(up.stdout, "kubectl get stalledpolicies -n demo -o wide")
         assert "PENDING" in wide["emails"] and "ACTIVE" in wide["emails"]
+        assert int(wide["emails"]["UNCOUNTED"] or 0) <= 1, wide  # lapses the consumers reaped first
         assert "make demo-down" in up.stdout and "morgue list --redis-url redis://127.0.0.1:" in up.stdout
         assert "/metrics" in up.stdout
         [operator_metrics] = re.findall(r"curl -s (http://\S+/metrics) \| grep \^stalledpolicy_operator_", up.stdout)

@@ -7,9 +7,11 @@
 ``up`` starts the control plane (etcd, kube-apiserver, kube-controller-manager),
 a local Redis, installs the StalledPolicy CRD, starts the operator and the pod
 runner (which plays the kubelet for the sweeper pods) in the background,
-applies the examples pointed at the local Redis, and runs an EchoMQ-shaped
-workload: workers that claim and complete, some that die mid-job, and one
-poison job that kills every worker that claims it. It ends by showing
+applies the examples pointed at the local Redis, and runs an EchoMQ workload
+with EchoMQ's consumer loop as the model runs it (devenv/consumers.py): each
+consumer reaps lapsed leases uncounted on every loop, as EchoMQ's do, claims and
+completes, some die mid-job and restart at once, and one poison job kills every
+consumer that claims it. It ends by showing
 ``kubectl get stalledpolicies`` with the poison job (and the lane's casualties)
 counted under DEAD.
 
@@ -38,9 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import redis
 import yaml
 
+from stalledpolicy.devenv.consumers import COMPLETE, DIE, ConsumerPool, Handler, die_on
+from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.devenv.ports import free_port
+from stalledpolicy.engine import queue_snapshot
+from stalledpolicy.keyspace import QueueKeys
 
 REPO = Path(__file__).resolve().parents[3]
 STATE_DIR_ENV = "STALLEDPOLICY_DEMO_DIR"
@@ -49,6 +56,7 @@ SECRET = "demo-redis"
 SWEEP_INTERVAL = "2s"
 STATUS_INTERVAL = "2s"
 LEASE_MS = 3_000
+CONSUMERS_PER_QUEUE = 4
 WORKLOAD_TIMEOUT_S = 150.0
 
 # queue -> lanes the workload enqueues into (None = the flat queue)
@@ -242,79 +250,35 @@ def secret_manifest(url: str) -> dict:
 # --------------------------------------------------------------------------- the workload
 
 
-@dataclass
-class WorkloadStats:
-    completed: int = 0
-    deaths: int = 0
-    poison_deaths: int = 0
-    stale: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for name, value in counts.items():
-                setattr(self, name, getattr(self, name) + value)
-
-
 POISON_PAYLOAD = '{"kind":"report","poison":true}'
 
 
-def work(mq, *, mode: str, die_rate: float, stats: WorkloadStats, stop: threading.Event,
-         rng: random.Random) -> None:
-    """One worker process of an EchoMQ consumer: claims and completes jobs until it dies.
-
-    It dies (returns, its lease left to lapse) on the poison job, or by bad luck
-    with probability ``die_rate`` per job (an OOM kill, a node going away).
-    """
-    from stalledpolicy.devenv.echomq import StaleToken
-
-    while not stop.is_set():
-        claim = mq.claim(lease_ms=LEASE_MS, group_mode=mode)
-        if claim is None:
-            stop.wait(0.05)
-            continue
-        if '"poison":true' in claim.payload:
-            stats.add(poison_deaths=1, deaths=1)
-            return
-        if rng.random() < die_rate:
-            stats.add(deaths=1)
-            return
-        time.sleep(rng.uniform(0.005, 0.05))
-        try:
-            if mq.complete(claim):
-                stats.add(completed=1)
-        except StaleToken:
-            # Too slow: the lease lapsed and the job went back to the queue.
-            stats.add(stale=1)
+def is_poison(claim) -> bool:
+    return '"poison":true' in claim.payload
 
 
-def supervise(mq, *, workers: int, mode: str, die_rate: float, stats: WorkloadStats,
-              stop: threading.Event, seed: int) -> list[threading.Thread]:
-    """Keeps ``workers`` workers running: a dead one is restarted after a second,
-    as a process supervisor (or a Deployment) would."""
+def flaky_worker(die_rate: float, seed: int) -> Handler:
+    """A consumer's handler: it crashes holding the lease on the poison job, or by
+    bad luck with probability ``die_rate`` per job (an OOM kill, a node going
+    away); otherwise it works a few ms and completes."""
+    rng, lock = random.Random(seed), threading.Lock()
 
-    def slot(index: int) -> None:
-        rng = random.Random(seed * 100 + index)
-        while not stop.is_set():
-            work(mq, mode=mode, die_rate=die_rate, stats=stats, stop=stop, rng=rng)
-            stop.wait(1.0)
+    def otherwise(claim) -> str:
+        with lock:
+            unlucky, pause = rng.random() < die_rate, rng.uniform(0.005, 0.05)
+        if unlucky:
+            return DIE
+        time.sleep(pause)
+        return COMPLETE
 
-    threads = [threading.Thread(target=slot, args=(i,), daemon=True, name=f"{mq.queue}-worker-{i}")
-               for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    return threads
+    return die_on(is_poison, otherwise)
 
 
 def run_workload(redis_url: str, progress: Progress) -> dict[str, Any]:
-    """Seed both queues, run the workers until the work is done and the poison job
-    is in the morgue; returns numbers for the summary."""
-    import redis
-
-    from stalledpolicy.devenv.echomq import EchoMQ
-    from stalledpolicy.engine import queue_snapshot
-    from stalledpolicy.keyspace import QueueKeys
-
+    """Seed both queues and serve them with EchoMQ's consumer loop as the model
+    runs it (devenv/consumers.py: each loop reaps lapsed leases uncounted, as
+    EchoMQ's do; a crashed consumer restarts at once), until the work is done and
+    the poison job is in the morgue; returns numbers for the summary."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     flat, laned = EchoMQ(client, FLAT_QUEUE), EchoMQ(client, LANED_QUEUE)
     enqueued = len(flat.enqueue_many(300, payload='{"kind":"email"}'))
@@ -325,9 +289,15 @@ def run_workload(redis_url: str, progress: Progress) -> dict[str, Any]:
     progress.line(f"workload: {enqueued} jobs enqueued ({FLAT_QUEUE}: 300 + 1 poison; "
                   f"{LANED_QUEUE}: 80 in each lane {', '.join(LANES)})")
 
-    stats, stop = WorkloadStats(), threading.Event()
-    threads = supervise(flat, workers=4, mode="flat", die_rate=0.03, stats=stats, stop=stop, seed=1)
-    threads += supervise(laned, workers=4, mode="grouped", die_rate=0.04, stats=stats, stop=stop, seed=2)
+    def connect():
+        return redis.Redis.from_url(redis_url, decode_responses=True)
+
+    pools = [
+        ConsumerPool(connect, FLAT_QUEUE, flaky_worker(0.03, seed=1), CONSUMERS_PER_QUEUE,
+                     lease_ms=LEASE_MS, claim_mode="flat"),
+        ConsumerPool(connect, LANED_QUEUE, flaky_worker(0.04, seed=2), CONSUMERS_PER_QUEUE,
+                     lease_ms=LEASE_MS, claim_mode="grouped"),
+    ]
 
     def settled() -> tuple[bool, str]:
         a = queue_snapshot(client, FLAT_QUEUE)
@@ -335,13 +305,19 @@ def run_workload(redis_url: str, progress: Progress) -> dict[str, Any]:
         b_pending = b.pending + sum(lane.pending for lane in b.lanes)
         stalls = int(client.hget(QueueKeys(FLAT_QUEUE).job(poison), "stalled") or 0)
         in_morgue = client.zscore(QueueKeys(FLAT_QUEUE).dead, poison) is not None
-        text = (f"workload: {stats.completed} completed, {stats.deaths} worker deaths "
-                f"({stats.poison_deaths} by the poison job, stalled {stalls}x), "
+        totals = [pool.stats.totals() for pool in pools]
+        poison_claims = pools[0].stats.snapshot().claims[poison]
+        text = (f"workload: {sum(t['completions'] for t in totals)} completed, "
+                f"{sum(t['deaths'] for t in totals)} consumer deaths, "
+                f"{sum(t['reaped'] for t in totals)} lapsed leases reaped by the consumers; "
+                f"poison claimed {poison_claims}x, stalled {stalls}x; "
                 f"{FLAT_QUEUE} pending {a.pending} active {a.active} dead {a.dead}, "
                 f"{LANED_QUEUE} pending {b_pending} active {b.active} dead {b.dead}")
         done = in_morgue and a.pending == a.active == 0 and b_pending == b.active == 0
         return done, text
 
+    for pool in pools:
+        pool.start()
     deadline = time.monotonic() + WORKLOAD_TIMEOUT_S
     last_print = 0.0
     try:
@@ -356,13 +332,15 @@ def run_workload(redis_url: str, progress: Progress) -> dict[str, Any]:
                 last_print = now
             time.sleep(0.5)
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(5)
+        for pool in pools:
+            pool.stop()
     if not done:
         raise DemoError(f"the workload did not settle in {WORKLOAD_TIMEOUT_S:.0f}s ({text})")
     client.close()
-    return {"poison": poison, "completed": stats.completed, "deaths": stats.deaths}
+    totals = [pool.stats.totals() for pool in pools]
+    return {"poison": poison, "completed": sum(t["completions"] for t in totals),
+            "deaths": sum(t["deaths"] for t in totals),
+            "poison_claims": pools[0].stats.snapshot().claims[poison]}
 
 
 # --------------------------------------------------------------------------- up
@@ -492,9 +470,11 @@ def up(state_dir: Path) -> int:
                                 f"operator log {state.processes['operator'].log}:\n"
                                 f"{_tail(state.processes['operator'].log)}")
             note("Ready (sweepers running)")
-        with progress.step("EchoMQ workload: 8 workers, some dying mid-job, one poison job") as note:
+        with progress.step(f"EchoMQ workload: {2 * CONSUMERS_PER_QUEUE} reaping consumers, some dying mid-job, "
+                           "one poison job") as note:
             summary = run_workload(state.redis_url, progress)
-            note(f"{summary['completed']} jobs completed, {summary['deaths']} workers died")
+            note(f"{summary['completed']} jobs completed, {summary['deaths']} consumers died; "
+                 f"the poison job was claimed {summary['poison_claims']}x before the morgue")
         with progress.step("policy status (the operator reads each queue every "
                            f"{STATUS_INTERVAL})"):
             _wait_for_dead_column(state)
@@ -583,9 +563,10 @@ def footer(state: DemoState, *, workload_ran: bool = False) -> str:
     operator_metrics_line = (f"Operator metrics:\n  curl -s {state.operator_metrics} | grep ^stalledpolicy_operator_"
                              if state.operator_metrics else "")
     story = """
-The poison job killed every worker that claimed it; each stall was counted on
-the job, and at the budget (emails: maxStalled 3) the sweeper moved it to the
-morgue. In the tenants queue, the imports lane (maxStalled 1) dead-letters at
+The poison job killed every consumer that claimed it. The consumers reap lapsed
+leases on every loop, as EchoMQ's do; the sweeper held each of the poison job's
+leases in its last moments, counted the stall on the job at its deadline, and at
+the budget (emails: maxStalled 3) moved it to the morgue. In the tenants queue, the imports lane (maxStalled 1) dead-letters at
 the first stall, billing (maxStalled 0) never does.
 """ if workload_ran else ""
     return f"""{story}
