@@ -7,7 +7,7 @@ one :func:`~stalledpolicy.engine.queue_snapshot` for the gauges. The drain's
 last call says (server clock) when the next lease is due to be held or
 counted (scripts/lib/holds.lua), and the next pass runs then: EchoMQ's
 consumers reap a lapsed lease within milliseconds, so a fixed cadence would
-count almost nothing (docs/architecture.md, "Holding a lapsing lease"). The
+count almost nothing (docs/echomq.md, "Holding a lapsing lease"). The
 loop sleeps at most ``LEASE_WATCH_S`` (a lease claimed meanwhile is seen in
 time) and at most until the next interval's pass.
 

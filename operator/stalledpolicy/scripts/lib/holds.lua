@@ -1,5 +1,5 @@
 -- holds: the sweep's hold on a lease in its last moments, so that a lapse is
--- counted before EchoMQ's reapers can return it uncounted (docs/architecture.md,
+-- counted before EchoMQ's reapers can return it uncounted (docs/echomq.md,
 -- "Holding a lapsing lease"; docs/scripts.md, sweep).
 --
 -- A lease due within `lead` ms is held: its score in `active` moves from its
