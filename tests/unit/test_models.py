@@ -52,7 +52,7 @@ def test_defaults_match_the_documented_ones():
     spec = StalledPolicySpec.from_k8s(BASE)
     assert spec.max_stalled == 1
     assert spec.sweep_interval == "30s" and spec.interval_seconds == 30.0
-    assert spec.batch_size == 25
+    assert spec.batch_size == 1000
     assert spec.suspend is False
     assert spec.lanes == []
     assert spec.sweeper.replicas == 1 and spec.sweeper.image is None

@@ -28,7 +28,7 @@ def test_defaults_with_only_a_queue():
     assert config.max_stalled == 1
     assert config.lanes == {}
     assert config.interval == 30.0
-    assert config.batch_size == 25
+    assert config.batch_size == 1000
     assert config.metrics_port == 9090
     assert config.once is False
     assert (config.log_format, config.log_level) == ("text", "info")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from stalledpolicy.engine.calls import as_text, check_budget, check_positive, merged_problems, run_script
+from stalledpolicy.engine.sizing import CallSizer
 from stalledpolicy.keyspace import QueueKeys
 
 
@@ -76,6 +77,8 @@ class SweepResult:
     #: due to be held or counted (None: no lease in ``active``)
     server_now_ms: int | None = None
     next_at_ms: int | None = None
+    #: the server time the calls took (µs)
+    server_us: int = 0
 
     @property
     def moved(self) -> int:
@@ -100,6 +103,7 @@ class SweepResult:
             uncounted=self.uncounted + other.uncounted,
             server_now_ms=other.server_now_ms if other.calls else self.server_now_ms,
             next_at_ms=other.next_at_ms if other.calls else self.next_at_ms,
+            server_us=self.server_us + other.server_us,
         )
 
     def seconds_to_next(self) -> float | None:
@@ -129,7 +133,8 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Ho
     for lane, budget in budgets.lanes.items():
         args += [lane, budget]
     reply = run_script("sweep", client, keys, _sweep_keys(keys), args)
-    recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems, held, uncounted, next_at, now = reply
+    (recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems, held, uncounted, next_at, now,
+     took_us) = reply
     # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
     # two distinct lanes can end up under one name: their counts add up rather
     # than one lane's replacing the other's (the totals must match the jobs moved).
@@ -151,6 +156,7 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Ho
         uncounted=int(uncounted),
         server_now_ms=int(now),
         next_at_ms=None if int(next_at) < 0 else int(next_at),
+        server_us=int(took_us),
     )
 
 
@@ -158,22 +164,29 @@ def drain(
     client: Any,
     queue: str,
     budgets: Budgets,
-    batch_size: int,
+    batch_size: int | CallSizer,
     should_stop: Callable[[], bool] = lambda: False,
     on_call: Callable[[SweepResult, float], None] | None = None,
     holds: Holds = Holds(),
 ) -> SweepResult:
     """Bounded sweep calls until the expired prefix is empty or ``should_stop()``.
 
-    ``should_stop`` is checked between calls only: a call in flight always
-    finishes (each call is atomic, so stopping never loses a job).
+    ``batch_size``: each call's limit, or a :class:`CallSizer` that sizes each
+    call by the server time the ones before took (within its cap). ``should_stop`` is
+    checked between calls only: a call in flight always finishes (each call is
+    atomic, so stopping never loses a job).
     """
+    sizer = batch_size if isinstance(batch_size, CallSizer) else None
     total = SweepResult()
     while not should_stop():
         started = time.perf_counter()
-        result = sweep_batch(client, queue, budgets, batch_size, holds)
+        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(batch_size), holds)
+        seconds = time.perf_counter() - started
+        if sizer is not None:
+            # Valkey freezes TIME within a script (server_us 0): the wall time then
+            sizer.observe(result.moved, result.server_us / 1e6 if result.server_us > 0 else seconds)
         if on_call is not None:
-            on_call(result, time.perf_counter() - started)
+            on_call(result, seconds)
         total = total.merge(result)
         if not result.more:
             break

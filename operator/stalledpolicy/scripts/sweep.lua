@@ -16,11 +16,13 @@
 --
 -- Returns {recovered, dead_lettered, orphans, quarantined, more (0|1),
 --          {group, recovered, dead_lettered, ...}, {problem, ...},
---          held, uncounted, next_at, now}
+--          held, uncounted, next_at, now, took_us}
 -- (problems: shared keys of the wrong type met after the moves; see guard;
 -- held: leases this call took hold of; uncounted: holds a reaper ended before
 -- the sweep could count the lapse; next_at: the server time (ms) of the next
--- lease to hold or count, -1 when none; now: this call's server time)
+-- lease to hold or count, -1 when none; now: this call's server time;
+-- took_us: the server time this call took, in microseconds: the caller sizes
+-- the next call by it; 0 on Valkey, whose TIME stands still within a script)
 
 -- @include chunked
 -- @include counters
@@ -75,7 +77,9 @@ local function hold_reply(reply, more)
     guarded(reply[7], {KEYS[10], 'hash'}, "this call's uncounted lapses were not counted", add_counts, KEYS[10],
       {'uncounted', uncounted})
   end
+  local t_end = redis.call('TIME')
   reply[8], reply[9], reply[10], reply[11] = held, uncounted, next_at, now
+  reply[12] = (t_end[1] - t[1]) * 1000000 + (t_end[2] - t[2])
   return reply
 end
 

@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--interval", metavar="DURATION",
         help=f"time between passes, 1s..1h, e.g. 30s or 2m [{_env('interval')}] (default 30s)")
     add("--batch-size", metavar="N",
-        help=f"jobs per script call, {BATCH_MIN}..{BATCH_MAX} [{_env('batch_size')}] (default {BATCH_DEFAULT})")
+        help=f"the most jobs one script call takes (calls are sized to about 1 ms within it), "
+             f"{BATCH_MIN}..{BATCH_MAX} [{_env('batch_size')}] (default {BATCH_DEFAULT})")
     add("--metrics-port", metavar="PORT",
         help=f"port of /metrics, /healthz and /readyz; 0 disables [{_env('metrics_port')}] (default 9090)")
     add("--metrics-address", metavar="ADDR",

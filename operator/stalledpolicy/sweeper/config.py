@@ -31,12 +31,11 @@ BATCH_MIN, BATCH_MAX = 1, 10_000
 # The CRD's maximum for spec.maxStalled and a lane's maxStalled (int32).
 BUDGET_MAX = 2_147_483_647
 PORT_MAX = 65_535
-# The default keeps other clients' latency low while a sweep drains (their
-# commands wait for the call in progress): at 25 a call takes about 0.5 ms of Redis time and a second client's PING p99 stays
-# near 1.2-1.5 ms on a 2-core machine (at 100 it was 2.8-4.7 ms). A stall
-# storm still drains at 25,000+ jobs/s; raise it for raw speed
-# (bench/README.md, "Choosing the default batch").
-BATCH_DEFAULT = 25
+# The batch size is the hard upper bound of one call; within it each call is
+# sized to about 1 ms (engine/sizing.py), so other clients' commands wait
+# about that long at most while a stall storm drains near the script's
+# ceiling (bench/README.md, "Choosing the default batch").
+BATCH_DEFAULT = 1000
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}

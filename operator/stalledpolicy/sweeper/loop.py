@@ -74,6 +74,8 @@ class Sweeper(PassFailures):
         self.config = config
         self.metrics = metrics
         self.holds = holds
+        #: each call sized by the time the ones before took, within batchSize
+        self.sizer = engine.CallSizer(config.batch_size)
         self.stop = stop or threading.Event()
         self.health = Health(stale_after_s=max(3 * config.interval, HEALTH_FLOOR_S), clock=clock)
         # the default client retries nothing once a stop is requested, and on a
@@ -118,7 +120,7 @@ class Sweeper(PassFailures):
         try:
             client = self._client_or_connect()
             result = engine.drain(
-                client, self.config.queue, self._budgets, self.config.batch_size,
+                client, self.config.queue, self._budgets, self.sizer,
                 should_stop=self.stop.is_set, on_call=self._on_call, holds=self.holds,
             )
             snapshot = None
