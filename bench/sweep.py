@@ -59,8 +59,10 @@ class SweepRun:
 
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
-            nice: int = 0) -> SweepRun:
-    from stalledpolicy.engine import Budgets, drain
+            nice: int = 0, sized: bool = False) -> SweepRun:
+    """``sized``: each call sized by time within ``batch`` (engine.CallSizer, as
+    the sweeper runs), else every call takes ``batch``."""
+    from stalledpolicy.engine import Budgets, CallSizer, drain
 
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET)
@@ -77,7 +79,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
         pinger.__enter__()
     started = time.perf_counter()
     try:
-        result = drain(client, QUEUE, budgets, batch, on_call=on_call)
+        result = drain(client, QUEUE, budgets, CallSizer(batch) if sized else batch, on_call=on_call)
     finally:
         elapsed = time.perf_counter() - started
         if ping:
@@ -91,7 +93,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
                              f"seed expects {expected.recovered} / {expected.dead}")
     stats = pinger.stats if ping else None
     return SweepRun(
-        system=f"ours (batch {batch})", n=n, batch=batch, healthy=healthy,
+        system=f"ours (sized, batch {batch})" if sized else f"ours (batch {batch})", n=n, batch=batch, healthy=healthy,
         seconds=elapsed, jobs_per_s=n / elapsed if elapsed else float("inf"),
         calls=len(call_seconds),
         client_max_call_ms=max(call_seconds) * 1000 if call_seconds else 0.0,

@@ -45,8 +45,10 @@ WORK = HERE / "work"
 BULLMQ_DIR = WORK / "bullmq"
 RQ_VENV = WORK / "rq-venv"
 PEER_LIMIT_S = 600.0
-# Ours at the default batch, at 100 and at 1,000, beside each peer.
-OUR_BATCHES = (BATCH_DEFAULT, 100, 1000)
+# Ours at the default settings (each call sized to ~1 ms within batchSize, as
+# the sweeper runs), and at fixed batches of 25 (the default before), 100 and
+# 1,000, beside each peer.
+OUR_BATCHES = ("default", 25, 100, 1000)
 # Commands whose duration is one blocking call of a peer (Lua script, MULTI/EXEC).
 BLOCKING_COMMANDS = {"evalsha", "eval", "exec"}
 
@@ -155,10 +157,17 @@ def run_peer(system: str, client, port: int, n: int, nice: int = 0) -> dict:
     }
 
 
-def run_ours(client, port: int, n: int, batch: int, healthy: int = 0, nice: int = 0) -> dict:
-    run = sweep.run_one(client, port, n, batch, healthy=healthy, nice=nice)
+def _label(batch: int | str) -> str:
+    return "ours-default" if batch == "default" else f"ours-b{batch}"
+
+
+def run_ours(client, port: int, n: int, batch: int | str, healthy: int = 0, nice: int = 0) -> dict:
+    """``batch`` "default": the sweeper's default settings (sized calls)."""
+    sized = batch == "default"
+    run = sweep.run_one(client, port, n, BATCH_DEFAULT if sized else int(batch), healthy=healthy, nice=nice,
+                        sized=sized)
     row = asdict(run)
-    row.update(system=f"ours-b{batch}", load=os.getloadavg()[0],
+    row.update(system=_label(batch), load=os.getloadavg()[0],
                longest_without_pong_ms=float("nan"))
     return row
 
@@ -182,7 +191,7 @@ def fmt_ms(value: float) -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = ("system", "N", "jobs/s", "longest call ms (client / server)", "PING p50 / p99 / max ms", "BUSY",
-              "ours " + " / ".join(f"b{b}" for b in OUR_BATCHES) + " vs it")
+              "ours " + " / ".join(_label(b)[5:] for b in OUR_BATCHES) + " vs it")
     ours = {(r["system"], r["n"]): r for r in rows if r["system"].startswith("ours") and not r.get("skipped")}
     lines = []
     for r in rows:
@@ -194,7 +203,7 @@ def print_table(rows: list[dict]) -> None:
         if not r["system"].startswith("ours"):
             parts = []
             for batch in OUR_BATCHES:
-                mine = ours.get((f"ours-b{batch}", r["n"]))
+                mine = ours.get((_label(batch), r["n"]))
                 parts.append(f"{mine['jobs_per_s'] / r['jobs_per_s']:,.0f}x" if mine else "-")
             ratio = " / ".join(parts)
         lines.append((
@@ -309,9 +318,9 @@ def _print_extras(rows: list[dict], extras: dict) -> None:
         for result in extras["ceiling"]:
             parts = []
             for batch in OUR_BATCHES:
-                mine = [r for r in rows if r["system"] == f"ours-b{batch}" and r["n"] == n]
+                mine = [r for r in rows if r["system"] == _label(batch) and r["n"] == n]
                 if mine:
-                    parts.append(f"ours b{batch} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")
+                    parts.append(f"{_label(batch)} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")
             log(f"  {result['mode']:>10}: {result['jobs_per_s']:,.0f} jobs/s "
                 f"({result['commands_per_job']:.2f} commands/job); " + ", ".join(parts))
 
