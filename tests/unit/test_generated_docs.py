@@ -47,3 +47,25 @@ def test_crd_reference_names_every_field():
     missing = [p for part in ("spec", "status") for p in paths(schema["properties"][part], part)
                if f"`{p}`" not in page]
     assert missing == []
+
+
+def test_metrics_reference_is_current():
+    gen = _load("gen-metrics-reference.py")
+    page = gen.PAGE.read_text()
+    assert gen.render(page) == page, (
+        "docs/metrics.md is not current with the metrics in code: run make docs "
+        "(hack/gen-metrics-reference.py)")
+
+
+def test_every_series_has_an_example_query():
+    gen = _load("gen-metrics-reference.py")
+    examples = gen.PAGE.read_text().split("## Example queries", 1)[1]
+    assert [name for name in gen.series_names() if name not in examples] == []
+
+
+def test_cli_reference_is_current():
+    gen = _load("gen-cli-reference.py")
+    page = gen.PAGE.read_text()
+    assert gen.render(page) == page, (
+        "docs/cli.md is not current with the command line parsers: run make docs "
+        "(hack/gen-cli-reference.py; argparse's layout is Python 3.11's)")
