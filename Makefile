@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers clean
+.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -18,10 +18,10 @@ demo-down:
 demo-status:
 	$(PY) -m stalledpolicy.devenv.demo status
 
-test: setup control-plane
+test: setup control-plane helm-docs
 	$(PY) -m pytest
 
-test-fast: setup
+test-fast: setup helm-docs
 	$(PY) -m pytest -m "not kube and not slow"
 
 setup: system-packages $(STAMP)
@@ -38,6 +38,11 @@ $(STAMP): pyproject.toml
 control-plane: setup
 	@bash hack/control-plane/build.sh
 
+# helm-docs, from its pinned Go module into ~/.cache/stalledpolicy/helm-docs/
+# (seconds; nothing when up to date): tests/unit/test_chart_docs.py needs it.
+helm-docs:
+	@bash hack/helm-docs/build.sh >/dev/null
+
 bench: setup
 	$(PY) bench/sweep.py
 
@@ -51,3 +56,16 @@ clean:
 # chart); tests/unit/test_chart_files.py fails until the copy is refreshed.
 chart-crd:
 	cp crds/stalledpolicies.yaml charts/stalledpolicy-operator/files/crds/stalledpolicies.yaml
+
+# The chart's README.md, from README.md.gotmpl and the "# --" comments of
+# values.yaml; tests/unit/test_chart_docs.py fails until it is refreshed.
+chart-docs: helm-docs
+	bash hack/helm-docs/run.sh
+
+# Every generated document: the chart's README and the generated parts of
+# docs/reference.md (the CRD), docs/metrics.md (the registries) and docs/cli.md
+# (the parsers); tests/unit/test_generated_docs.py fails until they are refreshed.
+docs: setup chart-docs
+	$(PY) hack/gen-crd-reference.py
+	$(PY) hack/gen-metrics-reference.py
+	$(PY) hack/gen-cli-reference.py

@@ -1660,7 +1660,7 @@ def test_a_queue_with_no_key_is_named_by_replay_purge_and_every_json_document(r,
 
 def test_a_change_that_exits_1_says_why_in_the_json_error(r, url, queue_name):
     """`error` was null on exit 1 (ids missing, jobs left in the morgue); the
-    README promises null on success only."""
+    docs/cli.md promises null on success only."""
     keys = QueueKeys(queue_name)
     bury(r, queue_name, "JOB001")
     bury(r, queue_name, "JOB002", age_ms=3 * 86400 * 1000)

@@ -766,7 +766,7 @@ def test_purge_deletes_a_purged_jobs_log_lines_as_echomqs_remove_job_does(r, key
 def test_a_user_who_may_not_delete_the_log_lines_still_purges(redis_server, r, keys):
     """Read-only log lines: the purge goes on and says what it left. Not even
     readable: the call stops with nothing changed, as for any key of the queue
-    the user may not read (README: every key must be readable)."""
+    the user may not read (docs/redis.md: every key must be readable)."""
     put_dead(r, keys, "JOB1")
     r.rpush(keys.job("JOB1") + ":logs", "line 1")
     rows = ("resetkeys", f"~{keys.prefix}[^j]*", f"~{keys.job('JOB1')}")

@@ -161,7 +161,7 @@ def edited(body, generation, replicas):
 
 
 def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
-    """The README: "an edit of the policy applies it at once". Before, the edit was
+    """docs/operations.md: "the edit is applied at once and ends the conflict". Before, the edit was
     applied but SweeperInSync stayed False (and Ready False, DriftConflict) for the
     rest of the 5 minutes, with observedGeneration current: `kubectl wait
     --for=condition=Ready` after the fix timed out. Now the applied edit ends the

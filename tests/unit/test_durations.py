@@ -45,7 +45,7 @@ def test_100_years_is_the_longest_duration():
 
 def test_the_refusal_of_a_non_duration_shows_days_among_the_examples():
     """`morgue purge --older-than 7x` listed 30s, 2m, 1h and 1h30m only, while the
-    README's example is 7d."""
+    example of docs/cli.md and the README is 7d."""
     with pytest.raises(ValueError) as refused:
         parse_duration("7x")
     assert str(refused.value) == ("'7x' is not a duration; write a number with a unit, "

@@ -46,6 +46,6 @@ def test_morgue_says_the_server_is_not_redis_and_exits_unreachable(http_port):
     result = subprocess.run(
         [sys.executable, "-m", "stalledpolicy", "morgue", "stats", "--queue", "q",
          "--redis-url", f"redis://:s3cret@127.0.0.1:{http_port}/0"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 3, result.stdout + result.stderr  # unreachable, as the README's table says
+    assert result.returncode == 3, result.stdout + result.stderr  # unreachable, as docs/cli.md's table says
     assert NOT_REDIS_PROBLEM in result.stderr and "Protocol Error" not in result.stderr
     assert "s3cret" not in result.stdout + result.stderr

@@ -172,7 +172,7 @@ def test_an_unhandled_generation_that_applies_nothing_is_not_tried_at_every_refr
 
 def test_an_edit_no_kopf_handler_applied_during_a_drift_conflict_is_applied_and_ends_it():
     """An edit of the policy is applied at once and ends a drift conflict (the
-    README), also when it is the status loop that applies it."""
+    docs/operations.md), also when it is the status loop that applies it."""
     from stalledpolicy.controller import drift
     from tests.unit.test_drift_conflict import FakeApps, fight, started
     from tests.unit.test_drift_conflict import edited as with_replicas
