@@ -1,0 +1,168 @@
+# Our driver for the real EchoMQ (hack/echomq-real/run.sh runs it; see README.md).
+#
+# Runs K real EchoMQ.Consumer processes (standalone loop: reap, promote, drain,
+# park) under one Supervisor on one queue, enqueues a trickle of healthy jobs
+# into a few lanes plus ONE poison job, and records every claim the handlers
+# see. The handler completes healthy jobs; on the poison job it kills its own
+# consumer process (an untrappable :kill, as an OOM killer would), so the lease
+# is abandoned and the supervisor restarts the consumer on a fresh connector.
+#
+# Only EchoMQ's public API is called (Connector, Lanes.enqueue, Consumer).
+# Ends when the poison id is in emq:{Q}:dead, or `--bound` seconds after the
+# poison was enqueued. Writes one line per event to `--out`:
+#   ENQ   <t_us> <id> <kind> <lane>
+#   CLAIM <t_us> <id> <attempts> <kind> <consumer pid>
+#   END   <t_us> <outcome morgue|bound> <poison enqueued t_us> <morgue seen t_us or -1>
+# t_us is the host's os clock in microseconds (the same host as the server).
+
+{opts, _, _} =
+  OptionParser.parse(System.argv(),
+    strict: [
+      port: :integer, queue: :string, k: :integer, bound: :float, rate: :float,
+      poison_after_ms: :integer, lanes: :integer, lease_ms: :integer, beat_ms: :integer,
+      out: :string, drain_s: :float
+    ]
+  )
+
+port = Keyword.fetch!(opts, :port)
+queue = Keyword.fetch!(opts, :queue)
+k = Keyword.get(opts, :k, 2)
+bound_ms = round(Keyword.get(opts, :bound, 60.0) * 1000)
+rate = Keyword.get(opts, :rate, 5.0)
+poison_after = Keyword.get(opts, :poison_after_ms, 1500)
+lane_count = Keyword.get(opts, :lanes, 3)
+lease_ms = Keyword.get(opts, :lease_ms, 2_000)
+beat_ms = Keyword.get(opts, :beat_ms, 1_000)
+drain_ms = round(Keyword.get(opts, :drain_s, 5.0) * 1000)
+out = Keyword.fetch!(opts, :out)
+
+Logger.configure(level: :warning)
+:ok = EchoData.Snowflake.start()
+
+now_us = fn -> System.os_time(:microsecond) end
+{:ok, log} = File.open(out, [:write, :utf8])
+put = fn line -> IO.write(log, line <> "\n") end
+
+{:ok, conn} = EchoMQ.Connector.start_link(port: port)
+lanes = for _ <- 1..lane_count, do: EchoData.BrandedId.generate!("GRP")
+
+recorder = self()
+
+handler = fn %{id: id, payload: payload, attempts: att} ->
+  send(recorder, {:claim, now_us.(), id, att, payload, self()})
+
+  if payload == "poison" do
+    # the worker dies holding the lease: no complete, no retry, no extension
+    Process.exit(self(), :kill)
+  end
+
+  :ok
+end
+
+children =
+  for i <- 1..k do
+    Supervisor.child_spec(
+      {EchoMQ.Consumer,
+       [queue: queue, handler: handler, connector: [port: port], lease_ms: lease_ms, beat_ms: beat_ms]},
+      id: {:consumer, i}
+    )
+  end
+
+# A generous restart intensity: the poison job restarts a consumer per claim,
+# and we measure the cap, not the supervision tree (see the wire contract).
+{:ok, sup} = Supervisor.start_link(children, strategy: :one_for_one, max_restarts: 1_000_000, max_seconds: 1)
+
+dead_key = EchoMQ.Keyspace.queue_key(queue, "dead")
+t0 = System.monotonic_time(:millisecond)
+gap = max(1, round(1000 / rate))
+
+defmodule Drive do
+  def record_claims(put) do
+    receive do
+      {:claim, t, id, att, payload, pid} ->
+        kind = if payload == "poison", do: "poison", else: "healthy"
+        put.("CLAIM #{t} #{id} #{att} #{kind} #{inspect(pid)}")
+        record_claims(put)
+    after
+      0 -> :ok
+    end
+  end
+end
+
+enqueue = fn kind, lane_i ->
+  id = EchoData.BrandedId.generate!("JOB")
+  lane = Enum.at(lanes, rem(lane_i, length(lanes)))
+  t = now_us.()
+  {:ok, :enqueued} = EchoMQ.Lanes.enqueue(conn, queue, lane, id, if(kind == :poison, do: "poison", else: "ok"))
+  put.("ENQ #{t} #{id} #{kind} #{lane}")
+  {id, t}
+end
+
+# the main loop: one healthy job every `gap` ms, the poison once, poll the morgue
+loop = fn loop, n, next_job, poison ->
+  Drive.record_claims(put)
+  now = System.monotonic_time(:millisecond) - t0
+
+  {n, next_job} =
+    if now >= next_job do
+      enqueue.(:healthy, n)
+      {n + 1, next_job + gap}
+    else
+      {n, next_job}
+    end
+
+  poison =
+    if poison == nil and now >= poison_after do
+      {id, t} = enqueue.(:poison, 0)
+      {id, t, now}
+    else
+      poison
+    end
+
+  case poison do
+    nil ->
+      Process.sleep(min(20, max(0, next_job - now)))
+      loop.(loop, n, next_job, poison)
+
+    {id, t_enq, at} ->
+      case EchoMQ.Connector.command(conn, ["ZSCORE", dead_key, id]) do
+        {:ok, nil} ->
+          if now - at >= bound_ms do
+            {:bound, id, t_enq, -1}
+          else
+            Process.sleep(min(20, max(0, next_job - now)))
+            loop.(loop, n, next_job, poison)
+          end
+
+        {:ok, _} ->
+          {:morgue, id, t_enq, now_us.()}
+      end
+  end
+end
+
+{outcome, _poison_id, t_enq, t_dead} = loop.(loop, 0, 0, nil)
+
+# stop the trickle; let the consumers finish the healthy jobs in the lanes
+active_key = EchoMQ.Keyspace.queue_key(queue, "active")
+lane_keys = Enum.map(lanes, fn g -> EchoMQ.Keyspace.queue_key(queue, "g:" <> g <> ":pending") end)
+
+drain = fn drain, left ->
+  Drive.record_claims(put)
+  {:ok, sizes} = EchoMQ.Connector.pipeline(conn, Enum.map(lane_keys, &["ZCARD", &1]) ++ [["ZCARD", active_key]])
+  # the poison, if it still cycles, may sit in a lane or in active
+  if Enum.sum(sizes) <= (if outcome == :bound, do: 1, else: 0) or left <= 0 do
+    :ok
+  else
+    Process.sleep(50)
+    drain.(drain, left - 50)
+  end
+end
+
+drain.(drain, drain_ms)
+# the script is linked to the supervisor: unlink, or its :shutdown would end us too
+Process.unlink(sup)
+Supervisor.stop(sup, :shutdown, 10_000)
+Drive.record_claims(put)
+put.("END #{now_us.()} #{outcome} #{t_enq} #{t_dead}")
+File.close(log)
+IO.puts("driver: K=#{k} #{outcome}")
