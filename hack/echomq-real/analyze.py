@@ -45,12 +45,23 @@ def classify(args: list[str], queue: str) -> str:
     return "other"
 
 
+def _score(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
 def parse_monitor(path: str, queue: str, poison: str) -> dict:
     active = f"emq:{{{queue}}}:active"
     row = f"emq:{{{queue}}}:job:{poison}"
     ctx = "other"
     reap_calls = 0
+    first = last = None
     reaped_ids = Counter()
+    counted_ids = Counter()  # jobs whose stall our sweep counted (HSET row stalled)
+    held_ids = Counter()     # leases our sweep held (ZADD active XX <x.5>)
+    job_prefix = f"emq:{{{queue}}}:job:"
     events: list[tuple[float, str, object]] = []  # (t_s, kind, value) for the poison
     with open(path, encoding="utf-8", errors="replace") as fh:
         for raw in fh:
@@ -58,6 +69,8 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
             if not m:
                 continue
             t, source, rest = float(m.group(1)), m.group(2), m.group(3)
+            first = t if first is None else first
+            last = t
             try:
                 args = shlex.split(rest)
             except ValueError:
@@ -75,11 +88,15 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
                     reaped_ids.update(args[2:])
                 if poison in args[2:]:
                     events.append((t, f"zrem:{ctx}", None))
-            elif ctx == "sweep" and cmd == "HSET" and args[1] == row and "stalled" in args[2::2]:
+            if ctx == "sweep" and cmd == "HSET" and args[1].startswith(job_prefix) and "stalled" in args[2::2]:
+                counted_ids[args[1][len(job_prefix):]] += 1
+            if ctx == "sweep" and cmd == "ZADD" and args[1] == active and _score(args[-2]) % 1:
+                held_ids[args[-1]] += 1
+            if ctx == "sweep" and cmd == "HSET" and args[1] == row and "stalled" in args[2::2]:
                 # our sweep takes its batch out of active by rank (ZREMRANGEBYRANK, no ids
                 # named); the job it took is the row whose `stalled` it writes
                 events.append((t, "zrem:sweep", None))
-            elif cmd == "ZADD" and args[1] == active and args[-1] == poison:
+            if cmd == "ZADD" and args[1] == active and args[-1] == poison:
                 score = args[-2]
                 if ctx == "claim":
                     events.append((t, "lease", float(score)))
@@ -87,7 +104,9 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
                     events.append((t, "hold" if float(score) % 1 else "restore", float(score)))
                 else:
                     events.append((t, f"zadd:{ctx}", float(score)))
-    return {"reap_calls": reap_calls, "reaped_ids": reaped_ids, "events": events}
+    return {"reap_calls": reap_calls, "reaped_ids": reaped_ids, "events": events, "counted_ids": counted_ids,
+            "span_s": (last - first) if first is not None else 0.0,
+            "held_ids": held_ids}
 
 
 def lapses(events: list) -> list[dict]:
@@ -116,6 +135,7 @@ def trial(ns: argparse.Namespace) -> None:
     enq: dict[str, str] = {}
     claims: dict[str, list[tuple[int, int]]] = defaultdict(list)
     end = None
+    exts: Counter = Counter()
     with open(ns.driver_log, encoding="utf-8") as fh:
         for line in fh:
             parts = line.split()
@@ -125,6 +145,8 @@ def trial(ns: argparse.Namespace) -> None:
                 enq[parts[2]] = parts[3]
             elif parts[0] == "CLAIM":
                 claims[parts[2]].append((int(parts[1]), int(parts[3])))
+            elif parts[0] == "EXT":
+                exts[parts[4]] += 1
             elif parts[0] == "END":
                 end = {"outcome": parts[2], "t_enq": int(parts[3]), "t_dead": int(parts[4])}
     poison = next(i for i, kind in enq.items() if kind == "poison")
@@ -145,7 +167,7 @@ def trial(ns: argparse.Namespace) -> None:
         places = [name for name, s in (("dead", dead), ("active", active), ("lane", lane_pending),
                                         ("pending", flat_pending)) if job in s]
         exists = r.exists(f"{pre}job:{job}")
-        if kind == "healthy":
+        if kind != "poison":
             if len(claims[job]) > 1:
                 dup.append(job)
             if not places and not exists and claims[job]:
@@ -176,9 +198,14 @@ def trial(ns: argparse.Namespace) -> None:
         "totals": {k: int(totals.get(k, 0)) for k in ("recovered", "dead_lettered", "uncounted")},
         "holds_taken": sum(1 for l in laps if l["held_ms_before"] is not None),
         "reap_calls": mon["reap_calls"],
+        "reaps_per_s": round(mon["reap_calls"] / mon["span_s"], 1) if mon["span_s"] else None,
         "reaps_of_poison": mon["reaped_ids"][poison],
         "reaps_of_others": sum(mon["reaped_ids"].values()) - mon["reaped_ids"][poison],
-        "healthy_enqueued": sum(1 for k in enq.values() if k == "healthy"),
+        "healthy_enqueued": sum(1 for k in enq.values() if k != "poison"),
+        "slow_enqueued": sum(1 for k in enq.values() if k == "slow"),
+        "extensions": dict(exts),
+        "holds_of_others": sum(n for i, n in mon["held_ids"].items() if i != poison),
+        "counted_others": sum(n for i, n in mon["counted_ids"].items() if i != poison),
         "healthy_completed": completed, "completed_metric": completed_count,
         "lost": len(lost), "lost_where": dict(where), "duplicated": len(dup),
         "conserved": not lost and not dup,
@@ -195,8 +222,8 @@ def summary(ns: argparse.Namespace) -> None:
         groups[(row["mode"], row["k"])].append(row)
     print("| sweeper | K | trials | morgue within 4 claims | poison claims (each trial) | time to morgue s (median) "
           "| lapses taken: counted / reaped uncounted | stalled field | totals rec/dead/uncounted (sum) "
-          "| reap calls (median) | conserved |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| reap calls (median) | reaps/s (median) | conserved |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (mode, k), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "holds", kv[0][1])):
         ttm = [r["time_to_morgue_s"] for r in rs if r["time_to_morgue_s"] is not None]
         tot = Counter()
@@ -209,6 +236,7 @@ def summary(ns: argparse.Namespace) -> None:
               f"| {','.join(str(r['stalled_field']) for r in rs)} "
               f"| {tot['recovered']}/{tot['dead_lettered']}/{tot['uncounted']} "
               f"| {statistics.median(r['reap_calls'] for r in rs)} "
+              f"| {statistics.median(r.get('reaps_per_s') or 0 for r in rs)} "
               f"| {sum(r['conserved'] for r in rs)}/{len(rs)} |")
     print("\n(* = the bound ended the trial; the poison job was still cycling)")
 

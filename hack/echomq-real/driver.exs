@@ -12,6 +12,7 @@
 # poison was enqueued. Writes one line per event to `--out`:
 #   ENQ   <t_us> <id> <kind> <lane>
 #   CLAIM <t_us> <id> <attempts> <kind> <consumer pid>
+#   EXT   <t_us> <id> <attempts> <result>   (a slow job's lease extension)
 #   END   <t_us> <outcome morgue|bound> <poison enqueued t_us> <morgue seen t_us or -1>
 # t_us is the host's os clock in microseconds (the same host as the server).
 
@@ -20,7 +21,7 @@
     strict: [
       port: :integer, queue: :string, k: :integer, bound: :float, rate: :float,
       poison_after_ms: :integer, lanes: :integer, lease_ms: :integer, beat_ms: :integer,
-      out: :string, drain_s: :float
+      out: :string, drain_s: :float, slow_every: :integer, extend_at_ms: :integer, extensions: :integer
     ]
   )
 
@@ -35,6 +36,13 @@ lease_ms = Keyword.get(opts, :lease_ms, 2_000)
 beat_ms = Keyword.get(opts, :beat_ms, 1_000)
 drain_ms = round(Keyword.get(opts, :drain_s, 5.0) * 1000)
 out = Keyword.fetch!(opts, :out)
+# every Nth healthy job is slow (0: none): it extends its lease `extensions`
+# times, `extend_at_ms` after the claim and after each extension (EchoMQ's
+# public Jobs.extend_lock), then completes; 1880 ms of a 2 s lease lands each
+# extension inside the last 250 ms, where our sweep holds a lapsing lease
+slow_every = Keyword.get(opts, :slow_every, 0)
+extend_at = Keyword.get(opts, :extend_at_ms, 1_880)
+extensions = Keyword.get(opts, :extensions, 3)
 
 Logger.configure(level: :warning)
 :ok = EchoData.Snowflake.start()
@@ -54,6 +62,14 @@ handler = fn %{id: id, payload: payload, attempts: att} ->
   if payload == "poison" do
     # the worker dies holding the lease: no complete, no retry, no extension
     Process.exit(self(), :kill)
+  end
+
+  if payload == "slow" do
+    for _ <- 1..extensions do
+      Process.sleep(extend_at)
+      result = EchoMQ.Jobs.extend_lock(conn, queue, id, att, lease_ms)
+      send(recorder, {:ext, now_us.(), id, att, result})
+    end
   end
 
   :ok
@@ -81,7 +97,12 @@ defmodule Drive do
     receive do
       {:claim, t, id, att, payload, pid} ->
         kind = if payload == "poison", do: "poison", else: "healthy"
+        kind = if payload == "slow", do: "slow", else: kind
         put.("CLAIM #{t} #{id} #{att} #{kind} #{inspect(pid)}")
+        record_claims(put)
+
+      {:ext, t, id, att, result} ->
+        put.("EXT #{t} #{id} #{att} #{inspect(result) |> String.replace(" ", "")}")
         record_claims(put)
     after
       0 -> :ok
@@ -93,7 +114,8 @@ enqueue = fn kind, lane_i ->
   id = EchoData.BrandedId.generate!("JOB")
   lane = Enum.at(lanes, rem(lane_i, length(lanes)))
   t = now_us.()
-  {:ok, :enqueued} = EchoMQ.Lanes.enqueue(conn, queue, lane, id, if(kind == :poison, do: "poison", else: "ok"))
+  payload = %{poison: "poison", slow: "slow", healthy: "ok"}[kind]
+  {:ok, :enqueued} = EchoMQ.Lanes.enqueue(conn, queue, lane, id, payload)
   put.("ENQ #{t} #{id} #{kind} #{lane}")
   {id, t}
 end
@@ -105,7 +127,7 @@ loop = fn loop, n, next_job, poison ->
 
   {n, next_job} =
     if now >= next_job do
-      enqueue.(:healthy, n)
+      enqueue.(if(slow_every > 0 and rem(n + 1, slow_every) == 0, do: :slow, else: :healthy), n)
       {n + 1, next_job + gap}
     else
       {n, next_job}

@@ -20,13 +20,14 @@ SWEEPER=holds        # holds: `sweep` as shipped; fixed: `sweep --once` every FI
 FIXED_INTERVAL=1
 MAX_STALLED=3
 RATE=5               # healthy jobs per second
+SLOW_EVERY=0         # every Nth healthy job extends its lease inside our hold window (0: none)
 OUT=""
 
 usage() {
   cat <<EOF
 usage: $0 [--echomq PATH | --echomq-git GITDIR [--ref REF]] [--k 2,8,16] [--trials N]
           [--duration S] [--sweeper holds|fixed] [--fixed-interval S] [--max-stalled N]
-          [--rate JOBS_PER_S] [--out DIR]
+          [--rate JOBS_PER_S] [--slow-every N] [--out DIR]
 EOF
 }
 
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --fixed-interval) FIXED_INTERVAL=$2; shift 2 ;;
     --max-stalled) MAX_STALLED=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
+    --slow-every) SLOW_EVERY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -131,14 +133,22 @@ export PYTHONPATH=$ROOT/operator
   echo "redis: $(redis-server --version)"
   echo "elixir: $(elixir --version 2>&1 | tail -1)"
   echo "sweeper: $SWEEPER$([ "$SWEEPER" = fixed ] && echo " (sweep --once every ${FIXED_INTERVAL}s)")," \
-       "max-stalled $MAX_STALLED, ks $KS, trials $TRIALS, duration ${DURATION}s, rate ${RATE}/s"
+       "max-stalled $MAX_STALLED, ks $KS, trials $TRIALS, duration ${DURATION}s, rate ${RATE}/s," \
+       "slow every $SLOW_EVERY"
 } | tee "$OUT/run-info.txt"
 
 RESULTS=$OUT/results.jsonl
+MODE=$SWEEPER
+DRIVER_EXTRA=()
+if [ "$SLOW_EVERY" -gt 0 ]; then
+  MODE=$SWEEPER+slow
+  # a slow job runs ~5.6 s: the drain at the end waits for it
+  DRIVER_EXTRA=(--slow-every "$SLOW_EVERY" --drain-s 12)
+fi
 IFS=, read -r -a KLIST <<< "$KS"
 for K in "${KLIST[@]}"; do
   for T in $(seq "$TRIALS"); do
-    Q="real${SWEEPER}k${K}t${T}"
+    Q="real${MODE/+/}k${K}t${T}"
     D=$OUT/$Q && mkdir -p "$D"
     redis-cli -p "$PORT" flushall >/dev/null
     redis-cli -p "$PORT" monitor > "$D/monitor.log" 2>&1 &
@@ -163,14 +173,14 @@ for K in "${KLIST[@]}"; do
     sleep 1  # the sweeper is up before the poison is enqueued (the driver waits 1.5 s more)
     timeout --kill-after=5 $((DURATION + 40)) \
       elixir -pa "$EBIN" "$HERE/driver.exs" --port "$PORT" --queue "$Q" --k "$K" --bound "$DURATION" \
-        --rate "$RATE" --out "$D/driver.log" > "$D/driver.out" 2> "$D/driver.err" &
+        --rate "$RATE" "${DRIVER_EXTRA[@]}" --out "$D/driver.log" > "$D/driver.out" 2> "$D/driver.err" &
     DRV=$!; PIDS+=($DRV)
     wait "$DRV" || echo "driver exited $? (see $D/driver.err)" >&2
     stop_pid "$DRV"
     stop_pid "$SW"
     stop_pid "$MON"
     "$PY" "$HERE/analyze.py" trial --driver-log "$D/driver.log" --monitor-log "$D/monitor.log" \
-      --redis-url "$URL" --queue "$Q" --mode "$SWEEPER" --k "$K" --trial "$T" --max-stalled "$MAX_STALLED" \
+      --redis-url "$URL" --queue "$Q" --mode "$MODE" --k "$K" --trial "$T" --max-stalled "$MAX_STALLED" \
       | tee -a "$RESULTS" \
       | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); d={k:v for k,v in r.items() if k!="lapse_detail"}; print(json.dumps(d)); print("  lapses:", r["lapse_detail"])'
   done
