@@ -136,6 +136,7 @@ def trial(ns: argparse.Namespace) -> None:
     claims: dict[str, list[tuple[int, int]]] = defaultdict(list)
     end = None
     exts: Counter = Counter()
+    pauses: list[dict] = []
     with open(ns.driver_log, encoding="utf-8") as fh:
         for line in fh:
             parts = line.split()
@@ -145,6 +146,8 @@ def trial(ns: argparse.Namespace) -> None:
                 enq[parts[2]] = parts[3]
             elif parts[0] == "CLAIM":
                 claims[parts[2]].append((int(parts[1]), int(parts[3])))
+            elif parts[0] == "PAUSE":
+                pauses.append({"stopped_us": int(parts[1]), "continued_us": int(parts[2]), "held_score": parts[3]})
             elif parts[0] == "EXT":
                 exts[parts[4]] += 1
             elif parts[0] == "END":
@@ -204,6 +207,7 @@ def trial(ns: argparse.Namespace) -> None:
         "healthy_enqueued": sum(1 for k in enq.values() if k != "poison"),
         "slow_enqueued": sum(1 for k in enq.values() if k == "slow"),
         "extensions": dict(exts),
+        "sweeper_paused_ms": [round((p["continued_us"] - p["stopped_us"]) / 1000) for p in pauses],
         "holds_of_others": sum(n for i, n in mon["held_ids"].items() if i != poison),
         "counted_others": sum(n for i, n in mon["counted_ids"].items() if i != poison),
         "healthy_completed": completed, "completed_metric": completed_count,

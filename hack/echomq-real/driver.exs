@@ -13,6 +13,7 @@
 #   ENQ   <t_us> <id> <kind> <lane>
 #   CLAIM <t_us> <id> <attempts> <kind> <consumer pid>
 #   EXT   <t_us> <id> <attempts> <result>   (a slow job's lease extension)
+#   PAUSE <t_us stopped> <t_us continued> <held score>   (--pause-pid: the sweeper stopped)
 #   END   <t_us> <outcome morgue|bound> <poison enqueued t_us> <morgue seen t_us or -1>
 # t_us is the host's os clock in microseconds (the same host as the server).
 
@@ -21,7 +22,8 @@
     strict: [
       port: :integer, queue: :string, k: :integer, bound: :float, rate: :float,
       poison_after_ms: :integer, lanes: :integer, lease_ms: :integer, beat_ms: :integer,
-      out: :string, drain_s: :float, slow_every: :integer, extend_at_ms: :integer, extensions: :integer
+      out: :string, drain_s: :float, slow_every: :integer, extend_at_ms: :integer, extensions: :integer,
+      pause_pid: :integer, pause_at: :integer, pause_ms: :integer
     ]
   )
 
@@ -43,6 +45,13 @@ out = Keyword.fetch!(opts, :out)
 slow_every = Keyword.get(opts, :slow_every, 0)
 extend_at = Keyword.get(opts, :extend_at_ms, 1_880)
 extensions = Keyword.get(opts, :extensions, 3)
+# --pause-pid: the sweeper's pid. When our sweep holds the poison's lease for the
+# `pause_at`-th time (a score with a half), stop the sweeper (SIGSTOP) for
+# `pause_ms`, past the hold's end (D + 1000.5): EchoMQ's reapers then return the
+# job uncounted, and the sweeper, continued, should report the lapse uncounted
+pause_pid = Keyword.get(opts, :pause_pid)
+pause_at = Keyword.get(opts, :pause_at, 2)
+pause_ms = Keyword.get(opts, :pause_ms, 1_600)
 
 Logger.configure(level: :warning)
 :ok = EchoData.Snowflake.start()
@@ -89,6 +98,42 @@ children =
 {:ok, sup} = Supervisor.start_link(children, strategy: :one_for_one, max_restarts: 1_000_000, max_seconds: 1)
 
 dead_key = EchoMQ.Keyspace.queue_key(queue, "dead")
+active_key = EchoMQ.Keyspace.queue_key(queue, "active")
+
+defmodule Pause do
+  # poll the poison's score in active every 2 ms on a connector of our own
+  def watch(port, active_key, id, pid, pause_at, pause_ms, recorder) do
+    {:ok, c} = EchoMQ.Connector.start_link(port: port)
+    loop(c, active_key, id, pid, pause_at, pause_ms, recorder, nil, 0)
+  end
+
+  # RESP3 answers ZSCORE with a double, RESP2 with a string
+  defp held?(nil), do: false
+  defp held?(score) when is_float(score), do: score != Float.floor(score)
+  defp held?(score) when is_integer(score), do: false
+  defp held?(score) when is_binary(score), do: held?(elem(Float.parse(score), 0))
+
+  defp loop(c, key, id, pid, at, ms, rec, last, n) do
+    {:ok, score} = EchoMQ.Connector.command(c, ["ZSCORE", key, id])
+    held = held?(score)
+    cond do
+      held and score != last and n + 1 == at ->
+        t_stop = System.os_time(:microsecond)
+        System.cmd("kill", ["-STOP", Integer.to_string(pid)])
+        Process.sleep(ms)
+        System.cmd("kill", ["-CONT", Integer.to_string(pid)])
+        send(rec, {:pause, t_stop, System.os_time(:microsecond), score})
+
+      held and score != last ->
+        Process.sleep(2)
+        loop(c, key, id, pid, at, ms, rec, score, n + 1)
+
+      true ->
+        Process.sleep(2)
+        loop(c, key, id, pid, at, ms, rec, last, n)
+    end
+  end
+end
 t0 = System.monotonic_time(:millisecond)
 gap = max(1, round(1000 / rate))
 
@@ -99,6 +144,10 @@ defmodule Drive do
         kind = if payload == "poison", do: "poison", else: "healthy"
         kind = if payload == "slow", do: "slow", else: kind
         put.("CLAIM #{t} #{id} #{att} #{kind} #{inspect(pid)}")
+        record_claims(put)
+
+      {:pause, t_stop, t_cont, score} ->
+        put.("PAUSE #{t_stop} #{t_cont} #{score}")
         record_claims(put)
 
       {:ext, t, id, att, result} ->
@@ -136,6 +185,7 @@ loop = fn loop, n, next_job, poison ->
   poison =
     if poison == nil and now >= poison_after do
       {id, t} = enqueue.(:poison, 0)
+      if pause_pid, do: spawn_link(fn -> Pause.watch(port, active_key, id, pause_pid, pause_at, pause_ms, recorder) end)
       {id, t, now}
     else
       poison
@@ -165,7 +215,6 @@ end
 {outcome, _poison_id, t_enq, t_dead} = loop.(loop, 0, 0, nil)
 
 # stop the trickle; let the consumers finish the healthy jobs in the lanes
-active_key = EchoMQ.Keyspace.queue_key(queue, "active")
 lane_keys = Enum.map(lanes, fn g -> EchoMQ.Keyspace.queue_key(queue, "g:" <> g <> ":pending") end)
 
 drain = fn drain, left ->

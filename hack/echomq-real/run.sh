@@ -21,13 +21,14 @@ FIXED_INTERVAL=1
 MAX_STALLED=3
 RATE=5               # healthy jobs per second
 SLOW_EVERY=0         # every Nth healthy job extends its lease inside our hold window (0: none)
+PAUSE_AT=0           # holds only: SIGSTOP the sweeper for 1.6 s once it holds the poison's Nth lease (0: never)
 OUT=""
 
 usage() {
   cat <<EOF
 usage: $0 [--echomq PATH | --echomq-git GITDIR [--ref REF]] [--k 2,8,16] [--trials N]
           [--duration S] [--sweeper holds|fixed] [--fixed-interval S] [--max-stalled N]
-          [--rate JOBS_PER_S] [--slow-every N] [--out DIR]
+          [--rate JOBS_PER_S] [--slow-every N] [--pause-at N] [--out DIR]
 EOF
 }
 
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --max-stalled) MAX_STALLED=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --slow-every) SLOW_EVERY=$2; shift 2 ;;
+    --pause-at) PAUSE_AT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -59,6 +61,7 @@ cleanup() {
   local pid
   for pid in "${PIDS[@]:-}"; do
     [ -n "$pid" ] || continue
+    kill -CONT "$pid" 2>/dev/null || true
     kill "$pid" 2>/dev/null || true
   done
   for pid in "${PIDS[@]:-}"; do
@@ -73,6 +76,7 @@ trap 'exit 143' TERM
 
 stop_pid() {  # stop one process we started, and forget it
   local pid=$1 keep=() p
+  kill -CONT "$pid" 2>/dev/null || true
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
@@ -134,7 +138,7 @@ export PYTHONPATH=$ROOT/operator
   echo "elixir: $(elixir --version 2>&1 | tail -1)"
   echo "sweeper: $SWEEPER$([ "$SWEEPER" = fixed ] && echo " (sweep --once every ${FIXED_INTERVAL}s)")," \
        "max-stalled $MAX_STALLED, ks $KS, trials $TRIALS, duration ${DURATION}s, rate ${RATE}/s," \
-       "slow every $SLOW_EVERY"
+       "slow every $SLOW_EVERY, pause at $PAUSE_AT"
 } | tee "$OUT/run-info.txt"
 
 RESULTS=$OUT/results.jsonl
@@ -144,6 +148,10 @@ if [ "$SLOW_EVERY" -gt 0 ]; then
   MODE=$SWEEPER+slow
   # a slow job runs ~5.6 s: the drain at the end waits for it
   DRIVER_EXTRA=(--slow-every "$SLOW_EVERY" --drain-s 12)
+fi
+if [ "$PAUSE_AT" -gt 0 ]; then
+  [ "$SWEEPER" = holds ] || { echo "--pause-at: with --sweeper holds only" >&2; exit 2; }
+  MODE=$MODE+pause
 fi
 IFS=, read -r -a KLIST <<< "$KS"
 for K in "${KLIST[@]}"; do
@@ -170,10 +178,12 @@ for K in "${KLIST[@]}"; do
         done ) > "$D/sweeper.log" 2>&1 &
     fi
     SW=$!; PIDS+=($SW)
+    PAUSE=()
+    [ "$PAUSE_AT" -gt 0 ] && PAUSE=(--pause-pid "$SW" --pause-at "$PAUSE_AT")
     sleep 1  # the sweeper is up before the poison is enqueued (the driver waits 1.5 s more)
     timeout --kill-after=5 $((DURATION + 40)) \
       elixir -pa "$EBIN" "$HERE/driver.exs" --port "$PORT" --queue "$Q" --k "$K" --bound "$DURATION" \
-        --rate "$RATE" "${DRIVER_EXTRA[@]}" --out "$D/driver.log" > "$D/driver.out" 2> "$D/driver.err" &
+        --rate "$RATE" "${DRIVER_EXTRA[@]}" "${PAUSE[@]}" --out "$D/driver.log" > "$D/driver.out" 2> "$D/driver.err" &
     DRV=$!; PIDS+=($DRV)
     wait "$DRV" || echo "driver exited $? (see $D/driver.err)" >&2
     stop_pid "$DRV"
