@@ -69,8 +69,6 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
             if not m:
                 continue
             t, source, rest = float(m.group(1)), m.group(2), m.group(3)
-            first = t if first is None else first
-            last = t
             try:
                 args = shlex.split(rest)
             except ValueError:
@@ -83,6 +81,8 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
             cmd = args[0].upper()
             if ctx == "reap" and cmd == "ZRANGEBYSCORE" and args[1] == active:
                 reap_calls += 1
+                first = t if first is None else first
+                last = t
             if cmd == "ZREM" and len(args) >= 3 and args[1] == active:
                 if ctx == "reap":
                     reaped_ids.update(args[2:])
@@ -105,7 +105,7 @@ def parse_monitor(path: str, queue: str, poison: str) -> dict:
                 else:
                     events.append((t, f"zadd:{ctx}", float(score)))
     return {"reap_calls": reap_calls, "reaped_ids": reaped_ids, "events": events, "counted_ids": counted_ids,
-            "span_s": (last - first) if first is not None else 0.0,
+            "span_s": (last - first) if first is not None else 0.0,  # first reap to last
             "held_ids": held_ids}
 
 
