@@ -224,7 +224,7 @@ def summary(ns: argparse.Namespace) -> None:
     groups: dict[tuple, list] = defaultdict(list)
     for row in rows:
         groups[(row["mode"], row["k"])].append(row)
-    print("| sweeper | K | trials | morgue within 4 claims | poison claims (each trial) | time to morgue s (median) "
+    print("| sweeper | K | trials | morgue within budget+1 claims | poison claims (each trial) | time to morgue s (median) "
           "| lapses taken: counted / reaped uncounted | stalled field | totals rec/dead/uncounted (sum) "
           "| reap calls (median) | reaps/s (median) | conserved |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
