@@ -142,7 +142,7 @@ def test_a_minimal_policy_gets_the_documented_defaults(crd_installed, objects, k
     spec = created["spec"]
     assert spec["maxStalled"] == 1
     assert spec["sweepInterval"] == "30s"
-    assert spec["batchSize"] == 25
+    assert spec["batchSize"] == 1000
     assert spec["suspend"] is False
     assert spec["redis"]["secretRef"] == {"name": "emails-redis", "key": "url"}
     assert "sweeper" not in spec
@@ -660,6 +660,7 @@ def _status(generation: int) -> dict:
         "deadLetteredTotal": 3,
         "orphansTotal": 1,
         "quarantinedTotal": 0,
+        "uncountedLapsesTotal": 2,
         "lanes": [{"name": "imports", "pending": 5, "deadLettered": 2, "recovered": 4}],
         "lastReplay": {"token": "r1", "replayed": 2, "time": "2026-12-02T15:30:00Z", "lane": "imports",
                        "servedTokens": ["r0", "r1"]},  # kept, not pruned: no earlier token replays again
@@ -735,8 +736,8 @@ def test_printer_columns(tenants, control_plane, kube_namespace):
 def test_wide_printer_columns_add_pending_and_active(tenants, control_plane, kube_namespace):
     header, row = table(control_plane, "stalledpolicies", "-n", kube_namespace, "-o", "wide")
     assert header == ["NAME", "QUEUE", "MAX-STALLED", "INTERVAL", "DEAD", "READY", "REASON", "PENDING", "ACTIVE",
-                      "AGE"]
-    assert row[:9] == ["tenants", "tenants", "2", "15s", "3", "True", "Ready", "41", "7"]
+                      "UNCOUNTED", "AGE"]
+    assert row[:10] == ["tenants", "tenants", "2", "15s", "3", "True", "Ready", "41", "7", "2"]
 
 
 def test_the_emq_category_lists_policies(tenants, control_plane, kube_namespace):
