@@ -260,7 +260,8 @@ def print_table(header: list[str], rows: list[list[str]], out: Any = sys.stdout)
 
 def budget_table(summaries: list[dict[str, Any]], out: Any = sys.stdout) -> None:
     header = ["sweeper", "K", "trials", "in morgue", "<= budget+1 claims", "claims (count: trials)",
-              "lapses counted / happened", "reaped uncounted", "sweeper's uncounted", "to morgue p50 / max s",
+              "lapses counted / happened", "reaped uncounted", "sweeper's uncounted", "leases held",
+              "to morgue p50 / max s",
               "checks"]
     rows = []
     for s in summaries:
@@ -274,7 +275,7 @@ def budget_table(summaries: list[dict[str, Any]], out: Any = sys.stdout) -> None
         rows.append([name, str(s["consumers"]), str(s["trials"]), morgue,
                      f"{s['within_budget_plus_1']} / {s['trials']}", hist,
                      f"{s['lapses_counted']} / {s['lapses_happened']} ({s['counted_pct']:.1f} %)",
-                     str(s["reaped"]), str(s["uncounted"]), times,
+                     str(s["reaped"]), str(s["uncounted"]), str(s["held"]), times,
                      "ok" if not s["checks_failed"] else f"{s['checks_failed']} FAILED"])
     print_table(header, rows, out)
 
@@ -285,11 +286,15 @@ def run_budget(server: Any, args: argparse.Namespace) -> tuple[list[Trial], list
     for k in args.consumers:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            # the peers first: they take their slots for up to --peer-cap-s while the
-            # shipped loop's short trials go through the others
-            peer_futures = {iv: [pool.submit(run_trial, server, f"fixed-{iv:g}s", k, i, args, iv)
-                                 for i in range(args.peer_trials)] for iv in args.peer_interval}
-            futures = [pool.submit(run_trial, server, "holds", k, i, args) for i in range(args.trials)]
+            peer_futures: dict[float, list[Any]] = {iv: [] for iv in args.peer_interval}
+            futures = []
+            # interleaved, so that both sweepers' trials run beside the same load
+            for i in range(max(args.trials, args.peer_trials)):
+                for iv in args.peer_interval:
+                    if i < args.peer_trials:
+                        peer_futures[iv].append(pool.submit(run_trial, server, f"fixed-{iv:g}s", k, i, args, iv))
+                if i < args.trials:
+                    futures.append(pool.submit(run_trial, server, "holds", k, i, args))
             mine = [f.result() for f in futures]
             peers = {iv: [f.result() for f in fs] for iv, fs in peer_futures.items()}
         for group in [mine, *peers.values()]:
@@ -318,6 +323,7 @@ class Cost:
     total_per_s: float     # the sweeper's commands in all (EVALSHA + inner + other)
     held: int
     renewer_zadd: int = 0
+    renewer_late_max_s: float = 0.0  # the renewer's longest delay past a slice's planned time, in the window
     mix: dict = field(default_factory=dict)
 
 
@@ -341,7 +347,7 @@ def seed_leases(client: Any, queue: str, n: int, *, renewed: bool) -> list[str]:
     return seeded.ids
 
 
-def renew(client: Any, queue: str, ids: list[str], stop: threading.Event, counter: list[int],
+def renew(client: Any, queue: str, ids: list[str], stop: threading.Event, counter: list[Any],
           slices: int = 10, chunk: int = 1_000) -> None:
     """Every lease renewed once a beat, when about a beat of it is left (EchoMQ's
     worker heartbeat): a tenth of the ids every beat/10, to now + lease."""
@@ -351,7 +357,8 @@ def renew(client: Any, queue: str, ids: list[str], stop: threading.Event, counte
     part = 0
     next_at = time.monotonic()
     while not stop.is_set():
-        now = server_now_ms(client)
+        counter[2] = max(counter[2], time.monotonic() - next_at)  # late by (a lease is renewed with a beat
+        now = server_now_ms(client)                             # minus this left)
         counter[1] += 1  # TIME
         lo, hi = part * n // slices, (part + 1) * n // slices
         for start in range(lo, hi, chunk):
@@ -370,7 +377,7 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     renewed = scenario.startswith("renewed")
     ids = seed_leases(client, queue, leases, renewed=renewed) if leases else []
     stop_renewing = threading.Event()
-    renewer_counts = [0, 0]  # ZADD, TIME
+    renewer_counts: list[Any] = [0, 0, 0.0]  # ZADD, TIME, the renewer's longest lateness (s)
     renewer = None
     if renewed:
         renewer = threading.Thread(target=renew, args=(server.client(decode_responses=True), queue, ids,
@@ -381,13 +388,14 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     thread.start()
     time.sleep(warmup)
     passes0 = sweeper.passes
-    zadd0, time0 = renewer_counts
+    zadd0, time0, _ = renewer_counts
+    renewer_counts[2] = 0.0
     before = redisstats.commandstats(client)
     t0 = time.monotonic()
     time.sleep(window)
     after = redisstats.commandstats(client)
     seconds = time.monotonic() - t0
-    zadd1, time1 = renewer_counts
+    zadd1, time1, renewer_late = renewer_counts
     passes = sweeper.passes - passes0
     sweeper.stop.set()
     thread.join(timeout=15)
@@ -416,13 +424,14 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     return Cost(scenario=scenario, sweeper=name, window_s=seconds, passes=passes,
                 evalsha_per_s=evalsha / seconds, inner_per_s=inner / seconds, other_per_s=other / seconds,
                 total_per_s=(evalsha + inner + other) / seconds, held=held, renewer_zadd=renewer_zadd,
+                renewer_late_max_s=renewer_late,
                 mix={n: round(c / seconds, 2) for n, c in sorted(delta.items())})
 
 
 def run_cost(server: Any, args: argparse.Namespace) -> list[Cost]:
     costs = []
-    scenarios = [("idle", 0), (f"static {args.cost_leases:,}", args.cost_leases),
-                 (f"renewed {args.cost_leases:,}", args.cost_leases)]
+    scenarios = [(name if name == "idle" else f"{name} {args.cost_leases:,}", 0 if name == "idle" else args.cost_leases)
+                 for name in args.cost_scenario or ["idle", "static", "renewed"]]
     for scenario, leases in scenarios:
         for mode, interval in [("holds", None), *(("fixed", iv) for iv in args.peer_interval)]:
             cost = measure_cost(server, scenario, mode, leases, args.cost_window, args.cost_warmup, interval)
@@ -433,16 +442,18 @@ def run_cost(server: Any, args: argparse.Namespace) -> list[Cost]:
 
 
 def cost_table(costs: list[Cost], out: Any = sys.stdout) -> None:
-    header = ["queue", "sweeper", "window s", "passes", "EVALSHA/s", "inside scripts /s", "outside (gauges) /s",
-              "commands/s in all", "vs peer", "leases held", "inside-script mix /s"]
+    header = ["queue", "sweeper", "window s", "passes", "commands per pass", "EVALSHA/s", "inside scripts /s", "outside (gauges) /s",
+              "commands/s in all", "vs peer", "leases held", "renewer late max s", "inside-script mix /s"]
     rows = []
     for c in costs:
         peers = [p for p in costs if p.scenario == c.scenario and p.sweeper != c.sweeper and c.sweeper.startswith("lease")]
-        ratio = " / ".join(f"{c.total_per_s / p.total_per_s:.0f}x" if p.total_per_s else "inf" for p in peers)
+        ratio = " / ".join((f"{c.total_per_s / p.total_per_s:.{0 if c.total_per_s >= 10 * p.total_per_s else 1}f}x "
+                            f"({p.sweeper.split(',')[0]})") if p.total_per_s else "inf" for p in peers)
         mix = ", ".join(f"{n} {v:g}" for n, v in c.mix.items() if n not in ("evalsha", *SNAPSHOT_COMMANDS))
-        rows.append([c.scenario, c.sweeper, f"{c.window_s:.1f}", str(c.passes), f"{c.evalsha_per_s:.2f}",
+        per_pass = f"{c.total_per_s * c.window_s / c.passes:.1f}" if c.passes else "-"
+        rows.append([c.scenario, c.sweeper, f"{c.window_s:.1f}", str(c.passes), per_pass, f"{c.evalsha_per_s:.2f}",
                      f"{c.inner_per_s:.2f}", f"{c.other_per_s:.2f}", f"{c.total_per_s:.2f}", ratio,
-                     str(c.held), mix])
+                     str(c.held), f"{c.renewer_late_max_s:.2f}" if c.scenario.startswith("renewed") else "-", mix])
     print_table(header, rows, out)
 
 
@@ -494,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-window", type=float, default=30.0, help="seconds of each cost measurement")
     parser.add_argument("--cost-warmup", type=float, default=3.0)
     parser.add_argument("--cost-leases", type=int, default=100_000)
+    parser.add_argument("--cost-scenario", action="append", choices=["idle", "static", "renewed"],
+                        help="repeatable (default: all three)")
     parser.add_argument("--skip-budget", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--nice", type=int, default=0, help="niceness of the whole benchmark and its redis-server")
