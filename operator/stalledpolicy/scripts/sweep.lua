@@ -78,7 +78,8 @@ if hold_refusal == nil then
       local at = math.floor(tonumber(first_lease[2])) - lead_ms
       if next_at < 0 or at < next_at then next_at = at end
     end
-    return {0, 0, 0, 0, 0, {}, {}, 0, 0, next_at, now}
+    local t_end = redis.call('TIME')
+    return {0, 0, 0, 0, 0, {}, {}, 0, 0, next_at, now, (t_end[1] - t[1]) * 1000000 + (t_end[2] - t[2])}
   end
 end
 
