@@ -72,12 +72,7 @@ if hold_refusal == nil then
   local first_lease = redis.pcall('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if not first_hold.err and not first_lease.err and not holds_due
       and (#first_lease == 0 or tonumber(first_lease[2]) > now + lead_ms) then
-    local next_at = -1
-    if #first_hold > 0 then next_at = tonumber(first_hold[2]) end
-    if #first_lease > 0 then
-      local at = math.floor(tonumber(first_lease[2])) - lead_ms
-      if next_at < 0 or at < next_at then next_at = at end
-    end
+    local next_at = earliest_event(first_hold[2] or false, first_lease[2] or false, lead_ms)
     local t_end = redis.call('TIME')
     return {0, 0, 0, 0, 0, {}, {}, 0, 0, next_at, now, (t_end[1] - t[1]) * 1000000 + (t_end[2] - t[2])}
   end

@@ -14,6 +14,8 @@
 --
 --   settle_holds(k, now, limit, hold_ms) -> restored, uncounted, left
 --   take_holds(k, now, limit, lead_ms, hold_ms) -> taken
+--   earliest_event(hold_score, lease_score, lead_ms) -> the sooner of a hold
+--                                  deadline and a lease's lead, -1 when none
 --   next_event(k, now, lead_ms) -> ms (server clock) of the next deadline to
 --                                  hold or count, or -1 when none
 --
@@ -88,17 +90,23 @@ local function take_holds(k, now, limit, lead_ms, hold_ms)
   return taken
 end
 
-local function next_event(k, now, lead_ms)
+-- The sooner of the first hold's deadline and the lead of the lowest lease
+-- (scores as ZRANGE ... WITHSCORES replies them; false: none), -1 when neither.
+local function earliest_event(hold_score, lease_score, lead_ms)
   local nxt = -1
+  if hold_score then nxt = tonumber(hold_score) end
+  if lease_score then
+    local at = math.floor(tonumber(lease_score)) - lead_ms
+    if nxt < 0 or at < nxt then nxt = at end
+  end
+  return nxt
+end
+
+local function next_event(k, now, lead_ms)
   local first_hold = redis.call('ZRANGE', k.holds, 0, 0, 'WITHSCORES')
-  if #first_hold > 0 then nxt = tonumber(first_hold[2]) end
   -- the lowest lease above now: held ones come back through their hold above
   -- (waking early only costs a call)
   local first = redis.call('ZRANGEBYSCORE', k.active, '(' .. string.format('%d', now), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
-  if #first > 0 then
-    local at = math.floor(tonumber(first[2])) - lead_ms
-    if nxt < 0 or at < nxt then nxt = at end
-  end
-  return nxt
+  return earliest_event(first_hold[2] or false, first[2] or false, lead_ms)
 end
