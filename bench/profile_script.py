@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
+from stalledpolicy.engine import Budgets  # noqa: E402
+from stalledpolicy.engine.sweep import sweep_call  # noqa: E402
 from stalledpolicy.keyspace import QueueKeys  # noqa: E402
 from stalledpolicy.lua import script  # noqa: E402
 
@@ -96,12 +98,6 @@ def variants(body: str, names=None) -> dict[str, str]:
     return {name: build(body) for name, build in VARIANTS.items() if names is None or name in names}
 
 
-def _keys() -> list[str]:
-    keys = QueueKeys(QUEUE)
-    return [keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit,
-            keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals]
-
-
 def run_variant(client, body: str, n: int, batch: int, around_drain=contextlib.nullcontext) -> dict:
     """Seed, drain with ``body``, check. ``around_drain()`` is a context manager
     entered just before the first call and left just after the last (stats
@@ -109,8 +105,7 @@ def run_variant(client, body: str, n: int, batch: int, around_drain=contextlib.n
     instructions inside it."""
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
-    keys = _keys()
-    args = [QueueKeys(QUEUE).prefix, batch, BUDGET, QueueKeys(QUEUE).events]
+    keys, args = sweep_call(QueueKeys(QUEUE), batch, Budgets(default=BUDGET))
     sha = client.script_load(body)
     redisstats.reset(client)
     before = redisstats.commandstats(client)

@@ -116,12 +116,17 @@ class SweepResult:
         return max(0.0, (self.next_at_ms - self.server_now_ms) / 1000)
 
 
-def _sweep_keys(keys: QueueKeys) -> list[str]:
-    return [
+def sweep_call(keys: QueueKeys, limit: int, budgets: Budgets, holds: Holds = Holds()) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV of one sweep call (scripts/sweep.lua's header)."""
+    key_names = [
         keys.active, keys.pending, keys.dead, keys.ring, keys.gactive, keys.glimit,
         keys.paused, keys.wake, keys.metrics_failed, keys.sweeper_totals, keys.sweeper_holds,
         keys.sweeper_hold_tokens,
     ]
+    args: list[Any] = [keys.prefix, limit, budgets.default, keys.events, holds.lead_ms, holds.hold_ms]
+    for lane, budget in budgets.lanes.items():
+        args += [lane, budget]
+    return key_names, args
 
 
 def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Holds = Holds()) -> SweepResult:
@@ -129,10 +134,8 @@ def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Ho
     (and at most ``limit`` leases held, and as many settled)."""
     check_positive("batch size", limit)
     keys = QueueKeys(queue)
-    args: list[Any] = [keys.prefix, limit, budgets.default, keys.events, holds.lead_ms, holds.hold_ms]
-    for lane, budget in budgets.lanes.items():
-        args += [lane, budget]
-    reply = run_script("sweep", client, keys, _sweep_keys(keys), args)
+    key_names, args = sweep_call(keys, limit, budgets, holds)
+    reply = run_script("sweep", client, keys, key_names, args)
     (recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems, held, uncounted, next_at, now,
      took_us) = reply
     # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
