@@ -125,7 +125,7 @@ def generate() -> str:
         lines += [f"{_text(schema.get('description', ''))}", ""]
         lines += [f"Plural `{names['plural']}`, short names "
                   + ", ".join(f"`{s}`" for s in names.get("shortNames", []))
-                  + f", categories " + ", ".join(f"`{c}`" for c in names.get("categories", []))
+                  + ", categories " + ", ".join(f"`{c}`" for c in names.get("categories", []))
                   + f"; {crd['spec']['scope'].lower()}.", ""]
         lines += ["#### Columns of `kubectl get`", "",
                   "| column | from | shown | description |", "| --- | --- | --- | --- |"]

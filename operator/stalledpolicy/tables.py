@@ -8,7 +8,7 @@ an error message must not break the table or drive the engineer's terminal.
 from __future__ import annotations
 
 import unicodedata
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 EMPTY = "-"
 ELLIPSIS = "…"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from stalledpolicy.controller.status import api_text
 

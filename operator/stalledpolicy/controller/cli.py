@@ -7,8 +7,7 @@ import os
 import re
 import sys
 
-from stalledpolicy.controller.config import (MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern,
-                                             check_metrics_port)
+from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern, check_metrics_port
 from stalledpolicy.kube_names import is_dns_label
 
 EXIT_USAGE = 2

@@ -12,7 +12,8 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
@@ -270,7 +271,8 @@ def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], w
     digest = (meta.get("annotations") or {}).get(APPLIED_DIGEST_ANNOTATION)
     seen = int(meta.get("generation") or 0)
     made = int((applied.get("metadata") or {}).get("generation") or 0)
-    if digest != wanted["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION] or made <= seen or is_deleting(state.body):
+    if (digest != wanted["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION]
+            or made <= seen or is_deleting(state.body)):
         return False
     with state.lock:
         recorded = [t for t in recorded_reverts(existing) if now - t < DRIFT_WINDOW]

@@ -35,8 +35,9 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterator, Mapping
+from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, VERSION
 
@@ -155,7 +156,7 @@ def uncounted_lapses_message(queue: str, before: int | None, now: int) -> str | 
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _message(text: str) -> str:
@@ -377,7 +378,7 @@ class DeferredPosts:
             recorder.post(*post)
 
     @contextlib.contextmanager
-    def flushed_to(self, recorder: Any) -> Iterator["DeferredPosts"]:
+    def flushed_to(self, recorder: Any) -> Iterator[DeferredPosts]:
         """``with posts.flushed_to(recorder), state.lock:`` posts once the lock is let
         go (context managers exit in reverse order), however the block ends."""
         try:

@@ -24,7 +24,8 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stalledpolicy.controller.api_errors import describe_api_error
 from stalledpolicy.kube_names import is_dns_label, is_dns_subdomain
@@ -59,7 +60,7 @@ def _time(value: Any) -> dt.datetime | None:
 
 def _stamp(when: dt.datetime) -> str:
     """A Lease's MicroTime, in UTC."""
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _spec_of(lease) -> dict[str, Any]:
@@ -91,7 +92,7 @@ class LeaseElector:
     CoordinationV1Api. ``try_hold()`` is one round (read, decide, write)."""
 
     def __init__(self, coordination, namespace: str, name: str, me: str, duration: float = DEFAULT_LEASE_SECONDS,
-                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
                  clock: Callable[[], float] | None = None) -> None:
         import time
 

@@ -17,7 +17,7 @@ keeps failing or hangs is a failing probe, and the kubelet restarts the pod.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from stalledpolicy.listen import listening_socket
@@ -51,7 +51,7 @@ class LivenessServer:
         self.port = self._socket.getsockname()[1]
         self._runner = None
 
-    async def start(self) -> "LivenessServer":
+    async def start(self) -> LivenessServer:
         import aiohttp.web
 
         async def healthy(_request):

@@ -13,8 +13,7 @@ import logging
 
 import kopf
 
-from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
-                                      VERSION)
+from stalledpolicy.controller import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL, VERSION
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage

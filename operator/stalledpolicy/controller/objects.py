@@ -10,7 +10,8 @@ one created earlier was deleted before the other was created.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from stalledpolicy.controller.redis_clients import PolicyKey
 

@@ -10,11 +10,11 @@ server named two ways is no change.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, RedisConfigError, SecretReader,
-                                                    resolve_url)
+from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
 from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words

@@ -8,11 +8,12 @@ a failure is the policy's condition, retried by the status loop."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from stalledpolicy.controller import events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.apply import adoptable, controller_owner, earlier_policy_uid, policy_owner
-from stalledpolicy.controller import events
 from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_clients import PolicyKey

@@ -13,17 +13,32 @@ with a growing delay.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from stalledpolicy.controller import events
-from stalledpolicy.controller.api_errors import (api_error_types, describe_api_error, namespace_terminating,
-                                                 with_policy_fields)
-from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid, read_deployment,
-                                            scale_to_zero)
+from stalledpolicy.controller.api_errors import (
+    api_error_types,
+    describe_api_error,
+    namespace_terminating,
+    with_policy_fields,
+)
+from stalledpolicy.controller.apply import (
+    apply_deployment,
+    conflict_reason,
+    earlier_policy_uid,
+    read_deployment,
+    scale_to_zero,
+)
 from stalledpolicy.controller.config import backoff
 from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
-from stalledpolicy.controller.retry import (APPLY_FAILED_FIRST_RETRY, NAME_CONFLICT_FIRST_RETRY,
-                                            OLD_SWEEPER_FIRST_RETRY, InvalidPolicy, RetryLater)
+from stalledpolicy.controller.retry import (
+    APPLY_FAILED_FIRST_RETRY,
+    NAME_CONFLICT_FIRST_RETRY,
+    OLD_SWEEPER_FIRST_RETRY,
+    InvalidPolicy,
+    RetryLater,
+)
 from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed

@@ -13,8 +13,9 @@ import hashlib
 import hmac
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from stalledpolicy.redis_url import connecting, errors, validation
 

@@ -11,15 +11,22 @@ announces a replay that status does not show.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, events
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_reading import failure_reason, safe_error
 from stalledpolicy.controller.redis_clients import RedisClients
-from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
-                                             served_replay, with_served)
+from stalledpolicy.controller.replay import (
+    InvalidReplayRequest,
+    replay_message,
+    requested_replay,
+    run_replay,
+    served_replay,
+    with_served,
+)
 from stalledpolicy.controller.status import Problem
 
 log = logging.getLogger("stalledpolicy.operator")

@@ -12,19 +12,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
-from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import (WRITE_ECHO_TIMEOUT, created_before, generation_of, metadata_of,
-                                              newer_deployment, RetiredUids, resource_version, policy_key, snapshot)
+from stalledpolicy.controller.objects import (
+    WRITE_ECHO_TIMEOUT,
+    RetiredUids,
+    created_before,
+    generation_of,
+    metadata_of,
+    newer_deployment,
+    policy_key,
+    resource_version,
+    snapshot,
+)
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, SecretReader, resolve_url,
-                                                    secret_value_digest)
+from stalledpolicy.controller.redis_clients import (
+    PolicyKey,
+    RedisClients,
+    SecretReader,
+    resolve_url,
+    secret_value_digest,
+)
 from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch

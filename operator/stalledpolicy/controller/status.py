@@ -8,18 +8,26 @@ changed: status_document.py.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from stalledpolicy.controller import events
-from stalledpolicy.policy.conditions import (FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE,
-                                             SWEEPER_IN_SYNC, TRUE, UNKNOWN)
+from stalledpolicy.policy.conditions import (
+    FALSE,
+    READY,
+    REDIS_REACHABLE,
+    SWEEPER_AVAILABLE,
+    SWEEPER_IN_SYNC,
+    TRUE,
+    UNKNOWN,
+)
 
 __all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "SWEEPER_IN_SYNC", "TRUE", "FALSE", "UNKNOWN"]
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class DeploymentState:
     stuck: str | None = None
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> "DeploymentState":
+    def from_object(cls, obj: Mapping[str, Any]) -> DeploymentState:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         replicas = spec.get("replicas")

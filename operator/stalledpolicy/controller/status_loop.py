@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
@@ -24,10 +25,23 @@ from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_q
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay
-from stalledpolicy.controller.status import (CONFIGURATION_REASONS, NO_URL_REASONS, READY, REDIS_REACHABLE, TRUE,
-                                             DeploymentState, Problem, condition_of, utc_now)
-from stalledpolicy.controller.status_document import (desired_status, status_json_patch, status_patch,
-                                                      without_queue_figures)
+from stalledpolicy.controller.status import (
+    CONFIGURATION_REASONS,
+    NO_URL_REASONS,
+    READY,
+    REDIS_REACHABLE,
+    TRUE,
+    DeploymentState,
+    Problem,
+    condition_of,
+    utc_now,
+)
+from stalledpolicy.controller.status_document import (
+    desired_status,
+    status_json_patch,
+    status_patch,
+    without_queue_figures,
+)
 
 log = logging.getLogger("stalledpolicy.operator")
 # Configuration problems a refresh finds with an answer of the API server (not

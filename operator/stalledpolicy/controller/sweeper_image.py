@@ -5,7 +5,8 @@ a sweeper already running a refused image scaled to zero."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from stalledpolicy.controller import events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error

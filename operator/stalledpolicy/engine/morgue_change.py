@@ -4,8 +4,9 @@ as :mod:`stalledpolicy.engine.morgue` reads it for stats and list."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from stalledpolicy.engine import morgue
 from stalledpolicy.engine.calls import as_text, check_positive, merged_problems, run_script

@@ -28,10 +28,18 @@ from stalledpolicy.morgue.report import PAST_TENSE, report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import report_view_failure, show_list, show_stats
 from stalledpolicy.redis_url.connecting import connect, single_attempt
-from stalledpolicy.redis_url.errors import (CREDENTIALS_ADVICE, is_credentials_refusal, is_missing_database,
-                                            is_read_only_refusal, missing_database_problem, is_slot_migrating,
-                                            is_tls_handshake_timeout, not_redis_problem, tls_mismatch_problem,
-                                            unreachable_errors)
+from stalledpolicy.redis_url.errors import (
+    CREDENTIALS_ADVICE,
+    is_credentials_refusal,
+    is_missing_database,
+    is_read_only_refusal,
+    is_slot_migrating,
+    is_tls_handshake_timeout,
+    missing_database_problem,
+    not_redis_problem,
+    tls_mismatch_problem,
+    unreachable_errors,
+)
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 from stalledpolicy.streams import ReaderMayLeave
 

@@ -42,12 +42,17 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy import tables
 from stalledpolicy.durations import parse_duration
+from stalledpolicy.keyspace import (
+    LANE_NAME_MAX,
+    QUEUE_NAME_MAX,
+    InvalidLaneName,
+    InvalidQueueName,
+    validate_lane_name,
+    validate_queue_name,
+)
 from stalledpolicy.kube_names import DNS_SUBDOMAIN, QUALIFIED_NAME
-from stalledpolicy.keyspace import (LANE_NAME_MAX, QUEUE_NAME_MAX, InvalidLaneName, InvalidQueueName,
-                                   validate_lane_name, validate_queue_name)
-from stalledpolicy.sweeper.config import BATCH_DEFAULT
+from stalledpolicy.sweeper.config import BATCH_DEFAULT, BUDGET_MAX, SETTINGS
 from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
-from stalledpolicy.sweeper.config import BUDGET_MAX, SETTINGS
 from stalledpolicy.sweeper.config import BATCH_MIN as BATCH_SIZE_MIN
 from stalledpolicy.sweeper.config import INTERVAL_MAX_S as SWEEP_INTERVAL_MAX_S
 from stalledpolicy.sweeper.config import INTERVAL_MIN_S as SWEEP_INTERVAL_MIN_S

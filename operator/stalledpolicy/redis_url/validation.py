@@ -13,7 +13,6 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-
 SCHEMES = ("redis://", "rediss://", "unix://")
 NETWORK_SCHEMES = ("redis://", "rediss://")
 # The forms our messages teach. A URL with the password (--redis-url, a Secret's value):
