@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from stalledpolicy.engine.calls import as_text, check_budget, check_positive, merged_problems, run_script
 from stalledpolicy.engine.sizing import CallSizer
@@ -181,7 +181,7 @@ def drain(
     total = SweepResult()
     while not should_stop():
         started = time.perf_counter()
-        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(batch_size), holds)
+        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(cast(int, batch_size)), holds)
         seconds = time.perf_counter() - started
         if sizer is not None:
             # Valkey freezes TIME within a script (server_us 0): the wall time then

@@ -126,7 +126,8 @@ def set_condition(
         "status": status,
         "reason": reason,
         "message": (message or "")[:MESSAGE_MAX],
-        "lastTransitionTime": previous["lastTransitionTime"] if keep_time else format_time(now),
+        "lastTransitionTime": (previous["lastTransitionTime"] if keep_time and previous is not None
+                               else format_time(now)),
     }
     if generation is not None:
         updated["observedGeneration"] = int(generation)

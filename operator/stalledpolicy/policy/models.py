@@ -267,6 +267,7 @@ def quantity_value(value: int | str) -> Decimal:
     if isinstance(value, int):
         return Decimal(value)
     shape = _QUANTITY_SHAPE.fullmatch(value)
+    assert shape is not None  # value is a quantity
     num, denom, suffix = shape["num"] or "0", shape["denom"] or "", shape["suffix"]
     mantissa = Decimal(f"{num}.{denom}" if denom else num)
     if suffix in _BINARY_SUFFIXES:
@@ -282,7 +283,9 @@ def _is_negative_quantity(value: int | str) -> bool:
     """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` is a quantity (is_quantity)."""
     if isinstance(value, int):
         return value < 0
-    mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value).group(1)
+    sign_and_mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value)
+    assert sign_and_mantissa is not None  # the pattern matches any text (all optional)
+    mantissa = sign_and_mantissa.group(1)
     return value.startswith("-") and any(digit in "123456789" for digit in mantissa)
 
 

@@ -134,6 +134,7 @@ def _parse_int(value: Any, what: str, *, maximum: int, out_of_range: str, shows_
     context = {_SHOWS_VALUE: True} if shows_value else {}
     if isinstance(value, bool):
         raise _fail(f"must be {what}")
+    number: int | None
     if isinstance(value, int):
         number = value
     elif isinstance(value, str):

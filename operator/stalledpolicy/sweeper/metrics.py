@@ -327,7 +327,7 @@ class _Server(HTTPServer):
         self.socket.close()  # the one made by the constructor, never bound
         self.socket = sock
         self.server_address = sock.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
+        self.server_name, self.server_port = sock.getsockname()[:2]
         self.max_connections = max_connections
         self.request_deadline_s = request_deadline_s
         self.response_deadline_s = response_deadline_s
