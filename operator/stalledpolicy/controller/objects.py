@@ -117,3 +117,7 @@ def sweeper_name(policy_name: str) -> str:
     from stalledpolicy.policy.builder import sweeper_name as name
 
     return name(policy_name)
+
+
+def is_deleting(obj: Mapping[str, Any] | None) -> bool:
+    return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))

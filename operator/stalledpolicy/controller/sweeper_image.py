@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stalledpolicy.controller import events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
@@ -14,8 +14,11 @@ from stalledpolicy.controller.apply import conflict_reason, read_deployment, sca
 from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.objects import asks_for_pods, sweeper_name
 from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY, InvalidPolicy, RetryLater
-from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+    from stalledpolicy.controller.runtime import Controller
+
 
 log = logging.getLogger("stalledpolicy.operator")
 
