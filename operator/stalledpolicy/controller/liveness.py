@@ -52,7 +52,7 @@ class LivenessServer:
         self._runner = None
 
     async def start(self) -> LivenessServer:
-        import aiohttp.web
+        import aiohttp.web  # deferred: only a liveness endpoint needs aiohttp
 
         async def healthy(_request):
             reason = self._not_ready()

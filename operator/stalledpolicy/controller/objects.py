@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.policy import builder
 
 
 def plain(value: Any) -> Any:
@@ -114,9 +115,7 @@ def asks_for_pods(deployment: Mapping[str, Any] | None) -> bool:
 
 
 def sweeper_name(policy_name: str) -> str:
-    from stalledpolicy.policy.builder import sweeper_name as name
-
-    return name(policy_name)
+    return builder.sweeper_name(policy_name)
 
 
 def is_deleting(obj: Mapping[str, Any] | None) -> bool:

@@ -40,7 +40,7 @@ def lanes_of(spec: Mapping[str, Any]) -> list[str]:
 def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader, clients: RedisClients,
                snapshot_fn: Callable[..., Any]):
     """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
 
     url = None

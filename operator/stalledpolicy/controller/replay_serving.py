@@ -28,6 +28,7 @@ from stalledpolicy.controller.replay import (
     with_served,
 )
 from stalledpolicy.controller.status import Problem
+from stalledpolicy.redis_url.connecting import connect, single_attempt
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -51,7 +52,7 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
         return None, snapshot
     if request is None:
         return None, snapshot
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
     replay_client = None
     try:
@@ -96,8 +97,6 @@ def _replay_client(url: str, timeout: float):
     need not be UTF-8, and a decoding client fails on the reply after the
     script has moved the jobs. Never resent: a replay that answered late
     would otherwise report its own moves as done by someone else."""
-    from stalledpolicy.redis_url.connecting import connect, single_attempt
-
     return connect(url, retry=single_attempt(), decode_responses=False, socket_timeout=timeout,
                    socket_connect_timeout=timeout)
 

@@ -22,6 +22,7 @@ from stalledpolicy.policy.conditions import (
     TRUE,
     UNKNOWN,
 )
+from stalledpolicy.redis_url.redaction import redact_urls
 
 __all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "SWEEPER_IN_SYNC", "TRUE", "FALSE", "UNKNOWN"]
 
@@ -101,8 +102,6 @@ def api_text(text: str) -> str:
     condition), as it wrote it: it names our sweeper Deployment, which holds no
     secret; any URL credentials are masked all the same, and it is cut at
     ``API_MESSAGE_MAX`` characters."""
-    from stalledpolicy.redis_url.redaction import redact_urls
-
     return redact_urls(str(text))[:API_MESSAGE_MAX]
 
 

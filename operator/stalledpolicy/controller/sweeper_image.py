@@ -28,7 +28,7 @@ SWEEPER_REPOSITORY = "ghcr.io/stalledpolicy/stalledpolicy-operator"
 
 def default_sweeper_image() -> str:
     """The operator's own image at its own version (one image runs both)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # deferred: read only when no sweeper image is set
 
     try:
         return f"{SWEEPER_REPOSITORY}:{version('stalledpolicy-operator')}"
