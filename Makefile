@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers clean
+.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -23,6 +23,13 @@ test: setup control-plane helm-docs
 
 test-fast: setup helm-docs
 	$(PY) -m pytest -m "not kube and not slow"
+
+# The code checks (tests/unit/test_code_quality.py runs them too, so `make test`
+# and CI enforce them): ruff, mypy ([tool.mypy]) and the import layers (.importlinter).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	PYTHONPATH=operator $(VENV)/bin/lint-imports
 
 setup: system-packages $(STAMP)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import echomq_seed  # noqa: E402
+
 from stalledpolicy.keyspace import QueueKeys  # noqa: E402
 
 QUEUE = "bench"
@@ -65,7 +66,7 @@ def build_commands(n: int, mode: str, batch: int) -> tuple[bytes, int]:
         for jid, group in part:
             row = keys.job(jid)
             target = keys.lane_pending(group) if group else keys.pending
-            event = '{"event":"stalled","job":"%s"}' % jid
+            event = f'{{"event":"stalled","job":"{jid}"}}'
             if mode == "naive":
                 chunks.append(_resp("ZREM", keys.active, jid))
                 chunks.append(_resp("HINCRBY", row, "stalled", 1))

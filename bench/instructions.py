@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import profile_script  # noqa: E402
+
 from stalledpolicy.devenv.ports import free_port  # noqa: E402
 from stalledpolicy.devenv.redis_server import RedisServer, _wait_ready, redis_server_binary  # noqa: E402
 from stalledpolicy.lua import expand, script  # noqa: E402

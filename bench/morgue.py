@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stalledpolicy import engine
 from stalledpolicy.devenv.redis_server import start_redis

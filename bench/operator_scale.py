@@ -59,10 +59,11 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.kube.operator_harness: the chart's RBAC rules
@@ -155,7 +156,7 @@ class Metrics:
     requests: Counter  # (VERB, resource[/sub], code) -> count, resource requests only
     rejected: float  # API priority and fairness: requests refused (429)
 
-    def __sub__(self, other: "Metrics") -> "Metrics":
+    def __sub__(self, other: Metrics) -> Metrics:
         diff = Counter(self.requests)
         diff.subtract(other.requests)
         return Metrics(Counter({k: v for k, v in diff.items() if v}), self.rejected - other.rejected)
@@ -1081,7 +1082,7 @@ def report(r: Result, facts: dict, args: argparse.Namespace, command: str) -> st
                        "operator per policy", f"quiet {r.quiet_s:.0f} s, all clients", "restart, operator"),
                       breakdown_rows(r))
     lines = [
-        f"## {r.policies:,} policies, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"## {r.policies:,} policies, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         "",
         f"Command: `{command}`",
         "",
@@ -1141,7 +1142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-interval", type=float, default=10.0,
                         help="the operator's status interval (its default, 10 s; only used to judge settling)")
     parser.add_argument("--operator-arg", action="append", default=[],
-                        help="extra argument for `stalledpolicy operator` (repeatable), e.g. --operator-arg=--status-workers=16")
+                        help="extra argument for `stalledpolicy operator` (repeatable), "
+                             "e.g. --operator-arg=--status-workers=16")
     parser.add_argument("--nice", type=int, default=0,
                         help="run the operator, the control plane and redis-server at this niceness (e.g. -10 "
                              "on a shared machine, so they are not starved by other work; root only)")

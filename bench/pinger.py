@@ -90,7 +90,7 @@ class Pinger:
                                     daemon=True)
         self.stats: PingStats | None = None
 
-    def __enter__(self) -> "Pinger":
+    def __enter__(self) -> Pinger:
         self._process.start()
         if not self._started.wait(30):
             raise RuntimeError("pinger did not start")

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
+
 from stalledpolicy.engine import Budgets  # noqa: E402
 from stalledpolicy.engine.sweep import sweep_call  # noqa: E402
 from stalledpolicy.keyspace import QueueKeys  # noqa: E402
@@ -82,7 +83,8 @@ VARIANTS = {
     "as shipped": lambda body: body,
     "no-publish": lambda body: NOOP + _replace(body, "redis.call('PUBLISH', channel, ", "__noop(channel, "),
     "no-json-scan": lambda body: _replace(
-        body, "local escape_ids = string.find(all_ids, '^[ -~]*$') == nil or string.find(all_ids, '\"', 1, true) ~= nil\n"
+        body, "local escape_ids = string.find(all_ids, '^[ -~]*$') == nil "
+              "or string.find(all_ids, '\"', 1, true) ~= nil\n"
               "  or string.find(all_ids, '\\\\', 1, true) ~= nil",
         "local escape_ids = false"),
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),

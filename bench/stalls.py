@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redisstats  # noqa: E402
+
 from stalledpolicy import engine  # noqa: E402
 from stalledpolicy.devenv.consumers import BEAT_MS, LEASE_MS, ConsumerPool, die_on  # noqa: E402
 from stalledpolicy.devenv.echomq import EchoMQ, seed_stalled, server_now_ms  # noqa: E402
@@ -442,11 +443,13 @@ def run_cost(server: Any, args: argparse.Namespace) -> list[Cost]:
 
 
 def cost_table(costs: list[Cost], out: Any = sys.stdout) -> None:
-    header = ["queue", "sweeper", "window s", "passes", "commands per pass", "EVALSHA/s", "inside scripts /s", "outside (gauges) /s",
-              "commands/s in all", "vs peer", "leases held", "renewer late max s", "inside-script mix /s"]
+    header = ["queue", "sweeper", "window s", "passes", "commands per pass", "EVALSHA/s", "inside scripts /s",
+              "outside (gauges) /s", "commands/s in all", "vs peer", "leases held", "renewer late max s",
+              "inside-script mix /s"]
     rows = []
     for c in costs:
-        peers = [p for p in costs if p.scenario == c.scenario and p.sweeper != c.sweeper and c.sweeper.startswith("lease")]
+        peers = [p for p in costs
+                 if p.scenario == c.scenario and p.sweeper != c.sweeper and c.sweeper.startswith("lease")]
         ratio = " / ".join((f"{c.total_per_s / p.total_per_s:.{0 if c.total_per_s >= 10 * p.total_per_s else 1}f}x "
                             f"({p.sweeper.split(',')[0]})") if p.total_per_s else "inf" for p in peers)
         mix = ", ".join(f"{n} {v:g}" for n, v in c.mix.items() if n not in ("evalsha", *SNAPSHOT_COMMANDS))
@@ -492,13 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-interval", type=_floats, default=[DEFAULTS.interval],
                         help=f"the peer's fixed intervals, s, comma-separated (default {DEFAULTS.interval:g}, "
                              "the default interval)")
-    parser.add_argument("--peer-cap-claims", type=int, default=20, help="a peer trial ends after this many poison claims")
+    parser.add_argument("--peer-cap-claims", type=int, default=20,
+                        help="a peer trial ends after this many poison claims")
     parser.add_argument("--peer-cap-s", type=float, default=90.0, help="... or after this many seconds")
     parser.add_argument("--holds-cap-s", type=float, default=60.0,
                         help="a trial of the shipped loop ends after this many seconds (reported, never expected)")
     parser.add_argument("--parallel", type=int, default=8, help="trials at once, each its own queue (default 8)")
     parser.add_argument("--healthy-rate", type=float, default=5.0, help="healthy jobs enqueued per second per trial")
-    parser.add_argument("--healthy-backlog", type=int, default=20, help="healthy jobs queued behind the poison at start")
+    parser.add_argument("--healthy-backlog", type=int, default=20,
+                        help="healthy jobs queued behind the poison at start")
     parser.add_argument("--flat", action="store_true",
                         help=f"jobs in the flat pending (default: one lane, {GROUP}, as EchoMQ.Consumer claims "
                              "through lanes; a lane job reaped or enqueued also pushes wake)")
@@ -517,8 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     logging.getLogger("stalledpolicy").setLevel(logging.ERROR)  # the loop's warnings per lost lapse: counted below
 
-    started_at = dt.datetime.now(dt.timezone.utc)
-    load_before = load_line()
+    started_at = dt.datetime.now(dt.UTC)
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     server = start_redis()
     version = server.client().info("server")["redis_version"]

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
 from pinger import Pinger  # noqa: E402
+
 from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
 QUEUE = "bench"
@@ -180,9 +181,11 @@ def print_healthy(rows: list[dict], out=sys.stdout) -> None:
 def print_table(runs: list[SweepRun], out=sys.stdout) -> None:
     servers = [r.server for r in runs]
     by_server = len(set(servers)) > 1
-    header = (("server",) if by_server else ()) + ("N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
-              "p99 call server ms", "calls > 5 ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
-    rows = [((server,) if by_server else ()) + (f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
+    header = (("server",) if by_server else ()) + (
+        "N", "batch", "jobs/s", "calls", "max call client ms", "max call server ms",
+        "p99 call server ms", "calls > 5 ms", "PING p50/p99/max ms", "BUSY", "cmds/job", "verified")
+    rows = [((server,) if by_server else ()) + (
+             f"{r.n:,}" + (f" (+{r.healthy:,} healthy)" if r.healthy else ""), str(r.batch),
              f"{r.jobs_per_s:,.0f}", f"{r.calls:,}", f"{r.client_max_call_ms:.2f}",
              f"{r.server_max_call_ms:.2f}", f"{r.server_p99_call_ms:.2f}", str(r.server_calls_over_5ms),
              f"{r.ping_p50_ms:.3f} / {r.ping_p99_ms:.3f} / {r.ping_max_ms:.2f}", str(r.busy_errors),

@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 import generated_part  # noqa: E402 - the shared module beside this script
+
 sys.path.insert(0, str(REPO / "operator"))
 
 PAGE = REPO / "docs" / "cli.md"

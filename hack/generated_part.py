@@ -8,8 +8,8 @@ their command line: rewrite the page, or ``--check`` that it is current.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 END = "<!-- END GENERATED -->"

@@ -23,8 +23,8 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +39,7 @@ import ceiling  # noqa: E402
 import redisstats  # noqa: E402
 import sweep  # noqa: E402
 from pinger import Pinger  # noqa: E402
+
 from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
 WORK = HERE / "work"

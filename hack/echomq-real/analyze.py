@@ -183,7 +183,7 @@ def trial(ns: argparse.Namespace) -> None:
                 lost.append(job)
     mon = parse_monitor(ns.monitor_log, ns.queue, poison)
     laps = lapses(mon["events"])
-    by = Counter(l["by"] for l in laps)
+    by = Counter(lapse["by"] for lapse in laps)
     poison_claims = len(claims[poison])
     dead_at = int(row.get("dead_at", 0) or 0) if row.get("state") == "dead" else None
     result = {
@@ -199,7 +199,7 @@ def trial(ns: argparse.Namespace) -> None:
         "stalled_field": int(row.get("stalled", 0) or 0),
         "poison_state": row.get("state"),
         "totals": {k: int(totals.get(k, 0)) for k in ("recovered", "dead_lettered", "uncounted")},
-        "holds_taken": sum(1 for l in laps if l["held_ms_before"] is not None),
+        "holds_taken": sum(1 for lapse in laps if lapse["held_ms_before"] is not None),
         "reap_calls": mon["reap_calls"],
         "reaps_per_s": round(mon["reap_calls"] / mon["span_s"], 1) if mon["span_s"] else None,
         "reaps_of_poison": mon["reaped_ids"][poison],
@@ -213,8 +213,9 @@ def trial(ns: argparse.Namespace) -> None:
         "healthy_completed": completed, "completed_metric": completed_count,
         "lost": len(lost), "lost_where": dict(where), "duplicated": len(dup),
         "conserved": not lost and not dup,
-        "lapse_detail": [{"held_before_ms": l["held_ms_before"], "by": l["by"], "after_deadline_ms": l["after_ms"]}
-                         for l in laps],
+        "lapse_detail": [{"held_before_ms": lapse["held_ms_before"], "by": lapse["by"],
+                          "after_deadline_ms": lapse["after_ms"]}
+                         for lapse in laps],
     }
     print(json.dumps(result))
 
@@ -224,7 +225,8 @@ def summary(ns: argparse.Namespace) -> None:
     groups: dict[tuple, list] = defaultdict(list)
     for row in rows:
         groups[(row["mode"], row["k"])].append(row)
-    print("| sweeper | K | trials | morgue within budget+1 claims | poison claims (each trial) | time to morgue s (median) "
+    print("| sweeper | K | trials | morgue within budget+1 claims | poison claims (each trial) "
+          "| time to morgue s (median) "
           "| lapses taken: counted / reaped uncounted | stalled field | totals rec/dead/uncounted (sum) "
           "| reap calls (median) | reaps/s (median) | conserved |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import re
 import sys
+from typing import cast
 
 # command -> module exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -36,12 +37,12 @@ class _Parser(argparse.ArgumentParser):
     reaches the option's own check, which says what is wrong with it, instead
     of argparse's "expected one argument" (it reads ``-5s`` as an option)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         from stalledpolicy.redis_url.redaction import redact_urls
 
         super().error(redact_urls(message))
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         if args is not None:
             args = self._negative_values_joined(list(args))
         return super().parse_known_args(args, namespace)
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extras:
         # named by the parser of the (sub)command they were given to: its usage, not the top level's
-        deepest = getattr(args, "_morgue_parser", None) or getattr(args, "_command_parser", parser)
+        deepest = cast(argparse.ArgumentParser,
+                       getattr(args, "_morgue_parser", None) or getattr(args, "_command_parser", parser))
         deepest.error(f"unrecognized arguments: {' '.join(extras)}")
     return importlib.import_module(args._module).run(args)

@@ -26,8 +26,8 @@ def parse_duration(text: str) -> float:
             f"{_shown(text)} is not a duration; write a number with a unit, for example 30s, 2m, 1h, 1h30m or 7d"
         )
     # a fraction below the nanosecond is dropped, as Go drops it
-    nanoseconds = sum(int(whole) * _UNIT_NS[unit] + int(fraction or 0) * _UNIT_NS[unit] // 10 ** len(fraction)
-                      for whole, fraction, unit in _PART.findall(value))
+    nanoseconds: int = sum(int(whole) * _UNIT_NS[unit] + int(fraction or 0) * _UNIT_NS[unit] // 10 ** len(fraction)
+                           for whole, fraction, unit in _PART.findall(value))
     if nanoseconds > LONGEST_S * 10**9:
         raise ValueError(f"{_shown(text)} is longer than 36500d (100 years); write a shorter duration")
     return nanoseconds / 10**9

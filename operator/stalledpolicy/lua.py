@@ -39,10 +39,11 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import (
@@ -72,7 +73,7 @@ class ScriptIncludeError(ValueError):
 _LEGACY = "legacy"  # Redis before 7: EVALSHA with the body without its shebang
 _PLAIN = "plain"    # the ACL refuses EVALSHA_RO / EVAL_RO: EVALSHA with the body as is
 # client -> _LEGACY or _PLAIN, once its first read-only call was refused
-_READ_ONLY_FALLBACK: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_READ_ONLY_FALLBACK: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _RO_COMMAND_REFUSED = re.compile(r"no permissions to run the '(?:evalsha_ro|eval_ro)' command")
 
 

@@ -8,7 +8,7 @@ an error message must not break the table or drive the engineer's terminal.
 from __future__ import annotations
 
 import unicodedata
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 EMPTY = "-"
 ELLIPSIS = "…"
@@ -168,7 +168,7 @@ def format_age(seconds: float | None) -> str:
         return EMPTY
     whole = max(0, int(seconds))
     units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    parts = []
+    parts: list[str] = []
     for name, size in units:
         if whole >= size or (name == "s" and not parts):
             parts.append(f"{whole // size}{name}")

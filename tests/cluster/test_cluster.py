@@ -18,7 +18,6 @@ from stalledpolicy import engine
 from stalledpolicy.devenv.echomq import EchoMQ, read_state
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.redis_url import errors
-
 from tests.redis.engine_rows import put_active, put_dead
 
 pytestmark = pytest.mark.redis

@@ -14,7 +14,6 @@ from redis.cluster import RedisCluster
 
 from stalledpolicy.devenv.echomq import EchoMQ, read_state
 from stalledpolicy.redis_url.connecting import connect
-
 from tests.cluster.test_cluster import _cli, queues_on_every_node
 
 pytestmark = pytest.mark.redis

@@ -13,7 +13,6 @@ import pytest
 from stalledpolicy.sweeper import loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import SweeperMetrics
-
 from tests.cluster.test_cluster import _three_stalled_jobs, slot_migrating
 
 pytestmark = pytest.mark.redis

@@ -30,9 +30,7 @@ from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.sweeper import client, loop
 from stalledpolicy.sweeper.config import SweeperConfig
 from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics
-
-from tests.cluster.test_cluster_sweeper_stop import (  # noqa: F401 (hung_queue_node: a fixture)
-    QUEUE, HangingRelay, _owner_port, hung_queue_node)
+from tests.cluster.test_cluster_sweeper_stop import QUEUE, HangingRelay, _owner_port, hung_queue_node  # noqa: F401 (hung_queue_node: a fixture)
 
 pytestmark = pytest.mark.redis
 
@@ -91,7 +89,7 @@ def _in_process_sweeper(url: str, monkeypatch):
     return sweeper, clock, server
 
 
-def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_queue_node, monkeypatch):
+def test_healthz_stays_fresh_while_the_cluster_client_retries_a_hung_node(hung_queue_node, monkeypatch):  # noqa: F811
     relay, url = hung_queue_node
     sweeper, clock, server = _in_process_sweeper(url, monkeypatch)
     # (attempt, /healthz, /readyz) as each attempt waits on the hung node

@@ -24,7 +24,6 @@ from redis.crc import key_slot
 
 from stalledpolicy.devenv.redis_server import RedisServer, start_cluster
 from stalledpolicy.keyspace import QueueKeys
-
 from tests.redis.test_sweeper_settings_signals_and_lanes import SWEEP, clean_env
 
 pytestmark = pytest.mark.redis

@@ -32,15 +32,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.devenv.controlplane import wait_crd_established
-from stalledpolicy.keyspace import QueueKeys
-from stalledpolicy.policy.builder import (METRICS_PORT_NAME, build_sweeper_deployment,
-                                          sweeper_name)
-from stalledpolicy.policy.models import StalledPolicySpec
+from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.devenv.ports import free_port
-from tests.kube.operator_harness import (LEASE_RULES, NAMESPACE_RULES, OPERATOR_RULES, PodRunnerThread, condition,
-                                         redis_secret, wait_for)
+from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.policy.builder import METRICS_PORT_NAME, build_sweeper_deployment, sweeper_name
+from stalledpolicy.policy.models import StalledPolicySpec
+from tests.kube.operator_harness import (
+    LEASE_RULES,
+    NAMESPACE_RULES,
+    OPERATOR_RULES,
+    PodRunnerThread,
+    condition,
+    redis_secret,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 

@@ -157,11 +157,13 @@ def test_sweeper_overrides_get_their_defaults(crd_installed, objects, kube_names
 
 def test_every_example_applies_and_its_values_survive(crd_installed, control_plane, objects, kube_namespace):
     for path in sorted((REPO / "examples").glob("*.yaml")):
-        control_plane.kubectl("apply", "--server-side", f"--field-manager={TEST_MANAGER}", "-n", kube_namespace, "-f", str(path))
+        control_plane.kubectl("apply", "--server-side", f"--field-manager={TEST_MANAGER}", "-n", kube_namespace,
+                              "-f", str(path))
         for doc in yaml.safe_load_all(path.read_text()):
             if not doc or doc["kind"] != KIND:
                 continue
-            stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, doc["metadata"]["name"])
+            stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
+                                                          doc["metadata"]["name"])
             for key, value in doc["spec"].items():
                 assert stored["spec"][key] == value, (path.name, key)
             StalledPolicySpec.from_k8s(stored["spec"])
@@ -221,7 +223,8 @@ REFUSED = [
         (with_(sweepInterval="0.6s0.3s0.0999s"), ["spec.sweepInterval", "must be from 1s to 1h"]),
         (with_(batchSize=0), ["spec.batchSize", "greater than or equal to 1"]),
         (with_(batchSize=10001), ["spec.batchSize", "less than or equal to 10000"]),
-        (with_(lanes=[{"name": "a"}, {"name": "b"}, {"name": "a", "maxStalled": 2}]), ["spec.lanes[2]", "Duplicate value"]),
+        (with_(lanes=[{"name": "a"}, {"name": "b"}, {"name": "a", "maxStalled": 2}]),
+         ["spec.lanes[2]", "Duplicate value"]),
         (with_(lanes=[{"name": "x=y"}]), ["spec.lanes[0].name", "lane name must not contain"]),
         (with_(lanes=[{"name": ""}]), ["spec.lanes[0].name", "lane name must not be empty"]),
         (
@@ -258,7 +261,8 @@ REFUSED = [
         ),
         (without("redis"), ["spec.redis", "Required value", "set redis.url", "or redis.secretRef {name, key}"]),
         (with_(redis={"url": "http://r:6379"}), ["spec.redis.url", "must start with redis:// or rediss://"]),
-        (with_(redis={"url": "redis://:s3cret@r:6379/0"}), ["spec.redis.url", "must not carry credentials", "secretRef"]),
+        (with_(redis={"url": "redis://:s3cret@r:6379/0"}),
+         ["spec.redis.url", "must not carry credentials", "secretRef"]),
         (with_(redis={"url": "redis://r:6379/0?password=s3cret"}), ["spec.redis.url", "must not carry credentials"]),
         (
             with_(redis={"secretRef": {"name": "Bad_Name"}}),
@@ -293,7 +297,8 @@ REFUSED = [
         (with_(sweeper={"tolerations": [{"key": "k", "value": "bad value!"}]}),
          ["spec.sweeper.tolerations[0].value", "toleration value must be a label value"]),
         (with_(sweeper={"nodeSelector": {"bad key!": "x"}}), ["spec.sweeper.nodeSelector", "must be label keys"]),
-        (with_(sweeper={"nodeSelector": {"disk": "bad value!"}}), ["spec.sweeper.nodeSelector", "must be label values"]),
+        (with_(sweeper={"nodeSelector": {"disk": "bad value!"}}),
+         ["spec.sweeper.nodeSelector", "must be label values"]),
         (with_(sweeper={"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "128Mi"}}}),
          ["spec.sweeper.resources.requests", "must not exceed sweeper.resources.limits"]),
         (with_(sweeper={"resources": {"requests": {"cpu": 2}, "limits": {"cpu": "1500m"}}}),
@@ -373,7 +378,8 @@ def test_one_bad_value_is_one_message(crd_installed, objects, kube_namespace, sp
     {"resources": {"limits": {"cpu": ".5", "memory": "512Mi"}, "requests": {"cpu": "1e-3", "memory": "1.5Ki"}}},
     # a request equal to its limit; resource names beyond cpu and memory
     {"resources": {"limits": {"cpu": "500m", "memory": "128Mi", "example.com/gpu": 1, "hugepages-2Mi": "64Mi"},
-                   "requests": {"cpu": "0.5", "memory": "134217728", "example.com/gpu": "1", "ephemeral-storage": "1Gi"}}},
+                   "requests": {"cpu": "0.5", "memory": "134217728", "example.com/gpu": "1",
+                                "ephemeral-storage": "1Gi"}}},
     {"nodeSelector": {"kubernetes.io/os": "linux", "node.example.com/pool": "", "tier": "batch_1.a-b"}},
     {"tolerations": [{"operator": "Exists"}, {"key": "dedicated", "operator": "Equal", "value": "queues",
                                               "effect": "NoSchedule"},
@@ -579,7 +585,8 @@ def test_the_queue_is_immutable_but_the_budget_is_not(crd_installed, objects, ku
     patched = objects.patch_namespaced_custom_object(
         GROUP, VERSION, kube_namespace, PLURAL, "orders", {"spec": {"maxStalled": 5, "sweepInterval": "10s"}}
     )
-    assert (patched["spec"]["queue"], patched["spec"]["maxStalled"], patched["spec"]["sweepInterval"]) == ("emails", 5, "10s")
+    spec = patched["spec"]
+    assert (spec["queue"], spec["maxStalled"], spec["sweepInterval"]) == ("emails", 5, "10s")
     assert patched["metadata"]["generation"] == created["metadata"]["generation"] + 1
 
 
@@ -684,7 +691,8 @@ def test_the_status_the_operator_writes_is_stored_whole(tenants, objects, kube_n
 
 
 def test_status_is_only_written_through_the_subresource(tenants, objects, kube_namespace):
-    objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": {"deadLetters": 999}})
+    objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants",
+                                           {"status": {"deadLetters": 999}})
     stored = objects.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "tenants")
     assert stored["status"]["deadLetters"] == 3
 
@@ -700,7 +708,8 @@ def test_a_status_condition_with_a_bad_type_or_reason_is_refused_once_in_words(t
     bad = copy.deepcopy(tenants["conditions"])
     bad[0][field] = value
     with pytest.raises(ApiException) as info:
-        objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants", {"status": {"conditions": bad}})
+        objects.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "tenants",
+                                                      {"status": {"conditions": bad}})
     assert info.value.status == 422
     [cause] = json.loads(info.value.body)["details"]["causes"]
     fix = {"type": conditions.CONDITION_TYPE_FIX, "reason": conditions.CONDITION_REASON_FIX}[field]
@@ -790,7 +799,8 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
     assert env["STALLEDPOLICY_REDIS_URL"].value is None
     assert env["STALLEDPOLICY_REDIS_URL"].value_from.secret_key_ref.name == "emails-redis"
 
-    patched = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails", {"spec": {"maxStalled": 4}})
+    patched = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails",
+                                                     {"spec": {"maxStalled": 4}})
     changed = apply_deployment(apps, built(patched["spec"], patched["metadata"]["generation"]))
     assert changed.metadata.generation == first.metadata.generation + 1
     old_hash = first.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
@@ -807,7 +817,8 @@ def test_the_sweeper_deployment_is_valid_idempotent_and_collected_with_its_polic
     assert not dropped.spec.template.spec.image_pull_secrets
     assert dropped.metadata.generation == changed.metadata.generation + 1
 
-    suspended = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails", {"spec": {"suspend": True}})
+    suspended = objects.patch_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails",
+                                                       {"spec": {"suspend": True}})
     assert apply_deployment(apps, built(suspended["spec"], suspended["metadata"]["generation"])).spec.replicas == 0
 
     objects.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "emails")
@@ -850,11 +861,13 @@ def test_the_sweeper_pod_is_admitted_under_the_restricted_pod_security_standard(
     core.patch_namespace(kube_namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
     created = create(objects, kube_namespace, with_(redis={"secretRef": {"name": "emails-redis"}}), name="strict")
     spec = StalledPolicySpec.from_k8s(created["spec"])
-    deployment = build_sweeper_deployment("strict", kube_namespace, created["metadata"]["uid"], spec, image="stalledpolicy:test")
+    deployment = build_sweeper_deployment("strict", kube_namespace, created["metadata"]["uid"], spec,
+                                          image="stalledpolicy:test")
     apply_deployment(apps, deployment)
     wait_for(lambda: _pods_of(core, kube_namespace, deployment), "the sweeper pod to be admitted", timeout=90)
 
-    control = build_sweeper_deployment("lax", kube_namespace, created["metadata"]["uid"], spec, image="stalledpolicy:test")
+    control = build_sweeper_deployment("lax", kube_namespace, created["metadata"]["uid"], spec,
+                                       image="stalledpolicy:test")
     del control["spec"]["template"]["spec"]["securityContext"]
     del control["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     # The first pods of a fresh namespace may wait for its default ServiceAccount.

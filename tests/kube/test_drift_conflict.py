@@ -11,9 +11,18 @@ import pytest
 from kubernetes import client
 
 from stalledpolicy.controller.drift import DRIFT_MAX_REVERTS, DRIFT_REVERTS_ANNOTATION
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
-                                         operator_kubeconfig, policy_manifest, read_deployment,
-                                         redis_secret, resumed, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    apply_crd,
+    condition,
+    events_for,
+    operator_kubeconfig,
+    policy_manifest,
+    read_deployment,
+    redis_secret,
+    resumed,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 

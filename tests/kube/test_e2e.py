@@ -22,8 +22,7 @@ import pytest
 from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.devenv.redis_server import start_redis
 from stalledpolicy.keyspace import QueueKeys
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
-                                         operator_kubeconfig, wait_for)
+from tests.kube.operator_harness import OperatorProcess, apply_crd, condition, events_for, operator_kubeconfig, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis, pytest.mark.slow]
 

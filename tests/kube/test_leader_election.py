@@ -15,8 +15,16 @@ import pytest
 from kubernetes import client
 
 from stalledpolicy.devenv.ports import free_port
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, log_entries, operator_kubeconfig,
-                                         policy_manifest, read_deployment, redis_secret, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    apply_crd,
+    log_entries,
+    operator_kubeconfig,
+    policy_manifest,
+    read_deployment,
+    redis_secret,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
@@ -100,7 +108,7 @@ def test_one_replica_acts_and_another_takes_over_when_it_stops_or_dies(
         # the Lease taken from under the leader (another holder, renewed now): it stops acting, exit 1
         lease = coordination.read_namespaced_lease("operator", ns)
         lease.spec.holder_identity = "intruder"
-        lease.spec.renew_time = datetime.datetime.now(datetime.timezone.utc)
+        lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
         coordination.replace_namespaced_lease("operator", ns, lease)
         assert replicas["c"].process.wait(LEASE_SECONDS * 2) == 1
         assert lines(replicas.pop("c"), "leader lease lost")

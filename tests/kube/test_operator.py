@@ -16,9 +16,18 @@ from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.reconcile import InvalidPolicy, reconcile
 from stalledpolicy.controller.wiring import build_controller
 from stalledpolicy.devenv.ports import free_port
-from tests.kube.operator_harness import (OperatorProcess, PodRunnerThread, apply_crd, condition,
-                                         events_for, operator_kubeconfig, policy_manifest,
-                                         read_deployment, redis_secret, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    PodRunnerThread,
+    apply_crd,
+    condition,
+    events_for,
+    operator_kubeconfig,
+    policy_manifest,
+    read_deployment,
+    redis_secret,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
@@ -192,7 +201,8 @@ def test_refuses_to_take_over_a_deployment_it_does_not_own(operator, apis, kube_
                                 if e.reason == "NameConflict"], "a NameConflict event")
     assert warning[0].type == "Warning"
     # An expected wait, said once as a warning by the operator: kopf's retry line is no ERROR.
-    retries = wait_for(lambda: kopf_retry_lines(operator, kube_namespace, "clash-sweeper already exists"), "kopf's retry line")
+    retries = wait_for(lambda: kopf_retry_lines(operator, kube_namespace, "clash-sweeper already exists"),
+                       "kopf's retry line")
     assert {entry["level"] for entry in retries} == {"info"}, retries
     time.sleep(2)  # a retry may run meanwhile; it must not write either
     after = read_deployment(apps, kube_namespace, "clash-sweeper")

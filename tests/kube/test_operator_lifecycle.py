@@ -10,8 +10,16 @@ import pytest
 from kubernetes import client
 
 from stalledpolicy.keyspace import QueueKeys
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, operator_kubeconfig,
-                                         policy_manifest, read_deployment, redis_secret, resumed, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    apply_crd,
+    operator_kubeconfig,
+    policy_manifest,
+    read_deployment,
+    redis_secret,
+    resumed,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 

@@ -9,9 +9,17 @@ import time
 import pytest
 from kubernetes import client
 
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, events_for,
-                                         operator_kubeconfig, policy_manifest, read_deployment,
-                                         redis_secret, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    apply_crd,
+    condition,
+    events_for,
+    operator_kubeconfig,
+    policy_manifest,
+    read_deployment,
+    redis_secret,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 

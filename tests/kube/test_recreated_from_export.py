@@ -18,8 +18,15 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube.operator_harness import (OperatorProcess, apply_crd, condition, operator_kubeconfig,
-                                         policy_manifest, redis_secret, wait_for)
+from tests.kube.operator_harness import (
+    OperatorProcess,
+    apply_crd,
+    condition,
+    operator_kubeconfig,
+    policy_manifest,
+    redis_secret,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 

@@ -104,7 +104,8 @@ def test_a_flow_child_is_marked_and_its_parent_named_as_waiting(r, url, queue_na
     text = " ".join(line.strip() for line in legend_of(result.stdout))
     assert text.startswith("[flow child]") and "its parent job waits for it" in text
     assert "replay it to let the parent go on" in text
-    jobs = {job["id"]: job for job in json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)["jobs"]}
+    listed = json.loads(morgue(url, "list", "--queue", queue_name, "-o", "json").stdout)
+    jobs = {job["id"]: job for job in listed["jobs"]}
     assert jobs["JOB001"]["warning"] is None and jobs["JOB002"]["warning"].startswith("flow child: ")
 
 

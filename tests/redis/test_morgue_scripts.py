@@ -9,9 +9,8 @@ import pytest
 import redis
 
 from stalledpolicy import engine
-from stalledpolicy.engine import Budgets, DeadJob
-
 from stalledpolicy.devenv.echomq import EchoMQ
+from stalledpolicy.engine import Budgets, DeadJob
 from tests.redis.engine_rows import dump, echomq_reprocess, put_active, put_dead, reclaim, restricted_user, server_ms
 
 pytestmark = pytest.mark.redis

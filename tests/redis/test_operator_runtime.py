@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 
 import pytest
 import redis

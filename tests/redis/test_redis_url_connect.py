@@ -90,7 +90,6 @@ def test_a_server_answering_neither_info_nor_hello_is_refused_naming_info(tmp_pa
     cluster taken so fails with MOVED on every queue of another node)."""
     import subprocess
     import sys
-
     import time
 
     from stalledpolicy.devenv.ports import free_port

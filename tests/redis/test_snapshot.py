@@ -6,7 +6,6 @@ import pytest
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets, LaneSnapshot, QueueSnapshot
-
 from tests.redis.engine_rows import put_active, put_dead, server_ms
 
 pytestmark = pytest.mark.redis

@@ -13,7 +13,6 @@ import pytest
 from stalledpolicy import engine
 from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.engine import Budgets, Holds
-
 from tests.redis.engine_rows import put_active, restricted_user, server_ms
 
 pytestmark = pytest.mark.redis

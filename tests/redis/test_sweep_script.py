@@ -9,9 +9,14 @@ import redis
 
 from stalledpolicy import engine
 from stalledpolicy.engine import Budgets
-
 from tests.redis.engine_rows import (
-    EXPIRED, EventTap, echomq_complete, put_active, reclaim, restricted_user, server_ms,
+    EXPIRED,
+    EventTap,
+    echomq_complete,
+    put_active,
+    reclaim,
+    restricted_user,
+    server_ms,
 )
 
 pytestmark = pytest.mark.redis

@@ -19,8 +19,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

@@ -199,8 +199,8 @@ def test_once_keeps_lanes_that_differ_in_bytes_that_are_not_utf8_apart(redis_ser
     assert summary["recovered"] == 4
     assert summary["lanes"] == {
         "l\udcfe": {"recovered": 1, "dead_lettered": 0},
-        "l\udcff": {"recovered": 2, "dead_lettered": 0},
-        "l\ufffd": {"recovered": 1, "dead_lettered": 0},
+        "l\udcff": {"recovered": 2, "dead_lettered": 0},  # noqa: F601 (ruff sees lone surrogates as one key)
+        "l\ufffd": {"recovered": 1, "dead_lettered": 0},  # noqa: F601 (ruff sees lone surrogates as one key)
     }
     assert '"l\\udcfe"' in done.stdout and '"l\\udcff"' in done.stdout  # as the morgue's JSON writes them
     # the log line: as the morgue's tables show a lane

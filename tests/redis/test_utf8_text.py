@@ -19,7 +19,6 @@ from stalledpolicy import engine
 from stalledpolicy.engine import Budgets
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.lua import script
-
 from tests.redis.engine_rows import EXPIRED
 
 pytestmark = pytest.mark.redis

@@ -260,7 +260,8 @@ def test_an_inline_url_ignores_a_secret_digest():
 
 def test_a_different_uid_only_changes_the_owner_reference():
     one = build()
-    other = build_sweeper_deployment("orders", "queues", "another-uid", spec_of(), image=container(one)["image"], scripts_digest=DIGEST)
+    other = build_sweeper_deployment("orders", "queues", "another-uid", spec_of(), image=container(one)["image"],
+                                     scripts_digest=DIGEST)
     assert other["spec"] == one["spec"]
     assert other["metadata"]["ownerReferences"][0]["uid"] == "another-uid"
 
@@ -314,7 +315,8 @@ def test_sweeper_overrides_reach_the_pod():
         "limits": {"cpu": 1, "memory": "128Mi"},
     }
     assert pod(deployment)["nodeSelector"] == {"pool": "queues"}
-    assert pod(deployment)["tolerations"] == [{"key": "queues", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
+    assert pod(deployment)["tolerations"] == [
+        {"key": "queues", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
     assert pod(deployment)["priorityClassName"] == "queue-critical"
 
 
@@ -327,7 +329,8 @@ def test_without_overrides_the_default_image_and_modest_resources():
 
 
 def test_image_pull_secrets_reach_the_pod_in_order():
-    deployment = build(spec_of(sweeper={"imagePullSecrets": [{"name": "registry-credentials"}, {"name": "mirror.example"}]}))
+    deployment = build(spec_of(sweeper={"imagePullSecrets": [{"name": "registry-credentials"},
+                                                             {"name": "mirror.example"}]}))
     assert pod(deployment)["imagePullSecrets"] == [{"name": "registry-credentials"}, {"name": "mirror.example"}]
 
 

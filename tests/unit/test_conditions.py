@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -18,7 +18,7 @@ from stalledpolicy.policy.conditions import (
     set_conditions,
 )
 
-T0 = datetime(2026, 12, 2, 15, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 15, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
 
 
@@ -91,7 +91,8 @@ def test_a_type_the_crd_would_refuse_is_refused(type_):
         set_condition([], type_, True, "Sweeping", "", 1, T0)
 
 
-@pytest.mark.parametrize("type_", [READY, SWEEPER_AVAILABLE, REDIS_REACHABLE, "example.com/SweeperAvailable", "a_b.c-d"])
+@pytest.mark.parametrize("type_",
+                         [READY, SWEEPER_AVAILABLE, REDIS_REACHABLE, "example.com/SweeperAvailable", "a_b.c-d"])
 def test_a_type_the_crd_takes_is_taken(type_):
     assert set_condition([], type_, True, "Sweeping", "", 1, T0)[0]["type"] == type_
 
@@ -127,7 +128,10 @@ def test_naive_times_are_refused_and_strings_pass_through():
 
 def test_set_conditions_applies_several_at_once():
     conditions = set_conditions(
-        [], [Condition(SWEEPER_AVAILABLE, "True", "DeploymentAvailable"), Condition(REDIS_REACHABLE, "False", "Timeout", "t")], 5, T0
+        [],
+        [Condition(SWEEPER_AVAILABLE, "True", "DeploymentAvailable"),
+         Condition(REDIS_REACHABLE, "False", "Timeout", "t")],
+        5, T0,
     )
     assert [(c["type"], c["status"], c["observedGeneration"]) for c in conditions] == [
         (SWEEPER_AVAILABLE, "True", 5),

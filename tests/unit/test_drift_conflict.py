@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from stalledpolicy.controller import drift
+from stalledpolicy.controller import drift, drift_reverts
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.status import condition_of
 from tests.unit.contention import WatchedLock, run_until_done_or_blocked
@@ -220,7 +220,7 @@ def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_syn
         refreshers.append(run_until_done_or_blocked(refresh, lock))
         return ended
 
-    monkeypatch.setattr(drift, "end_conflict_by_edit", a_refresh_right_after)
+    monkeypatch.setattr(drift_reverts, "end_conflict_by_edit", a_refresh_right_after)
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
     reconcile(ctl, body)

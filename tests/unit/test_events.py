@@ -11,8 +11,7 @@ import threading
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from stalledpolicy.controller.events import (COMBINED_PREFIX, DEAD_LETTERED, EventRecorder,
-                                             dead_letter_growth_message)
+from stalledpolicy.controller.events import COMBINED_PREFIX, DEAD_LETTERED, EventRecorder, dead_letter_growth_message
 
 
 class Response:

@@ -13,8 +13,7 @@ import pytest
 from kopf._cogs.structs import diffs
 from kopf._core.intents import causes
 
-from stalledpolicy.controller.kopf_storage import (UidDiffBaseStorage, UidProgressStorage,
-                                                   annotation_owners)
+from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage, annotation_owners
 
 PREFIX = "operator.queues.emq.dev"
 DIFFBASE_KEY = f"{PREFIX}/last-handled-configuration"

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from stalledpolicy.controller.leader import Leadership, LeaseElector, decide, parse_lease
 
-T0 = dt.datetime(2026, 12, 4, 12, 0, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 12, 4, 12, 0, 0, tzinfo=dt.UTC)
 
 
 def spec(holder, renewed=T0, seconds=15):
@@ -184,7 +184,8 @@ def test_a_lease_the_api_refuses_while_waiting_ends_the_replica_with_the_api_s_w
         assert not leadership._round(waiting=True)
     assert ended == [2]
     [error] = caplog.records
-    assert 'cannot get resource "leases"' in error.getMessage() and "leases create, get and update" in error.getMessage()
+    message = error.getMessage()
+    assert 'cannot get resource "leases"' in message and "leases create, get and update" in message
 
 
 @pytest.mark.parametrize("text", ["ns/op", "stalledpolicy-system/stalledpolicy-operator", "a/b.c"])

@@ -152,9 +152,11 @@ def test_every_example_policy_is_valid(path):
         ({"sweeper": {"tolerations": [{"operator": "Maybe"}]}}, "spec.sweeper.tolerations[0].operator", "Exists"),
         ({"sweeper": {"tolerations": [{"effect": "Sometimes"}]}}, "spec.sweeper.tolerations[0].effect", "NoSchedule"),
         ({"sweeper": {"nodeSelector": {"zone": 1}}}, "spec.sweeper.nodeSelector.zone", "string"),
-        ({"sweeper": {"imagePullSecrets": [{"name": "Bad_Name"}]}}, "spec.sweeper.imagePullSecrets[0].name", "Secret name"),
+        ({"sweeper": {"imagePullSecrets": [{"name": "Bad_Name"}]}},
+         "spec.sweeper.imagePullSecrets[0].name", "Secret name"),
         ({"sweeper": {"imagePullSecrets": [{}]}}, "spec.sweeper.imagePullSecrets[0].name", "is required"),
-        ({"sweeper": {"imagePullSecrets": [{"name": ""}]}}, "spec.sweeper.imagePullSecrets[0].name", "must not be empty"),
+        ({"sweeper": {"imagePullSecrets": [{"name": ""}]}},
+         "spec.sweeper.imagePullSecrets[0].name", "must not be empty"),
         ({"sweeper": {"imagePullSecrets": ["regcred"]}}, "spec.sweeper.imagePullSecrets[0]", "{name} objects"),
         (
             {"sweeper": {"imagePullSecrets": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}},
@@ -251,7 +253,8 @@ def test_a_credential_free_url_is_accepted(url):
 
 def test_lane_budgets_override_the_policy_budget_in_spec_order():
     spec = StalledPolicySpec.from_k8s(
-        spec_with(maxStalled=2, lanes=[{"name": "imports", "maxStalled": 1}, {"name": "reports"}, {"name": "billing", "maxStalled": 0}])
+        spec_with(maxStalled=2, lanes=[{"name": "imports", "maxStalled": 1}, {"name": "reports"},
+                                       {"name": "billing", "maxStalled": 0}])
     )
     assert spec.lane_budgets() == {"imports": 1, "reports": 2, "billing": 0}
     assert spec.lanes_env() == "imports=1,reports=2,billing=0"
@@ -260,7 +263,8 @@ def test_lane_budgets_override_the_policy_budget_in_spec_order():
 
 def test_sweeper_env_carries_the_whole_sweep_config():
     spec = StalledPolicySpec.from_k8s(
-        spec_with(maxStalled=3, sweepInterval="15s", batchSize=500, lanes=[{"name": "a", "maxStalled": 3}, {"name": "b", "maxStalled": 0}])
+        spec_with(maxStalled=3, sweepInterval="15s", batchSize=500,
+                  lanes=[{"name": "a", "maxStalled": 3}, {"name": "b", "maxStalled": 0}])
     )
     env = env_of(spec)
     values = {name: entry.get("value") for name, entry in env.items()}
@@ -292,7 +296,8 @@ def test_the_sweeper_accepts_the_env_the_operator_writes():
     from stalledpolicy.sweeper.config import load_config
 
     spec = StalledPolicySpec.from_k8s(
-        spec_with(maxStalled=4, sweepInterval="1m30s", batchSize=250, lanes=[{"name": "imports", "maxStalled": 1}, {"name": "reports"}],
+        spec_with(maxStalled=4, sweepInterval="1m30s", batchSize=250,
+                  lanes=[{"name": "imports", "maxStalled": 1}, {"name": "reports"}],
                   redis={"secretRef": {"name": "s"}})
     )
     environ = {}
@@ -487,8 +492,10 @@ def test_the_crd_judges_the_url_form_with_the_model_patterns_and_words():
              f'self.url.matches(r"{models.URL_FORM_UNJUDGED_PATTERN}") || ')
     assert rules[f"redis.url {models.URL_PORT_PROBLEM}"] == guard + (
         f'!self.url.matches(r"{models.URL_WITH_PORT_PATTERN}") || self.url.matches(r"{models.URL_PORT_PATTERN}")')
-    assert rules[f"redis.url {models.URL_NO_HOST_PROBLEM}"] == guard + f'!self.url.matches(r"{models.URL_NO_HOST_PATTERN}")'
-    assert rules[f"redis.url {models.URL_DB_PATH_PROBLEM}"] == guard + f'self.url.matches(r"{models.URL_DB_PATH_PATTERN}")'
+    assert rules[f"redis.url {models.URL_NO_HOST_PROBLEM}"] == (
+        guard + f'!self.url.matches(r"{models.URL_NO_HOST_PATTERN}")')
+    assert rules[f"redis.url {models.URL_DB_PATH_PROBLEM}"] == (
+        guard + f'self.url.matches(r"{models.URL_DB_PATH_PATTERN}")')
 
 
 def test_the_url_form_rules_refuse_no_url_the_operator_accepts():

@@ -103,7 +103,8 @@ def test_the_liveness_url_reaches_the_startup_handler_through_the_env(monkeypatc
     setting does, for `kopf run -m`), and kopf is not asked to serve it itself."""
     import kopf
 
-    from stalledpolicy.cli import build_parser, main as cli_main
+    from stalledpolicy.cli import build_parser
+    from stalledpolicy.cli import main as cli_main
     from stalledpolicy.controller import cli, main
     from stalledpolicy.controller.cli import config_from_args
 
@@ -240,10 +241,10 @@ def test_a_liveness_port_taken_after_the_check_is_one_line_and_exit_2(monkeypatc
     startup, and the operator ended with kopf's ActivityError and a traceback.
     Real kopf.run, real listener; the check is made to pass as if the port were
     taken just after it."""
+    import os
+
     from stalledpolicy.cli import main as cli_main
     from stalledpolicy.controller import cli, main, wiring
-
-    import os
 
     for name in ("_controller", "_started", "_startup_problem", "_metrics_server"):
         monkeypatch.setattr(main, name, getattr(main, name))  # restored after the test

@@ -14,8 +14,7 @@ import pytest
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.scheduler import Scheduler
-from tests.unit.test_operator_parts import (FakeApps, api_error, b64, fake_controller, policy_body,
-                                            reconciled_policy)
+from tests.unit.test_operator_parts import FakeApps, api_error, b64, fake_controller, policy_body, reconciled_policy
 
 RECONCILES = "stalledpolicy_operator_reconciles_total"
 FAILURES = "stalledpolicy_operator_status_refresh_failures_total"

@@ -16,16 +16,14 @@ import pytest
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
 from stalledpolicy.controller.apply import conflict_reason, policy_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
-from stalledpolicy.controller.events import (budget_change_message, build_event,
-                                             dead_letter_growth_message)
+from stalledpolicy.controller.events import budget_change_message, build_event, dead_letter_growth_message
 from stalledpolicy.controller.logfilter import KopfRecordFilter
-from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
-from stalledpolicy.controller.replay import (InvalidReplayRequest, ReplayRequest, replay_warning,
-                                               requested_replay)
-from stalledpolicy.engine import ReplayResult
 from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
+from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
+from stalledpolicy.engine import ReplayResult
 
 
 def b64(text: str) -> str:
@@ -1204,7 +1202,8 @@ def test_allowed_sweeper_images_from_env_and_its_errors():
     assert OperatorConfig.from_env({}).allowed_sweeper_images == ()
     assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": ""}).allowed_sweeper_images == ()
     assert "STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES" not in OperatorConfig().to_env()
-    assert OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "*"}).allowed_sweeper_images == ("*",)
+    config = OperatorConfig.from_env({"STALLEDPOLICY_OPERATOR_ALLOWED_SWEEPER_IMAGES": "*"})
+    assert config.allowed_sweeper_images == ("*",)
     for raw, complaint in [("registry.example/*/x", "only at the end"), ("a:1,,b:1", "an entry is empty"),
                            ("a:1,", "an entry is empty"), ("a b:1", "no whitespace"), ("**", "only at the end"),
                            ("registry.example*", "ends at a '/', ':' or '@'")]:

@@ -64,8 +64,8 @@ def test_the_operator_digests_the_url_the_sweeper_reads(stored):
     through redis_url.validation.stored_url; the operator's digest of the value, which rolls the
     sweeper's pods, is taken over the same URL: whitespace around it rolls nothing."""
     from stalledpolicy.controller.redis_clients import secret_value_digest
-    from stalledpolicy.policy.models import StalledPolicySpec
     from stalledpolicy.policy.builder import build_sweeper_deployment
+    from stalledpolicy.policy.models import StalledPolicySpec
     from stalledpolicy.redis_url.validation import stored_url
     from stalledpolicy.sweeper.config import load_config
 

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
-from stalledpolicy.controller.redis_hosts import PENDING, HostResolver, same_server
 from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.redis_hosts import PENDING, HostResolver, same_server
 from tests.unit.test_queue_claims import key_of, newer_state, policy, start, sweeping
 
 SERVICE_IP = "10.96.0.12"

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from stalledpolicy.controller.status import (
-    FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, TRUE, DeploymentState, Problem,
-    ReconcileOutcome, condition_of, sweeper_condition)
+    FALSE,
+    READY,
+    REDIS_REACHABLE,
+    SWEEPER_AVAILABLE,
+    TRUE,
+    DeploymentState,
+    Problem,
+    ReconcileOutcome,
+    condition_of,
+    sweeper_condition,
+)
 from stalledpolicy.controller.status_document import desired_status, status_patch
 from stalledpolicy.engine import LaneSnapshot, QueueSnapshot
 

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -177,7 +177,7 @@ def test_tricklers_beyond_the_cap_hold_no_more_threads_than_the_cap(servers, tri
     slow = tricklers(server.port)
     first = slow.open(cap)
     eventually(lambda: server.open_connections == cap, what="the cap filled")
-    for sock in slow.open(3):
+    for _sock in slow.open(3):
         assert connection_threads() <= cap and server.open_connections <= cap
         time.sleep(0.2)  # its accept, and what the trickle thread does meanwhile
         assert connection_threads() <= cap and server.open_connections <= cap

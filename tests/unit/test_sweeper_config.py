@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from pydantic import ValidationError
 
 from stalledpolicy.sweeper import cli
 from stalledpolicy.sweeper.config import ConfigError, SweeperConfig, load_config
@@ -229,9 +230,9 @@ def test_the_password_never_appears_in_messages_repr_or_description(capsys):
 
 def test_config_is_immutable_and_rejects_unknown_fields():
     config = SweeperConfig(queue="q")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.queue = "other"  # type: ignore[misc]
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         SweeperConfig(queue="q", surprise=1)  # type: ignore[call-arg]
 
 

@@ -4,7 +4,6 @@ malformed --metrics-address with --once."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from stalledpolicy import keyspace

@@ -17,8 +17,13 @@ import json
 import pytest
 
 from stalledpolicy.controller.reconcile import reconcile
-from tests.unit.test_budget_changed_events import (StatusWriteAnswering, budget_events, edited, max_stalled_of,
-                                                   running_budget)
+from tests.unit.test_budget_changed_events import (
+    StatusWriteAnswering,
+    budget_events,
+    edited,
+    max_stalled_of,
+    running_budget,
+)
 from tests.unit.test_operator_parts import api_error, b64, reconciled_policy
 from tests.unit.test_reconcile_races import while_held
 

@@ -3,7 +3,8 @@
 ``main`` registers the kopf handlers (and nothing else); the work is done by
 small modules: ``reconcile`` (policy -> Deployment), ``sweeper_image`` (the
 image allowlist), ``reapply`` (re-applies outside kopf's handlers: a deleted
-sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy),
+sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy;
+``drift_reverts``: its revert budget),
 ``apply`` (server-side apply), ``runtime`` (the operator's memory, the
 ``Controller``), ``status_loop`` (each policy's status refreshed and written),
 ``queue_reading`` (the queue read for it), ``objects`` (kopf's bodies, and which

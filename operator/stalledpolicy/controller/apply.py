@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
-from stalledpolicy.policy.builder import (CONTAINER_NAME, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL,
-                                          sweeper_labels)
+from stalledpolicy.policy.builder import CONTAINER_NAME, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, sweeper_labels
 from stalledpolicy.sweeper.config import ENV_PREFIX
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -87,7 +87,7 @@ def _json(response) -> dict:
 
 
 def read_deployment(apps, namespace: str, name: str) -> dict | None:
-    from kubernetes.client.exceptions import ApiException
+    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
     try:
         return _json(apps.read_namespaced_deployment(name, namespace, _preload_content=False))

@@ -7,14 +7,14 @@ import os
 import re
 import sys
 
-from stalledpolicy.controller.config import (MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern,
-                                             check_metrics_port)
+from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern, check_metrics_port
 from stalledpolicy.kube_names import is_dns_label
 
 EXIT_USAGE = 2
 
 
 def _seconds(text: str) -> float:
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.durations import parse_duration
 
     try:
@@ -28,6 +28,7 @@ def _seconds(text: str) -> float:
 
 
 def _lease(text: str) -> str:
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.leader import parse_lease
 
     try:
@@ -146,6 +147,7 @@ def metrics_listen_problem(address: str, port: int) -> str | None:
     before kopf starts, so a port in use is one line and exit 2 (the server itself
     binds at kopf's startup: a port taken in between is the same line and exit 2,
     see _listen_failure)."""
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.listen import listening_socket
 
     try:
@@ -160,6 +162,7 @@ def ports_problem(metrics_port: int, liveness: str | None) -> str | None:
     """The metrics server and the liveness endpoint on one port, or None (as the
     chart's schema refuses operator.metricsPort equal to operator.livenessPort):
     the second server would fail to listen, or on some hosts share the port."""
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.liveness import parse_endpoint
 
     if not metrics_port or not liveness:
@@ -177,6 +180,7 @@ def ports_problem(metrics_port: int, liveness: str | None) -> str | None:
 def liveness_problem(url: str) -> str | None:
     """Why the liveness endpoint could not be served at ``url``, or None; checked
     before kopf starts, as the metrics port is."""
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.liveness import parse_endpoint
     from stalledpolicy.listen import listening_socket
 
@@ -193,7 +197,7 @@ def liveness_problem(url: str) -> str | None:
 def credentials_problem() -> str | None:
     """Why no Kubernetes credentials can be loaded, or None. Checked before kopf
     starts: kopf would retry its login every minute, with a traceback, for ever."""
-    from kubernetes import config
+    from kubernetes import config  # deferred: the kubernetes client takes 0.4 s to import
 
     try:
         config.load_incluster_config()
@@ -251,14 +255,15 @@ def run(args: argparse.Namespace) -> int:
     # `kopf run -m stalledpolicy.controller.main` behaves the same.
     os.environ.update(config.to_env())
 
-    from stalledpolicy import logs
+    from stalledpolicy import logs  # deferred: the arguments are checked before kopf and the operator load
 
     logs.configure(args.log_format, args.log_level)
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller import logfilter
 
     logfilter.install()
 
-    import kopf
+    import kopf  # deferred: the arguments are checked before kopf and the operator load
 
     import stalledpolicy.controller.main  # noqa: F401 - registers the handlers
 
@@ -283,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _listen_failure(exc: BaseException):
     """The ListenFailed of a startup handler behind kopf's ActivityError, or None."""
+    # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.main import ListenFailed
 
     outcomes = getattr(exc, "outcomes", None) or {}

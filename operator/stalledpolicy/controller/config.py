@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-
 import os
 import re
 from dataclasses import dataclass
@@ -116,7 +115,7 @@ class OperatorConfig:
         return self.handler_workers + self.status_workers
 
     @classmethod
-    def from_env(cls, environ: os._Environ | dict | None = None) -> "OperatorConfig":
+    def from_env(cls, environ: os._Environ | dict | None = None) -> OperatorConfig:
         env = os.environ if environ is None else environ
         defaults = cls()
 

@@ -4,31 +4,41 @@ DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds. Past that another writer is
 fighting the operator: a DriftConflict (an event, a log line, a metric and the
 policy's SweeperInSync condition) and no more reverts until the sweeper has been
 left alone a whole window. The reverts are recorded on the Deployment and the
-conflict in the policy's status, so an operator restart changes neither."""
+conflict in the policy's status, so an operator restart changes neither.
+
+The budget and the conflict: ``drift_reverts``; here, the trigger: a changed
+sweeper found and its policy applied over it again."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
-from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
-from stalledpolicy.controller.reapply import is_current, is_deleting, owned_policy_state, reconcile_again
+from stalledpolicy.controller import events
+from stalledpolicy.controller.drift_reverts import (
+    DRIFT_MAX_REVERTS,
+    DRIFT_REVERTS_ANNOTATION,
+    DRIFT_WINDOW,
+    count_revert,
+    drift_allowed,
+    end_conflict_by_edit,
+    other_field_managers,
+    recorded_reverts,
+)
+from stalledpolicy.controller.objects import is_deleting
+from stalledpolicy.controller.reapply import is_current, owned_policy_state, reconcile_again
 from stalledpolicy.controller.redis_clients import PolicyKey
-from stalledpolicy.controller.runtime import Controller
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+    from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")
 
-
-# Drift reverts allowed per policy in DRIFT_WINDOW seconds. Past that another writer
-# (a second operator, an HPA, a GitOps tool) is changing the sweeper as fast as we put
-# it back: every flip is a rollout, so stop reverting and say who it is. Reverts
-# resume once the sweeper has been left alone for DRIFT_WINDOW seconds.
-DRIFT_MAX_REVERTS = 3
-DRIFT_WINDOW = 300.0
+# The budget's settings and helpers keep their names here too (the tests know them as
+# drift's); they live in drift_reverts, below reconcile, which uses them (issue 23).
+__all__ = ["DRIFT_MAX_REVERTS", "DRIFT_REVERTS_ANNOTATION", "DRIFT_WINDOW", "drifted_policy", "end_conflict_by_edit",
+           "other_field_managers", "recorded_reverts", "revert_drift"]
 
 
 def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
@@ -50,165 +60,6 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
     return key
 
 
-def other_field_managers(deployment: Mapping[str, Any]) -> list[str]:
-    """The field managers of the Deployment's spec and metadata other than ours,
-    most recent first (the status writers, the deployment controller, change no spec)."""
-    entries = [e for e in (deployment.get("metadata") or {}).get("managedFields") or []
-               if isinstance(e, Mapping) and e.get("manager") and e.get("manager") != FIELD_MANAGER
-               and e.get("subresource") != "status"]
-    entries.sort(key=lambda e: str(e.get("time") or ""), reverse=True)
-    names: list[str] = []
-    for entry in entries:
-        if entry["manager"] not in names:
-            names.append(entry["manager"])
-    return names
-
-
-# The drift reverts of the last DRIFT_WINDOW seconds, recorded on the sweeper
-# Deployment itself (it is ours, and goes with its policy): an operator restarted in
-# the middle of a fight still knows how many it has made. Comma-separated RFC 3339 times.
-DRIFT_REVERTS_ANNOTATION = f"{GROUP}/drift-reverts"
-
-
-def _format_time(when: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
-
-
-def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
-    """The revert times recorded on ``deployment`` (a value that does not parse counts nothing)."""
-    import calendar
-
-    text = ((deployment.get("metadata") or {}).get("annotations") or {}).get(DRIFT_REVERTS_ANNOTATION) or ""
-    times = []
-    for item in text.split(","):
-        try:
-            times.append(float(calendar.timegm(time.strptime(item.strip(), "%Y-%m-%dT%H:%M:%SZ"))))
-        except ValueError:
-            continue
-    return times
-
-
-def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float],
-                    applied_generation: int) -> None:
-    """Write the revert times on the sweeper Deployment (a merge patch of one
-    annotation, under the policy's apply_lock) just after our apply made
-    ``applied_generation``. A Deployment's annotations are part of its generation
-    (the API server copies them to its ReplicaSets): the one this write makes is
-    ours, like an apply's, never drift to revert, when it is the very next one; a
-    later one means another writer changed the sweeper between our apply and this
-    write, and that change is drift (taking it as ours kept it unnoticed). The pod
-    template is unchanged, so no rollout. Failing, this process still counts the
-    reverts; only a restart before the next write forgets them."""
-    namespace = state.key[0]
-    value = ",".join(_format_time(t) for t in times) or None  # none: the annotation removed
-    try:
-        response = ctl.apps.patch_namespaced_deployment(
-            deployment_name, namespace, {"metadata": {"annotations": {DRIFT_REVERTS_ANNOTATION: value}}},
-            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json", _preload_content=False)
-        written = json.loads(response.data)
-    except api_error_types() as exc:
-        log.warning("could not record the drift reverts on the sweeper Deployment: %s", describe_api_error(exc),
-                    extra={"namespace": namespace, "policy": state.key[1], "deployment": deployment_name})
-        return
-    ctl.observe_deployment(written, read=True)
-    generation = int((written.get("metadata") or {}).get("generation") or 0)
-    if generation != applied_generation + 1:
-        return  # unchanged (nothing to take), or another writer came in between (drift)
-    with state.lock:
-        if state.outcome is not None and state.outcome.ok and generation > (state.outcome.deployment_generation or 0):
-            state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
-
-
-def _drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float,
-                   posts: events.DeferredPosts) -> bool:
-    """Whether the policy's budget allows another revert (under its apply_lock and
-    its status lock; a revert that happens is counted by the caller); False (a
-    DriftConflict Warning and the policy's SweeperInSync condition, once per
-    conflict) when another writer keeps changing the sweeper. The reverts counted
-    are this process's and those recorded on the Deployment (an earlier process's)."""
-    meta = deployment.get("metadata") or {}
-    generation = int(meta.get("generation") or 0)
-    if state.drift_conflict:
-        if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
-            if generation > state.drift_seen_generation:  # a change, not a status write
-                state.drift_last_seen, state.drift_seen_generation = now, generation
-            return False
-        _end_drift_conflict(state)  # left alone long enough: revert again
-    state.drift_last_seen, state.drift_seen_generation = now, generation
-    # Each revert writes the whole list: the longer one knows every revert (the
-    # Deployment's, after a restart; ours, if the other writer dropped the annotation).
-    ours, recorded = ([t for t in times if now - t < DRIFT_WINDOW]
-                      for times in (state.drift_reverts, recorded_reverts(deployment)))
-    state.drift_reverts[:] = ours if len(ours) >= len(recorded) else recorded
-    if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
-        return True
-    ctl.metrics.drift_conflicts.inc()
-    others = other_field_managers(deployment)
-    who = (f"field manager {others[0]!r}" + (f" (also {', '.join(others[1:])})" if others[1:] else "")
-           if others else "another writer")
-    message = (f"Deployment {meta.get('name')} was changed outside the policy {DRIFT_MAX_REVERTS + 1} times "
-               f"in {int(DRIFT_WINDOW)} s, last by {who}; the operator stops reverting it until it is "
-               f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
-               "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
-    state.drift_conflict = message
-    state.drift_conflict_generation = _applied_generation(state)
-    log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
-                                "reason": events.DRIFT_CONFLICT})
-    posts.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
-    ctl.kick(state.key)  # the condition
-    return False
-
-
-def _applied_generation(state) -> int:
-    """The policy generation the sweeper was last applied for (the body's, before any apply)."""
-    if state.outcome is not None and state.outcome.ok:
-        return int(state.outcome.generation or 0)
-    return int((state.body.get("metadata") or {}).get("generation") or 0)
-
-
-def end_conflict_by_edit(state, generation: int) -> bool:
-    """A reconcile that applied ``generation`` of the policy (under its apply_lock):
-    True, and the conflict ended with its revert budget refilled, when that is an
-    edit made since the conflict began (the README: "an edit of the policy applies
-    it at once"; so SweeperInSync turns True and Ready follows). The caller clears
-    the reverts recorded on the Deployment (``clear_recorded_reverts``)."""
-    with state.lock:
-        if not state.drift_conflict or generation <= state.drift_conflict_generation:
-            return False
-        _end_drift_conflict(state)
-        state.drift_resume = False
-    log.info("the policy was edited during a drift conflict: its spec is applied, the conflict is over", extra={
-        "namespace": state.key[0], "policy": state.key[1], "generation": generation})
-    return True
-
-
-def clear_recorded_reverts(ctl: Controller, state, applied: Mapping[str, Any]) -> None:
-    """Remove the drift reverts annotation from the sweeper Deployment (a new revert
-    budget), if the one just applied (``applied``, the API server's answer) has it."""
-    meta = applied.get("metadata") or {}
-    if DRIFT_REVERTS_ANNOTATION in (meta.get("annotations") or {}):
-        _record_reverts(ctl, state, meta.get("name"), [], int(meta.get("generation") or 0))
-
-
-def _end_drift_conflict(state) -> None:
-    state.drift_conflict = None
-    state.drift_reverts.clear()
-
-
-def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
-    """The status loop's check (under the policy's status lock): True, and the
-    conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
-    the caller applies the policy's spec again (what the other writer left is
-    reverted); SweeperInSync is False Reverting until an apply succeeds, then True."""
-    if not state.drift_conflict or now - (state.drift_last_seen or now) < DRIFT_WINDOW:
-        return False
-    _end_drift_conflict(state)
-    state.drift_reverting = True
-    log.info("sweeper Deployment left alone since the drift conflict; reverting again",
-             extra={"namespace": state.key[0], "policy": state.key[1]})
-    return True
-
-
 def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=None) -> None:
     """Someone changed a sweeper Deployment (``key``: its policy, as ``drifted_policy``
     found it): apply the policy's spec over it (server-side apply, forced: the fields
@@ -227,7 +78,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # the window checked and this change counted are one step to it.
         posts = events.DeferredPosts()  # a DriftConflict is posted after the status lock
         with posts.flushed_to(ctl.recorder), state.lock:
-            allowed = _drift_allowed(ctl, state, deployment, now, posts)
+            allowed = drift_allowed(ctl, state, deployment, now, posts)
         if not allowed:
             return
         meta = deployment.get("metadata") or {}
@@ -239,45 +90,4 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any],
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
-            _count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)
-
-
-def _count_revert(ctl: Controller, state, deployment_name: str, seen: int, applied_generation: int, now: float,
-                  while_down: bool = False) -> None:
-    """An apply of ours (under the policy's apply_lock) reverted generation ``seen``
-    of the sweeper: one revert of the budget, recorded on the Deployment, counted
-    in the metric and told in a DriftReverted event."""
-    state.drift_reverts.append(now)
-    _record_reverts(ctl, state, deployment_name, state.drift_reverts, applied_generation)
-    ctl.metrics.drift_reverts.inc()
-    when = " while the operator was not running" if while_down else ""
-    ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
-                      f"Deployment {deployment_name} was changed outside the policy{when} (generation {seen}); "
-                      "the operator re-applied the policy's spec: edit the StalledPolicy instead")
-
-
-def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], wanted: Mapping[str, Any],
-                          applied: Mapping[str, Any], now: float) -> bool:
-    """kopf's resume apply at an operator start (under the policy's apply_lock, its
-    outcome recorded): True, and counted as a revert (with those an earlier process
-    recorded on the Deployment), when it changed a sweeper that still carried the
-    digest of the very Deployment it applied (``wanted``): what it put back, someone
-    else had changed while no operator ran. An edit of the policy, a rotated Secret
-    or another operator version changes the digest: such an apply is no revert."""
-    from stalledpolicy.policy.builder import APPLIED_DIGEST_ANNOTATION
-
-    meta = existing.get("metadata") or {}
-    digest = (meta.get("annotations") or {}).get(APPLIED_DIGEST_ANNOTATION)
-    seen = int(meta.get("generation") or 0)
-    made = int((applied.get("metadata") or {}).get("generation") or 0)
-    if digest != wanted["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION] or made <= seen or is_deleting(state.body):
-        return False
-    with state.lock:
-        recorded = [t for t in recorded_reverts(existing) if now - t < DRIFT_WINDOW]
-        if len(recorded) > len(state.drift_reverts):
-            state.drift_reverts[:] = recorded
-    log.info("sweeper Deployment changed outside the policy while the operator was not running; re-applied",
-             extra={"namespace": state.key[0], "policy": state.key[1], "deployment": meta.get("name"),
-                    "generation": seen})
-    _count_revert(ctl, state, meta.get("name"), seen, made, now, while_down=True)
-    return True
+            count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)

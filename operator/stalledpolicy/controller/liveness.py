@@ -17,7 +17,7 @@ keeps failing or hangs is a failing probe, and the kubelet restarts the pod.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from stalledpolicy.listen import listening_socket
@@ -51,8 +51,8 @@ class LivenessServer:
         self.port = self._socket.getsockname()[1]
         self._runner = None
 
-    async def start(self) -> "LivenessServer":
-        import aiohttp.web
+    async def start(self) -> LivenessServer:
+        import aiohttp.web  # deferred: only a liveness endpoint needs aiohttp
 
         async def healthy(_request):
             reason = self._not_ready()

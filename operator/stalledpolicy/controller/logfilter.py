@@ -34,7 +34,7 @@ _MEMORY = 10_000
 # a Warning event): kopf's line about the retry is INFO. The reason leads the
 # message (controller.main).
 EXPECTED_WAITS = (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING)
-_EXPECTED_WAIT = re.compile(r" failed temporarily: (?:%s): " % "|".join(EXPECTED_WAITS))
+_EXPECTED_WAIT = re.compile(r" failed temporarily: (?:{}): ".format("|".join(EXPECTED_WAITS)))
 
 
 class KopfRecordFilter(logging.Filter):

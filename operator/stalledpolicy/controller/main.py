@@ -13,13 +13,15 @@ import logging
 
 import kopf
 
-from stalledpolicy.controller import (GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL,
-                                      VERSION)
+from stalledpolicy.controller import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL, VERSION
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
+from stalledpolicy.controller.leader import leadership
+from stalledpolicy.controller.liveness import LivenessServer
 from stalledpolicy.controller.reapply import adopt_sweeper, disowned_policy, reapply_after_deletion
 from stalledpolicy.controller.reconcile import InvalidPolicy, RetryLater, reconcile
+from stalledpolicy.sweeper.metrics import StatusServer
 
 log = logging.getLogger("stalledpolicy.operator")
 STORAGE_PREFIX = f"operator.{GROUP}"
@@ -60,7 +62,6 @@ async def serve_liveness(**_) -> None:
     url = OperatorConfig.from_env().liveness
     if url is None:
         return
-    from stalledpolicy.controller.liveness import LivenessServer
 
     try:
         _liveness_server = await LivenessServer(url, not_ready).start()
@@ -87,7 +88,6 @@ async def lead(**_) -> None:
     config = OperatorConfig.from_env()
     if config.leader_lease is None:
         return
-    from stalledpolicy.controller.leader import leadership
 
     _leadership = leadership(config)
     await _leadership.acquire()
@@ -113,7 +113,7 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.label_selectors["apps", "v1", "deployments"] = SWEEPER_SELECTOR
     # Clean shutdown on SIGTERM: give running handlers a moment, then stop.
     settings.process.ultimate_exiting_timeout = 10
-    from stalledpolicy.controller.wiring import build_controller
+    from stalledpolicy.controller.wiring import build_controller  # looked up at startup (tests replace it)
 
     global _started, _startup_problem
     try:
@@ -131,8 +131,6 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
 def serve_metrics(config: OperatorConfig, controller):
     """The Controller's metrics at /metrics (the sweeper's small HTTP server, on a
     daemon thread). A port it cannot listen on stops the operator at start."""
-    from stalledpolicy.sweeper.metrics import StatusServer
-
     try:
         server = StatusServer(config.metrics_address, config.metrics_port, controller.metrics)
     except OSError as exc:

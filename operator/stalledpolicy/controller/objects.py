@@ -10,9 +10,11 @@ one created earlier was deleted before the other was created.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.policy import builder
 
 
 def plain(value: Any) -> Any:
@@ -113,6 +115,8 @@ def asks_for_pods(deployment: Mapping[str, Any] | None) -> bool:
 
 
 def sweeper_name(policy_name: str) -> str:
-    from stalledpolicy.policy.builder import sweeper_name as name
+    return builder.sweeper_name(policy_name)
 
-    return name(policy_name)
+
+def is_deleting(obj: Mapping[str, Any] | None) -> bool:
+    return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))

@@ -10,13 +10,16 @@ server named two ways is no change.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.redis_clients import (PolicyKey, RedisClients, RedisConfigError, SecretReader,
-                                                    resolve_url)
+from stalledpolicy.controller.queue_claims import redis_endpoint
+from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
+from stalledpolicy.keyspace import InvalidQueueName
 from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 
@@ -37,9 +40,8 @@ def lanes_of(spec: Mapping[str, Any]) -> list[str]:
 def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader, clients: RedisClients,
                snapshot_fn: Callable[..., Any]):
     """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
-    from stalledpolicy.keyspace import InvalidQueueName
 
     url = None
     try:
@@ -107,9 +109,6 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
     Service's IP are one server, whose figures are kept. It may wait ``hosts.wait`` seconds for a host name's
     first lookup, under the status lock (as the queue's read after it waits for
     Redis); only when the host name was spelt another way, not each refresh."""
-    import json
-
-    from stalledpolicy.controller.queue_claims import redis_endpoint
 
     redis_spec = spec.get("redis") or {}
     described = json.dumps(redis_spec, sort_keys=True, default=str)

@@ -8,17 +8,21 @@ a failure is the policy's condition, retried by the status loop."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.apply import adoptable, controller_owner, earlier_policy_uid, policy_owner
-from stalledpolicy.controller import events
-from stalledpolicy.controller.objects import sweeper_name
+from stalledpolicy.controller.objects import is_deleting, sweeper_name
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
-from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+    from stalledpolicy.controller.runtime import Controller
+
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -69,10 +73,6 @@ def reapply(ctl: Controller, key: PolicyKey, why: str, *, generation: int | None
             log.info("re-applying the sweeper Deployment", extra={
                 "namespace": key[0], "policy": key[1], "why": why})
         reconcile_again(ctl, key, state.body)
-
-
-def is_deleting(obj: Mapping[str, Any] | None) -> bool:
-    return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
 def _named_owner(deployment: Mapping[str, Any]):
@@ -157,9 +157,8 @@ def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> No
     key, state, owner = owned
     # The policy may be on its way out (the garbage collector deletes the sweeper
     # right after it): ask the API server, not our memory.
-    from kubernetes.client.exceptions import ApiException
+    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
-    from stalledpolicy.controller import GROUP, PLURAL, VERSION
 
     try:
         current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])

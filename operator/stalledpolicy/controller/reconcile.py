@@ -13,28 +13,51 @@ with a growing delay.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, NoReturn
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from stalledpolicy.controller import events
-from stalledpolicy.controller.api_errors import (api_error_types, describe_api_error, namespace_terminating,
-                                                 with_policy_fields)
-from stalledpolicy.controller.apply import (apply_deployment, conflict_reason, earlier_policy_uid, read_deployment,
-                                            scale_to_zero)
+from stalledpolicy.controller import drift_reverts, events
+from stalledpolicy.controller.api_errors import (
+    api_error_types,
+    describe_api_error,
+    namespace_terminating,
+    with_policy_fields,
+)
+from stalledpolicy.controller.apply import (
+    apply_deployment,
+    conflict_reason,
+    earlier_policy_uid,
+    read_deployment,
+    scale_to_zero,
+)
 from stalledpolicy.controller.config import backoff
 from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
-from stalledpolicy.controller.retry import (APPLY_FAILED_FIRST_RETRY, NAME_CONFLICT_FIRST_RETRY,
-                                            OLD_SWEEPER_FIRST_RETRY, InvalidPolicy, RetryLater)
-from stalledpolicy.controller.runtime import Controller
+from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
+from stalledpolicy.controller.retry import (
+    APPLY_FAILED_FIRST_RETRY,
+    NAME_CONFLICT_FIRST_RETRY,
+    OLD_SWEEPER_FIRST_RETRY,
+    InvalidPolicy,
+    RetryLater,
+)
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
+from stalledpolicy.policy.builder import (
+    POLICY_GENERATION_ANNOTATION,
+    SECRET_DIGEST_ANNOTATION,
+    build_sweeper_deployment,
+)
+from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+    from stalledpolicy.controller.runtime import Controller
+
 
 log = logging.getLogger("stalledpolicy.operator")
 
 
 def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
           secret_digest: str | None = None) -> dict:
-    from stalledpolicy.policy.builder import build_sweeper_deployment
-
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
@@ -47,8 +70,6 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
     is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
     not a Redis URL), the digest the running pods have, so neither a passing error
     nor an apply for another reason rolls the sweeper onto a broken Secret."""
-    from stalledpolicy.policy.builder import SECRET_DIGEST_ANNOTATION
-
     ref = spec.redis.secret_ref
     if ref is None:
         return None
@@ -84,8 +105,6 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
 
 
 def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) -> ReconcileOutcome | None:
-    from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
-
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
     generation = int(meta.get("generation") or 0)
@@ -135,8 +154,6 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
     state = ctl.state(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
-    from stalledpolicy.controller.drift import clear_recorded_reverts, count_revert_at_start, end_conflict_by_edit
-
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
         applied.get("metadata") or {}).get("resourceVersion")
     if changed:
@@ -152,14 +169,14 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
     # the outcome of the edit that ended it (in between, a refresh showed
     # SweeperInSync True for the generation that was in conflict).
     with state.lock:
-        edit_ended_conflict = end_conflict_by_edit(state, generation)
+        edit_ended_conflict = drift_reverts.end_conflict_by_edit(state, generation)
         ctl.record_outcome(body, outcome)
     if budget_change:
         ctl.recorder.post(body, events.NORMAL, events.BUDGET_CHANGED, budget_change)
     if edit_ended_conflict:
-        clear_recorded_reverts(ctl, state, applied)
+        drift_reverts.clear_recorded_reverts(ctl, state, applied)
     elif resume and existing is not None:
-        count_revert_at_start(ctl, state, existing, deployment, applied, ctl.clock())
+        drift_reverts.count_revert_at_start(ctl, state, existing, deployment, applied, ctl.clock())
     return outcome
 
 
@@ -186,8 +203,6 @@ def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mappin
 
 def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
     """The policy generation a sweeper Deployment was built from (builder.py records it)."""
-    from stalledpolicy.policy.builder import POLICY_GENERATION_ANNOTATION
-
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 
@@ -242,8 +257,6 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
     generation is the one "applied", so only a later change is drift, and that is not
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
-    from stalledpolicy.policy.builder import SECRET_DIGEST_ANNOTATION
-
     state = ctl.state(body)
     with state.lock:
         conflict = state.drift_conflict and generation <= state.drift_conflict_generation
@@ -279,8 +292,6 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
     for pods is applied as usual, and none is started. QueueClaimed (a Warning
     event, Ready=False); the status loop looks again at each refresh. None: the
     queue is this policy's."""
-    from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
-
     claim = claim_of(ctl, body)
     if claim.verdict == FREE:
         return None

@@ -13,8 +13,9 @@ import hashlib
 import hmac
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from stalledpolicy.redis_url import connecting, errors, validation
 
@@ -170,7 +171,7 @@ def connect(url: str, timeout: float):
     A database the server lacks (``/16`` on a server with 16) is the URL's
     fault, not an outage: RedisConfigError InvalidRedisURL naming the database
     and the server's count (when CONFIG GET tells it), no part of the URL."""
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
     try:
         return connecting.connect(url, decode_responses=True, socket_timeout=timeout,

@@ -31,8 +31,8 @@ import ipaddress
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 Endpoint = tuple[str, int, int]  # host (lower case), port, database
 

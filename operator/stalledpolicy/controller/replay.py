@@ -23,10 +23,13 @@ call that got no answer in time: it may have run, and it is never sent again.
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
+from stalledpolicy.keyspace import InvalidLaneName, QueueKeys, validate_lane_name
 
 TOKEN_MAX = 253
 # Tokens served that never replay again (status.lastReplay.servedTokens, newest last).
@@ -73,8 +76,6 @@ def requested_replay(annotations: Mapping[str, str] | None,
             f"annotation {REPLAY_ANNOTATION}: at most {TOKEN_MAX} characters (got {len(token)})")
     lane = (annotations or {}).get(REPLAY_LANE_ANNOTATION) or None
     if lane is not None:
-        from stalledpolicy.keyspace import InvalidLaneName, validate_lane_name
-
         try:
             validate_lane_name(lane)
         except InvalidLaneName as exc:
@@ -87,8 +88,6 @@ def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict
     """This token's replay as recorded in Redis (served before, by this operator
     or one before a restart): its ``status.lastReplay`` record and warning, or
     None when it was never served. Not run, so not a replay to count again."""
-    from stalledpolicy.keyspace import QueueKeys
-
     served = _served_record(client.get(QueueKeys(queue).sweeper_last_replay), request.token)
     if served is None:
         return None
@@ -104,11 +103,9 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     """Replay (the caller has asked :func:`served_replay` first: a token is
     replayed once): the ``status.lastReplay`` record, and what did not go as
     asked (:func:`replay_warning`) or None."""
-    from stalledpolicy.keyspace import QueueKeys
-
     record_key = QueueKeys(queue).sweeper_last_replay
     if replay_fn is None:
-        from stalledpolicy.engine import morgue_replay as replay_fn
+        from stalledpolicy.engine import morgue_replay as replay_fn  # deferred: the engine imports redis-py
     # lane null when none (dropped when written): never an earlier replay's lane
     record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now, "lane": request.lane}
     moved: list[int] = []  # jobs moved after each completed script call
@@ -124,7 +121,7 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
         record["replayed"] = int(result.replayed)
         warning = replay_warning(queue, result)
     except Exception as exc:
-        import redis
+        import redis  # deferred: redis-py loads only once a Redis is used
 
         if isinstance(exc, (redis.RedisError, OSError)):
             if not moved and not _may_have_run(exc):
@@ -156,7 +153,7 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
 def _store_if_possible(client: Any, record_key: str, record: dict) -> None:
     """The served record in Redis, if it can be written now: if not (the connection
     is likely gone), this operator still serves the token from memory."""
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
     try:
         _store(client, record_key, record)
@@ -171,9 +168,7 @@ def _may_have_run(exc: BaseException) -> bool:
     read), and it is never resent (``redis_url.connecting.single_attempt``): a timeout or
     a connection lost while waiting means the script was sent and may have run.
     A server still loading its data refused it."""
-    import socket
-
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
     if isinstance(exc, redis.BusyLoadingError):
         return False

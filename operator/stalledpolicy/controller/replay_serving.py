@@ -11,16 +11,24 @@ announces a replay that status does not show.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, events
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_reading import failure_reason, safe_error
 from stalledpolicy.controller.redis_clients import RedisClients
-from stalledpolicy.controller.replay import (InvalidReplayRequest, replay_message, requested_replay, run_replay,
-                                             served_replay, with_served)
+from stalledpolicy.controller.replay import (
+    InvalidReplayRequest,
+    replay_message,
+    requested_replay,
+    run_replay,
+    served_replay,
+    with_served,
+)
 from stalledpolicy.controller.status import Problem
+from stalledpolicy.redis_url.connecting import connect, single_attempt
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -44,7 +52,7 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
         return None, snapshot
     if request is None:
         return None, snapshot
-    import redis
+    import redis  # deferred: redis-py loads only once a Redis is used
 
     replay_client = None
     try:
@@ -89,8 +97,6 @@ def _replay_client(url: str, timeout: float):
     need not be UTF-8, and a decoding client fails on the reply after the
     script has moved the jobs. Never resent: a replay that answered late
     would otherwise report its own moves as done by someone else."""
-    from stalledpolicy.redis_url.connecting import connect, single_attempt
-
     return connect(url, retry=single_attempt(), decode_responses=False, socket_timeout=timeout,
                    socket_connect_timeout=timeout)
 

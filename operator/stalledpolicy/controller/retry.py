@@ -4,7 +4,6 @@ the first delay of each kind of wait."""
 
 from __future__ import annotations
 
-
 NAME_CONFLICT_FIRST_RETRY = 5.0
 OLD_SWEEPER_FIRST_RETRY = 1.0
 APPLY_FAILED_FIRST_RETRY = 5.0

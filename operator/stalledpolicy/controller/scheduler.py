@@ -14,7 +14,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 log = logging.getLogger(__name__)
 

@@ -8,18 +8,27 @@ changed: status_document.py.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from stalledpolicy.controller import events
-from stalledpolicy.policy.conditions import (FALSE, READY, REDIS_REACHABLE, SWEEPER_AVAILABLE,
-                                             SWEEPER_IN_SYNC, TRUE, UNKNOWN)
+from stalledpolicy.policy.conditions import (
+    FALSE,
+    READY,
+    REDIS_REACHABLE,
+    SWEEPER_AVAILABLE,
+    SWEEPER_IN_SYNC,
+    TRUE,
+    UNKNOWN,
+)
+from stalledpolicy.redis_url.redaction import redact_urls
 
 __all__ = ["READY", "REDIS_REACHABLE", "SWEEPER_AVAILABLE", "SWEEPER_IN_SYNC", "TRUE", "FALSE", "UNKNOWN"]
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class DeploymentState:
     stuck: str | None = None
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> "DeploymentState":
+    def from_object(cls, obj: Mapping[str, Any]) -> DeploymentState:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         replicas = spec.get("replicas")
@@ -93,8 +102,6 @@ def api_text(text: str) -> str:
     condition), as it wrote it: it names our sweeper Deployment, which holds no
     secret; any URL credentials are masked all the same, and it is cut at
     ``API_MESSAGE_MAX`` characters."""
-    from stalledpolicy.redis_url.redaction import redact_urls
-
     return redact_urls(str(text))[:API_MESSAGE_MAX]
 
 

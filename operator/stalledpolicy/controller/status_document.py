@@ -11,13 +11,21 @@ the last reconcile applied, never a newer one: so ``kubectl wait
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from stalledpolicy.controller.status import (DeploymentState, Problem, ReconcileOutcome, condition_of,
-                                             in_sync_condition, ready_condition, redis_condition,
-                                             sweeper_condition, utc_now)
-from stalledpolicy.policy.conditions import (READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, SWEEPER_IN_SYNC,
-                                             set_condition)
+from stalledpolicy.controller.status import (
+    DeploymentState,
+    Problem,
+    ReconcileOutcome,
+    condition_of,
+    in_sync_condition,
+    ready_condition,
+    redis_condition,
+    sweeper_condition,
+    utc_now,
+)
+from stalledpolicy.policy.conditions import READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, SWEEPER_IN_SYNC, set_condition
 
 
 def snapshot_numbers(snapshot) -> dict:

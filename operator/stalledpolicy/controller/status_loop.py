@@ -13,21 +13,38 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller.drift_reverts import drift_conflict_over
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import generation_of, metadata_of, resource_version, snapshot, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
+from stalledpolicy.controller.reapply import reapply
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay
-from stalledpolicy.controller.status import (CONFIGURATION_REASONS, NO_URL_REASONS, READY, REDIS_REACHABLE, TRUE,
-                                             DeploymentState, Problem, condition_of, utc_now)
-from stalledpolicy.controller.status_document import (desired_status, status_json_patch, status_patch,
-                                                      without_queue_figures)
+from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY
+from stalledpolicy.controller.status import (
+    CONFIGURATION_REASONS,
+    NO_URL_REASONS,
+    READY,
+    REDIS_REACHABLE,
+    TRUE,
+    DeploymentState,
+    Problem,
+    condition_of,
+    utc_now,
+)
+from stalledpolicy.controller.status_document import (
+    desired_status,
+    status_json_patch,
+    status_patch,
+    without_queue_figures,
+)
 
 log = logging.getLogger("stalledpolicy.operator")
 # Configuration problems a refresh finds with an answer of the API server (not
@@ -66,8 +83,6 @@ class StatusLoop:
             if state.outcome is None:
                 return 1.0  # the reconcile handler has not run yet in this process
             if state.drift_conflict:
-                from stalledpolicy.controller.drift import drift_conflict_over
-
                 state.drift_resume = drift_conflict_over(self, state, self.clock()) or state.drift_resume
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state, posts)
@@ -98,9 +113,6 @@ class StatusLoop:
         if why is None:
             why = claim_reconcile_reason(self, state)  # outside the status lock: it may read other policies' Secrets
         if why is not None:
-            from stalledpolicy.controller.reapply import reapply
-            from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY
-
             self._local.refreshing = key
             try:
                 reapply(self, key, why, generation=unapplied)  # outside the status lock: it records its outcome
@@ -214,7 +226,7 @@ class StatusLoop:
         return problem
 
     def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict) -> bool:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         namespace, name = state.key
         uid = (state.body.get("metadata") or {}).get("uid")
@@ -250,7 +262,7 @@ class StatusLoop:
         is gone (the name is free, or a policy created since holds it: never write
         its status). Otherwise the status this policy holds now is read back, so
         the next patch is made against it (one the patch could not add to)."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         namespace, name = state.key
         try:

@@ -5,7 +5,8 @@ a sweeper already running a refused image scaled to zero."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, NoReturn
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stalledpolicy.controller import events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
@@ -13,8 +14,11 @@ from stalledpolicy.controller.apply import conflict_reason, read_deployment, sca
 from stalledpolicy.controller.config import backoff, image_allowed
 from stalledpolicy.controller.objects import asks_for_pods, sweeper_name
 from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY, InvalidPolicy, RetryLater
-from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+    from stalledpolicy.controller.runtime import Controller
+
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -24,7 +28,7 @@ SWEEPER_REPOSITORY = "ghcr.io/stalledpolicy/stalledpolicy-operator"
 
 def default_sweeper_image() -> str:
     """The operator's own image at its own version (one image runs both)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # deferred: read only when no sweeper image is set
 
     try:
         return f"{SWEEPER_REPOSITORY}:{version('stalledpolicy-operator')}"

@@ -27,8 +27,9 @@ import copy
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any
 
 from stalledpolicy.devenv.echomq import REAP_BATCH, Claim, EchoMQ, Ledger, StaleToken
 
@@ -87,7 +88,7 @@ class ConsumerStats:
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def snapshot(self) -> "ConsumerStats":
+    def snapshot(self) -> ConsumerStats:
         """A consistent copy, safe to read while the consumers run."""
         with self.lock:
             copied = copy.copy(self)
@@ -163,7 +164,7 @@ class Consumer:
 
     # -- the thread ------------------------------------------------------------
 
-    def start(self) -> "Consumer":
+    def start(self) -> Consumer:
         """Start the thread; ValueError first if ``connect()`` gives a client
         whose socket timeout would cut the park short."""
         probe = self.connect()  # a redis-py client connects on its first command: no socket yet
@@ -289,7 +290,7 @@ class ConsumerPool:
             for i in range(count)
         ]
 
-    def start(self) -> "ConsumerPool":
+    def start(self) -> ConsumerPool:
         for consumer in self.consumers:
             consumer.start()
         return self
@@ -308,7 +309,7 @@ class ConsumerPool:
         """How many consumer threads are running."""
         return sum(1 for c in self.consumers if c.thread is not None and c.thread.is_alive())
 
-    def __enter__(self) -> "ConsumerPool":
+    def __enter__(self) -> ConsumerPool:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -153,7 +153,7 @@ def generate_pki(directory: Path) -> Pki:
 
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365)
 
     def write_key(path: Path, key) -> None:
@@ -401,7 +401,7 @@ class ControlPlane:
         return env
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self, timeout: float = 90.0) -> "ControlPlane":
+    def start(self, timeout: float = 90.0) -> ControlPlane:
         if self.components:
             raise ControlPlaneError("already started")
         if self.bin_dir is None:
@@ -584,7 +584,7 @@ class ControlPlane:
         (self._state / "plane.json").write_text(json.dumps(record, indent=2))
 
     @classmethod
-    def attach(cls, state_dir: Path) -> "ControlPlane":
+    def attach(cls, state_dir: Path) -> ControlPlane:
         """The plane recorded in ``state_dir`` by an earlier :meth:`start` (of any process)."""
         record_path = state_dir / "plane.json"
         if not record_path.is_file():

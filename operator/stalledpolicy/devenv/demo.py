@@ -35,10 +35,11 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import redis
 import yaml
@@ -138,7 +139,7 @@ class Proc:
         return False
 
     @classmethod
-    def of(cls, name: str, pid: int, log: str = "") -> "Proc | None":
+    def of(cls, name: str, pid: int, log: str = "") -> Proc | None:
         stat = _stat_of(pid)
         return None if stat is None else cls(name=name, pid=pid, started=int(stat[19]), log=log)
 
@@ -205,7 +206,7 @@ class DemoState:
         self.path.write_text(json.dumps(record, indent=2))
 
     @classmethod
-    def load(cls, directory: Path) -> "DemoState | None":
+    def load(cls, directory: Path) -> DemoState | None:
         path = directory / "demo.json"
         if not path.is_file():
             return None
@@ -401,8 +402,7 @@ def _python_child_env() -> dict[str, str]:
 
 
 def up(state_dir: Path) -> int:
-    from stalledpolicy.devenv.controlplane import (ControlPlane, ControlPlaneError, ensure_binaries,
-                                                   wait_crd_established)
+    from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries, wait_crd_established
     from stalledpolicy.policy.crd import CRD_NAME, crd_path
 
     previous = DemoState.load(state_dir)

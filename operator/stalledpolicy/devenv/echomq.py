@@ -26,8 +26,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -99,7 +100,7 @@ class _Stems:
     lane_tail: str
 
     @classmethod
-    def of(cls, keys: QueueKeys) -> "_Stems":
+    def of(cls, keys: QueueKeys) -> _Stems:
         # Derived from QueueKeys itself, so the scripts follow the keyspace.
         marker = "\x00"
         head, tail = keys.lane_pending(marker).split(marker)
@@ -154,7 +155,7 @@ class EchoMQ:
         self.stems = _Stems.of(self.keys)
         self.ledger = ledger if ledger is not None else Ledger()
 
-    def sibling(self, client: Any) -> "EchoMQ":
+    def sibling(self, client: Any) -> EchoMQ:
         """The same queue and ledger over another connection (another worker)."""
         return EchoMQ(client, self.queue, self.ledger)
 
@@ -319,7 +320,7 @@ class EchoMQ:
     def expire_all(self, past_ms: int = 1_000) -> int:
         return int(_call("expire", self.client, [self.keys.active], [int(past_ms)]))
 
-    def where_is(self, job_id: str) -> "Whereabouts":
+    def where_is(self, job_id: str) -> Whereabouts:
         k, s = self.keys, self.stems
         places, state, group = _call(
             "where", self.client, [k.job(job_id), k.pending, k.active, k.schedule, k.dead],
@@ -327,7 +328,7 @@ class EchoMQ:
         )
         return Whereabouts(places=list(places or []), state=state or None, group=group or None)
 
-    def snapshot(self) -> "QueueState":
+    def snapshot(self) -> QueueState:
         return read_state(self.client, self.queue)
 
     def audit(self, check_ledger: bool = True, *, grouped_in_flat: Collection[str] = (),
@@ -335,7 +336,7 @@ class EchoMQ:
         return audit(self.client, self.queue, ledger=self.ledger if check_ledger else None,
                      grouped_in_flat=grouped_in_flat, undercounted_lanes=undercounted_lanes)
 
-    def seed_stalled(self, n: int, **kwargs: Any) -> "Seeded":
+    def seed_stalled(self, n: int, **kwargs: Any) -> Seeded:
         seeded = seed_stalled(self.client, self.queue, n, **kwargs)
         self.ledger.add_minted(seeded.ids)
         return seeded

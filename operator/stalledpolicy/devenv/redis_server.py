@@ -152,8 +152,9 @@ class RedisCluster:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.nodes[0].port}/0"
 
-    def client(self, **kwargs) -> "redis.RedisCluster":
-        from redis.cluster import ClusterNode, RedisCluster as Client
+    def client(self, **kwargs) -> redis.RedisCluster:
+        from redis.cluster import ClusterNode
+        from redis.cluster import RedisCluster as Client
 
         return Client(startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], **kwargs)
 

@@ -13,8 +13,16 @@ can replace them here.
 """
 
 from stalledpolicy.engine.calls import AclRefused, is_acl_refusal
-from stalledpolicy.engine.morgue import (MORGUE_BATCH, DeadJob, MorguePage, MorgueStats, lane_of, morgue_list,
-                                         morgue_page, morgue_stats)
+from stalledpolicy.engine.morgue import (
+                                         MORGUE_BATCH,
+                                         DeadJob,
+                                         MorguePage,
+                                         MorgueStats,
+                                         lane_of,
+                                         morgue_list,
+                                         morgue_page,
+                                         morgue_stats,
+)
 from stalledpolicy.engine.morgue_change import PurgeResult, ReplayResult, morgue_purge, morgue_replay
 from stalledpolicy.engine.sizing import CallSizer
 from stalledpolicy.engine.snapshot import LaneSnapshot, QueueSnapshot, queue_snapshot

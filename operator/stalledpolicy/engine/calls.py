@@ -5,7 +5,8 @@ messages that name the grant (Redis's own words name neither)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 

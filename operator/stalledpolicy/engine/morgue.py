@@ -4,8 +4,9 @@ it, are in :mod:`stalledpolicy.engine.morgue_change`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from stalledpolicy.engine.calls import as_counter, as_text, check_positive, run_script
 from stalledpolicy.keyspace import QueueKeys

@@ -4,8 +4,9 @@ as :mod:`stalledpolicy.engine.morgue` reads it for stats and list."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from stalledpolicy.engine import morgue
 from stalledpolicy.engine.calls import as_text, check_positive, merged_problems, run_script
@@ -84,7 +85,7 @@ def _call_answered(result: ReplayResult | PurgeResult, missing: Sequence[Any], p
         progress(result)
 
 
-def _run_calls(call: Callable[[str, str | bytes, Sequence[str]], str | bytes], ids: Sequence[str] | None,
+def _run_calls(call: Callable[[str, str | bytes, Sequence[str | bytes]], str | bytes], ids: Sequence[str] | None,
                should_stop: Callable[[], bool], wants_more: Callable[[], bool] = lambda: True) -> None:
     """The calls of one change: ``ids`` a batch a call, else a walk of the
     whole morgue from cursor to cursor. ``wants_more`` (room left under a
@@ -123,7 +124,7 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
     result = ReplayResult(replayed=0, ids=[], lanes={}, missing=[])
     dry = "1" if dry_run else "0"
 
-    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
+    def call(mode: str, cursor: str | bytes, chunk: Sequence[str | bytes]) -> str | bytes:
         batch = morgue.MORGUE_BATCH
         budget = batch if limit is None else min(batch, limit - result.replayed)
         args = [keys.prefix, dry, _lane_filter(lane), mode, cursor, batch, budget, *chunk]
@@ -135,7 +136,8 @@ def morgue_replay(client: Any, queue: str, *, lane: str | None = None, ids: Sequ
         result.replayed = len(result.ids)
         result.unreplayable.update(_pairs(refused))
         _call_answered(result, missing, problems, progress)
-        return next_cursor  # as sent (see morgue._scan)
+        cursor_sent: str | bytes = next_cursor  # as sent (see morgue._scan)
+        return cursor_sent
 
     _run_calls(call, ids, should_stop, wants_more=lambda: limit is None or result.replayed < limit)
     return result
@@ -162,7 +164,7 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
     result = PurgeResult(purged=0, ids=[])
     dry = "1" if dry_run else "0"
 
-    def call(mode: str, cursor: str | bytes, chunk: Sequence[str]) -> str | bytes:
+    def call(mode: str, cursor: str | bytes, chunk: Sequence[str | bytes]) -> str | bytes:
         args = [keys.prefix, dry, _lane_filter(lane), mode, min_age, cursor, morgue.MORGUE_BATCH, *chunk]
         purged, kept, missing, undated, next_cursor, problems, undatable, lanes = run_script(
             "morgue_purge", client, keys, [keys.dead, keys.sweeper_totals], args)
@@ -177,7 +179,8 @@ def morgue_purge(client: Any, queue: str, *, older_than_s: float | None = None, 
         result.undated += int(undated)
         result.undatable += int(undatable)
         _call_answered(result, missing, problems, progress)
-        return next_cursor  # as sent (see morgue._scan)
+        cursor_sent: str | bytes = next_cursor  # as sent (see morgue._scan)
+        return cursor_sent
 
     _run_calls(call, ids, should_stop)
     return result

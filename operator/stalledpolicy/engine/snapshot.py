@@ -3,8 +3,9 @@ lane's totals (the operator's status, the sweeper's gauges)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from stalledpolicy.engine.calls import as_counter, as_text
 from stalledpolicy.keyspace import QueueKeys

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, cast
 
 from stalledpolicy.engine.calls import as_text, check_budget, check_positive, merged_problems, run_script
 from stalledpolicy.engine.sizing import CallSizer
@@ -84,7 +85,7 @@ class SweepResult:
     def moved(self) -> int:
         return self.recovered + self.dead_lettered + self.orphans + self.quarantined
 
-    def merge(self, other: "SweepResult") -> "SweepResult":
+    def merge(self, other: SweepResult) -> SweepResult:
         lanes = {name: LaneCounts(c.recovered, c.dead_lettered) for name, c in self.lanes.items()}
         for name, counts in other.lanes.items():
             mine = lanes.setdefault(name, LaneCounts())
@@ -183,7 +184,7 @@ def drain(
     total = SweepResult()
     while not should_stop():
         started = time.perf_counter()
-        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(batch_size), holds)
+        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(cast(int, batch_size)), holds)
         seconds = time.perf_counter() - started
         if sizer is not None:
             # Valkey freezes TIME within a script (server_us 0): the wall time then

@@ -35,6 +35,7 @@ from stalledpolicy.morgue.report import report_outcome, report_unfinished, show_
 from stalledpolicy.morgue.stopping import Stopper
 from stalledpolicy.morgue.views import empty_lane_note, unknown_queue_note
 
+
 @dataclass
 class ChangeRun:
     """How far the real (not dry-run) calls of one replay or purge got: what

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from stalledpolicy.morgue.arguments import UsageError, add_arguments, change_selection, resolve_settings
 from stalledpolicy.morgue.change import ChangeRun, run_change
@@ -28,10 +28,18 @@ from stalledpolicy.morgue.report import PAST_TENSE, report_unfinished
 from stalledpolicy.morgue.stopping import Terminated, terminate_like_interrupt
 from stalledpolicy.morgue.views import report_view_failure, show_list, show_stats
 from stalledpolicy.redis_url.connecting import connect, single_attempt
-from stalledpolicy.redis_url.errors import (CREDENTIALS_ADVICE, is_credentials_refusal, is_missing_database,
-                                            is_read_only_refusal, missing_database_problem, is_slot_migrating,
-                                            is_tls_handshake_timeout, not_redis_problem, tls_mismatch_problem,
-                                            unreachable_errors)
+from stalledpolicy.redis_url.errors import (
+    CREDENTIALS_ADVICE,
+    is_credentials_refusal,
+    is_missing_database,
+    is_read_only_refusal,
+    is_slot_migrating,
+    is_tls_handshake_timeout,
+    missing_database_problem,
+    not_redis_problem,
+    tls_mismatch_problem,
+    unreachable_errors,
+)
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 from stalledpolicy.streams import ReaderMayLeave
 
@@ -161,7 +169,7 @@ def run(args: argparse.Namespace, *, stdin: IO[str] | None = None, stdout: IO[st
             stream.reconfigure(errors="backslashreplace")
     # a reader that goes away (`morgue purge ... | head -1`) loses the rest of the output,
     # never the exit code: that says what happened to the data
-    out, err = ReaderMayLeave(out), ReaderMayLeave(err)
+    out, err = cast(IO[str], ReaderMayLeave(out)), cast(IO[str], ReaderMayLeave(err))  # the writes of an IO[str]
     try:
         return _run(args, stdin, out, err)
     finally:
@@ -229,10 +237,12 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
             report_view_failure(args, out, error)  # stats, list: the same promise
         return code
 
+    redis_errors: tuple[type[BaseException], ...] = (*unreachable_errors(), redis.ResponseError)
     try:
         client = open_client(url, changing=changing)
         if not changing:
             return READ_ONLY_ACTIONS[args.morgue_action](client, args, engine, out)
+        assert selection is not None  # made whenever changing (_run)
         return run_change(client, args, selection, engine, out, err, stdin, run)
     except ValueError as exc:
         # before a client exists: redis-py's URL parser (bad port, db, option);
@@ -240,7 +250,7 @@ def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, chang
         subject = f"--redis-url {where}: " if client is None else ""
         err.write(f"{prog}: error: {subject}{scrub(str(exc), url)}\n")
         return EXIT_USAGE
-    except (*unreachable_errors(), redis.ResponseError) as exc:
+    except redis_errors as exc:
         if run.started and may_have_run(exc):
             _report_outcome_unknown(err, prog, args, where, url, exc, run)
             return failed(EXIT_OUTCOME_UNKNOWN, "outcome unknown: a call was sent and got no answer "

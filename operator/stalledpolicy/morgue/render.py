@@ -4,8 +4,9 @@ lanes and id lists, each made safe to print (``tables.printable``)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
-from typing import IO, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import IO
 
 from stalledpolicy import tables
 
@@ -30,7 +31,7 @@ def jobs_phrase(count: int) -> str:
 def iso_time(ms: int | None) -> str | None:
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def age_seconds(now_ms: int, then_ms: int | None) -> float | None:

@@ -5,7 +5,8 @@ warnings and reasons (stderr). ``report_outcome`` also picks the exit code."""
 from __future__ import annotations
 
 import argparse
-from typing import IO, TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from stalledpolicy import tables
 from stalledpolicy.durations import format_duration

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # the shell's 128 + signal number: 130 for SIGINT, 143 for SIGTERM

@@ -11,8 +11,15 @@ from stalledpolicy import tables
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.morgue.exit_codes import EXIT_OK
 from stalledpolicy.morgue.prompt import is_interactive
-from stalledpolicy.morgue.render import (EXACT_COLUMNS, age_seconds, emit_json, iso_time, lane_cell, lane_label,
-                                         lane_rows)
+from stalledpolicy.morgue.render import (
+    EXACT_COLUMNS,
+    age_seconds,
+    emit_json,
+    iso_time,
+    lane_cell,
+    lane_label,
+    lane_rows,
+)
 from stalledpolicy.redis_url.redaction import redact_urls
 
 LAST_ERROR_MIN_WIDTH = 20

@@ -268,4 +268,5 @@ def applied_digest(deployment: dict[str, Any]) -> str:
 
 
 def _copy(value: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(value))
+    copied: dict[str, Any] = json.loads(json.dumps(value))
+    return copied

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 READY = "Ready"
@@ -70,11 +70,11 @@ def format_time(now: datetime | str) -> str:
         return now
     if now.tzinfo is None:
         raise ValueError("now: give a timezone-aware datetime (datetime.now(timezone.utc))")
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def get_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> dict[str, Any] | None:
@@ -126,7 +126,8 @@ def set_condition(
         "status": status,
         "reason": reason,
         "message": (message or "")[:MESSAGE_MAX],
-        "lastTransitionTime": previous["lastTransitionTime"] if keep_time else format_time(now),
+        "lastTransitionTime": (previous["lastTransitionTime"] if keep_time and previous is not None
+                               else format_time(now)),
     }
     if generation is not None:
         updated["observedGeneration"] = int(generation)

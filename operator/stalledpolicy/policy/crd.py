@@ -45,7 +45,8 @@ def _load(path: str) -> dict[str, Any]:
     import yaml  # only callers that need the manifest pay for the import
 
     with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+        manifest: dict[str, Any] = yaml.safe_load(handle)
+    return manifest
 
 
 def load_crd() -> dict[str, Any]:
@@ -59,4 +60,5 @@ def spec_schema() -> dict[str, Any]:
     """The OpenAPI schema of ``spec`` in the served version (for consistency checks)."""
     versions = load_crd()["spec"]["versions"]
     served = next(v for v in versions if v["name"] == VERSION)
-    return served["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema

@@ -42,12 +42,17 @@ from pydantic_core import PydanticCustomError
 
 from stalledpolicy import tables
 from stalledpolicy.durations import parse_duration
+from stalledpolicy.keyspace import (
+    LANE_NAME_MAX,
+    QUEUE_NAME_MAX,
+    InvalidLaneName,
+    InvalidQueueName,
+    validate_lane_name,
+    validate_queue_name,
+)
 from stalledpolicy.kube_names import DNS_SUBDOMAIN, QUALIFIED_NAME
-from stalledpolicy.keyspace import (LANE_NAME_MAX, QUEUE_NAME_MAX, InvalidLaneName, InvalidQueueName,
-                                   validate_lane_name, validate_queue_name)
-from stalledpolicy.sweeper.config import BATCH_DEFAULT
+from stalledpolicy.sweeper.config import BATCH_DEFAULT, BUDGET_MAX, SETTINGS
 from stalledpolicy.sweeper.config import BATCH_MAX as BATCH_SIZE_MAX
-from stalledpolicy.sweeper.config import BUDGET_MAX, SETTINGS
 from stalledpolicy.sweeper.config import BATCH_MIN as BATCH_SIZE_MIN
 from stalledpolicy.sweeper.config import INTERVAL_MAX_S as SWEEP_INTERVAL_MAX_S
 from stalledpolicy.sweeper.config import INTERVAL_MIN_S as SWEEP_INTERVAL_MIN_S
@@ -262,6 +267,7 @@ def quantity_value(value: int | str) -> Decimal:
     if isinstance(value, int):
         return Decimal(value)
     shape = _QUANTITY_SHAPE.fullmatch(value)
+    assert shape is not None  # value is a quantity
     num, denom, suffix = shape["num"] or "0", shape["denom"] or "", shape["suffix"]
     mantissa = Decimal(f"{num}.{denom}" if denom else num)
     if suffix in _BINARY_SUFFIXES:
@@ -277,7 +283,9 @@ def _is_negative_quantity(value: int | str) -> bool:
     """Below zero (``-1``, ``"-0.5"``, ``"-1Gi"``); ``"-0"`` is zero. ``value`` is a quantity (is_quantity)."""
     if isinstance(value, int):
         return value < 0
-    mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value).group(1)
+    sign_and_mantissa = re.match(r"[+-]?([0-9]*\.?[0-9]*)", value)
+    assert sign_and_mantissa is not None  # the pattern matches any text (all optional)
+    mantissa = sign_and_mantissa.group(1)
     return value.startswith("-") and any(digit in "123456789" for digit in mantissa)
 
 

@@ -198,7 +198,12 @@ def unreachable_errors() -> tuple[type[BaseException], ...]:
     a cluster mid-failover), as opposed to "this call is wrong"."""
     import redis
     from redis.exceptions import (
-        ClusterDownError, InvalidResponse, MasterDownError, ReadOnlyError, RedisClusterException, TryAgainError,
+        ClusterDownError,
+        InvalidResponse,
+        MasterDownError,
+        ReadOnlyError,
+        RedisClusterException,
+        TryAgainError,
     )
 
     return (

@@ -19,7 +19,6 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 
 from stalledpolicy.redis_url.validation import INLINE_URL_FORM, URL_FORM
 
-
 MASK = "***"
 UNPARSEABLE = "<unparseable URL>"
 

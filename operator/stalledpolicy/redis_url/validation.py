@@ -13,7 +13,6 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-
 SCHEMES = ("redis://", "rediss://", "unix://")
 NETWORK_SCHEMES = ("redis://", "rediss://")
 # The forms our messages teach. A URL with the password (--redis-url, a Secret's value):
@@ -145,8 +144,8 @@ def _check_query(url: str) -> str | None:
         name = named.group(1) if named and named.group(1) in URL_QUERY_ARGUMENT_PARSERS else None
         if name is None:
             return "has a query option redis-py cannot read; check the options after '?'"
-        kind = {int: "a whole number", float: "a number"}.get(URL_QUERY_ARGUMENT_PARSERS[name],
-                                                               "a value redis-py accepts")
+        kinds: dict[object, str] = {int: "a whole number", float: "a number"}
+        kind = kinds.get(URL_QUERY_ARGUMENT_PARSERS[name], "a value redis-py accepts")
         return f"has query option {name} with a value that is not {kind}"
     if not 0 <= options.get("db", 0) <= _DB_MAX:
         return f"has a database number outside 0..{_DB_MAX}; use a database number such as db=0"

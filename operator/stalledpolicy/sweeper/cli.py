@@ -13,15 +13,23 @@ import os
 import signal
 import socket
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
+from stalledpolicy.logs import configure
 from stalledpolicy.redis_url.redaction import redact_value
 from stalledpolicy.streams import discard
 from stalledpolicy.sweeper.config import (
-    BATCH_DEFAULT, BATCH_MAX, BATCH_MIN, BUDGET_MAX, LOG_FORMATS, LOG_LEVELS, SETTINGS, ConfigError, load_config,
+    BATCH_DEFAULT,
+    BATCH_MAX,
+    BATCH_MIN,
+    BUDGET_MAX,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    SETTINGS,
+    ConfigError,
+    load_config,
     requested_log_format,
 )
-from stalledpolicy.logs import configure
 
 EXIT_OK = 0
 EXIT_FAILED = 1

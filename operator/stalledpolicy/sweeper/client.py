@@ -7,7 +7,8 @@ HEALTH_FLOOR_S in loop.py)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster

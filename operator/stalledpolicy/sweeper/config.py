@@ -9,8 +9,9 @@ with a message that names the flag, the variable and the fix.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -133,6 +134,7 @@ def _parse_int(value: Any, what: str, *, maximum: int, out_of_range: str, shows_
     context = {_SHOWS_VALUE: True} if shows_value else {}
     if isinstance(value, bool):
         raise _fail(f"must be {what}")
+    number: int | None
     if isinstance(value, int):
         number = value
     elif isinstance(value, str):
@@ -190,7 +192,7 @@ class SweeperConfig(BaseModel):
         try:
             return validate_queue_name(value.strip() if isinstance(value, str) else value)
         except InvalidQueueName as exc:
-            raise _fail(str(exc).removeprefix("queue: "))
+            raise _fail(str(exc).removeprefix("queue: ")) from None
 
     @field_validator("max_stalled", mode="before")
     @classmethod
@@ -240,7 +242,7 @@ class SweeperConfig(BaseModel):
             try:
                 seconds = parse_duration(value)
             except ValueError:
-                raise _fail("must be a duration such as 30s, 2m or 1h")
+                raise _fail("must be a duration such as 30s, 2m or 1h") from None
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             seconds = float(value)
         else:

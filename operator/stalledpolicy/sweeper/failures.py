@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -180,7 +181,8 @@ class PassFailures:
             return
         log.error(
             ("Redis is a read-only replica and refused the sweep's writes: " + errors.READ_ONLY_ADVICE
-             + f"; {self._moved_so_far()}; " + self._then("retrying next interval (logged once until a pass succeeds)")),
+             + f"; {self._moved_so_far()}; "
+             + self._then("retrying next interval (logged once until a pass succeeds)")),
             extra={"queue": self.config.queue, "redis": self.config.redis_url_redacted, "error": message,
                    "error_type": type(exc).__name__})
 

@@ -28,7 +28,8 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -123,11 +124,11 @@ class Sweeper(PassFailures):
                 client, self.config.queue, self._budgets, self.sizer,
                 should_stop=self.stop.is_set, on_call=self._on_call, holds=self.holds,
             )
-            snapshot = None
+            gauges = None
             snapshot_problems: list[str] = []
             if read_snapshot and not self.stop.is_set():
                 try:
-                    snapshot = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
+                    gauges = engine.queue_snapshot(client, self.config.queue, tuple(self.config.lanes))
                 except redis.ResponseError as exc:
                     if isinstance(exc, UNREACHABLE):
                         raise
@@ -147,13 +148,13 @@ class Sweeper(PassFailures):
         self._redis_answered()
         self.metrics.pass_duration.observe(seconds)
         self.metrics.last_pass.set(time.time())
-        if snapshot is not None:
-            self.metrics.observe_snapshot(snapshot)
+        if gauges is not None:
+            self.metrics.observe_snapshot(gauges)
         self._pass_succeeded()
         self.last_result = result
         self.passes += 1
         self._report_problems([*result.problems, *snapshot_problems])
-        self._log_pass(result, seconds, snapshot)
+        self._log_pass(result, seconds, gauges)
         return True
 
     def _client_or_connect(self) -> Any:

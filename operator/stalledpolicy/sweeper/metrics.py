@@ -18,8 +18,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -265,7 +266,7 @@ class _Connection:
 class _Handler(BaseHTTPRequestHandler):
     metrics: Any  # has exposition() -> bytes: SweeperMetrics, or the operator's OperatorMetrics
     health: Health | None  # None: /metrics only (the operator: kopf serves its liveness)
-    server: "_Server"
+    server: _Server
     # a connection that sends nothing (or half a request) is closed after this
     # many seconds: each held a thread and ~26 KB for good, and a few thousand
     # idle ones from anywhere in the cluster network OOM-killed the pod (per read:
@@ -326,7 +327,7 @@ class _Server(HTTPServer):
         self.socket.close()  # the one made by the constructor, never bound
         self.socket = sock
         self.server_address = sock.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
+        self.server_name, self.server_port = sock.getsockname()[:2]
         self.max_connections = max_connections
         self.request_deadline_s = request_deadline_s
         self.response_deadline_s = response_deadline_s
@@ -473,7 +474,7 @@ class StatusServer:
     def open_connections(self) -> int:
         return self._server.open_connections
 
-    def start(self) -> "StatusServer":
+    def start(self) -> StatusServer:
         self._thread.start()
         return self
 
