@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane bench bench-peers clean
+.PHONY: chart-crd demo demo-down demo-status test test-fast setup system-packages control-plane image bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -37,6 +37,13 @@ $(STAMP): pyproject.toml
 
 control-plane: setup
 	@bash hack/control-plane/build.sh
+
+# The product's image as a docker-archive, without a container engine or a
+# registry (docs/image.md): build/image/stalledpolicy-operator-<version>.tar.
+# Needs root. IMAGE_FLAGS=--force rebuilds when nothing changed.
+IMAGE_FLAGS ?=
+image: system-packages
+	$(PYTHON) hack/image/build.py $(IMAGE_FLAGS)
 
 bench: setup
 	$(PY) bench/sweep.py
