@@ -452,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="build even when nothing changed")
     parser.add_argument("--refresh-base", action="store_true", help="rebuild the cached Debian root filesystem too")
     parser.add_argument("--no-verify", action="store_true", help="skip verify.py's checks")
+    parser.add_argument("--containerd", action="store_true",
+                        help="verify.py --containerd: import into a throwaway containerd and run with runc too")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -459,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_verify:
             import verify
 
-            verify.verify(out, log=log)
+            verify.verify(out, log=log, containerd=args.containerd)
     except (BuildError, imagerecipe.RecipeError, dockerarchive.ArchiveError) as exc:
         log(f"error: {exc}")
         return 1

@@ -19,14 +19,22 @@
    `morgue --help`, the imports of the operator's and the sweeper's modules,
    the uid, and a write to / refused.
 
+5. With --containerd: a throwaway containerd (Debian's, its own root, state
+   and socket in a temporary directory; stopped with SIGTERM after) imports
+   the tarball as `ctr -n k8s.io images import` does for a node, and runs the
+   image with runc: `stalledpolicy --version`, and the uid, gid and effective
+   capabilities of its process (65532, 65532, none).
+
 Usage: verify.py [TARBALL]   (default: build/image/stalledpolicy-operator-<version>.tar)
        verify.py --no-run    (1 to 3 only: needs no root)
+       verify.py --containerd
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -242,7 +250,64 @@ def run_checks(path: Path, archive: dockerarchive.Archive, recipe: imagerecipe.R
     return problems
 
 
-def verify(path: Path, *, log=_stderr, run: bool = True, repo: Path = imagerecipe.REPO) -> dict:
+def containerd_check(path: Path, reference: str, userspec: str, version: str, log) -> list[str]:
+    """Import the tarball into a throwaway containerd and run it with runc."""
+    import os
+    import shutil
+
+    for tool in ("containerd", "ctr", "runc"):
+        if shutil.which(tool) is None:
+            return [f"--containerd: {tool} is not installed (apt-get install containerd)"]
+    problems: list[str] = []
+    home = Path(tempfile.mkdtemp(prefix="stalledpolicy-containerd-"))
+    sock = home / "containerd.sock"
+    (home / "config.toml").write_text(
+        f'version = 2\nroot = "{home}/root"\nstate = "{home}/state"\n'
+        f'[grpc]\n  address = "{sock}"\n'
+        '[plugins."io.containerd.grpc.v1.cri"]\n  disable_tcp_service = true\n')
+    with open(home / "containerd.log", "w") as out:
+        daemon = subprocess.Popen(["containerd", "--config", str(home / "config.toml")], stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                return [f"containerd did not start: {(home / 'containerd.log').read_text()[-400:]}"]
+            time.sleep(0.2)
+        t = time.monotonic()
+        done = subprocess.run([*ctr, "images", "import", "--snapshotter", "native", str(path)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return [f"ctr images import exited {done.returncode}: {done.stderr[-400:]}"]
+        listed = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True).stdout.split()
+        if reference not in listed:
+            problems.append(f"ctr images ls has no {reference}: {listed}")
+        log(f"ctr images import: {time.monotonic() - t:.1f}s")
+        probe = ("import os; s = open('/proc/self/status').read(); "
+                 "print(os.getuid(), os.getgid(), s.split('CapEff:')[1].split()[0])")
+        for name, args, want in (("version", ["stalledpolicy", "--version"], f"stalledpolicy {version}"),
+                                 ("ids", ["python3", "-c", probe], f"{userspec.replace(':', ' ')} 0000000000000000")):
+            done = subprocess.run([*ctr, "run", "--rm", "--snapshotter", "native", reference,
+                                   f"verify-{os.getpid()}-{name}", *args],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode != 0 or done.stdout.strip() != want:
+                problems.append(f"ctr run {' '.join(args)}: exit {done.returncode}, "
+                                f"{done.stdout.strip()!r} (wanted {want!r}) {done.stderr[-300:]}")
+        log(f"ctr run (runc): stalledpolicy --version, and uid/gid/CapEff {userspec} 0")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        _remove(home)
+    return problems
+
+
+def verify(path: Path, *, log=_stderr, run: bool = True, containerd: bool = False,
+           repo: Path = imagerecipe.REPO) -> dict:
     t = time.monotonic()
     recipe = imagerecipe.load(repo)
     reference = imagerecipe.image_reference(repo)
@@ -258,6 +323,8 @@ def verify(path: Path, *, log=_stderr, run: bool = True, repo: Path = imagerecip
         f"{facts.get('ca_certificates')} Debian CA certificates, {len(facts['setuid'])} setuid/setgid files")
     if run and not problems:
         problems += run_checks(path, archive, recipe, version, log)
+    if containerd and not problems:
+        problems += containerd_check(path, reference, recipe.user, version, log)
     if problems:
         raise VerifyError("; ".join(problems))
     log(f"all checks passed in {time.monotonic() - t:.1f}s")
@@ -268,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check an image tarball written by make image.")
     parser.add_argument("tarball", nargs="?")
     parser.add_argument("--no-run", action="store_true", help="do not unpack and run the image (no root needed)")
+    parser.add_argument("--containerd", action="store_true",
+                        help="also import it into a throwaway containerd and run it with runc")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     path = Path(args.tarball) if args.tarball else (
         imagerecipe.REPO / "build" / "image" / f"stalledpolicy-operator-{imagerecipe.project_version()}.tar")
     try:
-        verify(path, run=not args.no_run)
+        verify(path, run=not args.no_run, containerd=args.containerd)
     except (VerifyError, dockerarchive.ArchiveError) as exc:
         _stderr(f"FAILED: {exc}")
         return 1
