@@ -413,8 +413,8 @@ def build(args) -> Path:
             venv_python = f"{recipe.venv}/bin/python"
             python_version = run(chroot_argv(rootfs, [venv_python, "-c", "import platform; print(platform.python_version())"]),
                                  env=run_env(), capture=True).strip()
-            freeze = run(chroot_argv(rootfs, [venv_python, "-m", "pip", "freeze", "--all"]),
-                         env=run_env(), capture=True).split()
+            freeze = run(chroot_argv(rootfs, [venv_python, "-m", "pip", "list", "--format=freeze"]),
+                         env={k: v for k, v in run_env().items() if k != "PIP_QUIET"}, capture=True).splitlines()
             tidy(rootfs, recipe)
             seconds["install"] = time.monotonic() - t
 
