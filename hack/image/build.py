@@ -102,7 +102,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, capture: bool = F
     except BaseException:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
