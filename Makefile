@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane bench bench-peers clean
+.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane image bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -49,6 +49,13 @@ control-plane: setup
 # (seconds; nothing when up to date): tests/unit/test_chart_docs.py needs it.
 helm-docs:
 	@bash hack/helm-docs/build.sh >/dev/null
+
+# The product's image as a docker-archive, without a container engine or a
+# registry (docs/image.md): build/image/stalledpolicy-operator-<version>.tar.
+# Needs root. IMAGE_FLAGS=--force rebuilds when nothing changed.
+IMAGE_FLAGS ?=
+image: system-packages
+	$(PYTHON) hack/image/build.py $(IMAGE_FLAGS)
 
 bench: setup
 	$(PY) bench/sweep.py

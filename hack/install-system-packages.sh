@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests and the demo need: a real redis-server (and
 # redis-cli for cluster creation), openssl (the TLS tests make a self-signed
-# certificate), and Python's venv module (Debian ships ensurepip apart, in
-# python3-venv / python3.X-venv). Go (1.26+) must be on the machine already;
+# certificate), Python's venv module (Debian ships ensurepip apart, in
+# python3-venv / python3.X-venv) and mmdebstrap (`make image` builds the
+# product's image from Debian's packages without a container engine). Go (1.26+) must be on the machine already;
 # the control plane is built from Go modules by hack/control-plane/build.sh.
 set -euo pipefail
 python="${PYTHON:-python3}"
@@ -10,6 +11,7 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
   # the package named for the interpreter's own version (python3.11-venv), which
   # python3-venv depends on for the default python3 only

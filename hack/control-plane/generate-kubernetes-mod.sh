@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates kubernetes/go.mod: a wrapper module whose only job is to build
-# kube-apiserver, kube-controller-manager and kubectl from k8s.io/kubernetes.
+# kube-apiserver, kube-controller-manager and kubectl (and, for hack/node/,
+# kubelet and kube-scheduler) from k8s.io/kubernetes.
 #
 # Why a generator: k8s.io/kubernetes requires its staging modules (k8s.io/api,
 # k8s.io/apiserver, ...) at v0.0.0 and replaces them with directories of its own
@@ -38,7 +39,9 @@ go mod edit -go="$go_directive" -require="k8s.io/kubernetes@$version"
 for path in $staging; do
     go mod edit -replace="$path=$path@$staging_version"
 done
-for cmd in kube-apiserver kube-controller-manager kubectl; do
+# kubelet and kube-scheduler: the real node of hack/node/ (built by hack/node/build.sh,
+# not by build.sh); the same module, so the same versions of everything
+for cmd in kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler; do
     go mod edit -tool="k8s.io/kubernetes/cmd/$cmd"
 done
 go mod tidy

@@ -515,6 +515,9 @@ class ControlPlane:
             f"--proxy-client-key-file={pki.front_proxy_client_key}",
             # The "kubernetes" Service cannot point at a loopback address.
             "--endpoint-reconciler-type=none",
+            # A node (hack/node/) is reached at its address, never by its name: a name
+            # would be looked up with the host's resolver, outside the node's namespace.
+            "--kubelet-preferred-address-types=InternalIP",
         ])
         self._wait(apiserver, f"{self.server_url}/readyz", deadline, expect=b"ok", tls=pki)
 
