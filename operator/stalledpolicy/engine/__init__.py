@@ -26,12 +26,21 @@ from stalledpolicy.engine.morgue import (
 from stalledpolicy.engine.morgue_change import PurgeResult, ReplayResult, morgue_purge, morgue_replay
 from stalledpolicy.engine.sizing import CallSizer
 from stalledpolicy.engine.snapshot import LaneSnapshot, QueueSnapshot, queue_snapshot
-from stalledpolicy.engine.sweep import NO_HOLDS, Budgets, Holds, LaneCounts, SweepResult, drain, sweep_batch
+from stalledpolicy.engine.sweep import (
+                                         NO_HOLDS,
+                                         Budgets,
+                                         Holds,
+                                         LaneCounts,
+                                         SweepResult,
+                                         drain,
+                                         lease_due_sooner,
+                                         sweep_batch,
+)
 
 __all__ = [
     "AclRefused", "is_acl_refusal",
     "MORGUE_BATCH", "DeadJob", "MorguePage", "MorgueStats", "PurgeResult", "ReplayResult", "lane_of",
     "morgue_list", "morgue_page", "morgue_purge", "morgue_replay", "morgue_stats",
     "LaneSnapshot", "QueueSnapshot", "queue_snapshot", "CallSizer",
-    "NO_HOLDS", "Budgets", "Holds", "LaneCounts", "SweepResult", "drain", "sweep_batch",
+    "NO_HOLDS", "Budgets", "Holds", "LaneCounts", "SweepResult", "drain", "lease_due_sooner", "sweep_batch",
 ]

@@ -117,6 +117,21 @@ class SweepResult:
         return max(0.0, (self.next_at_ms - self.server_now_ms) / 1000)
 
 
+def lease_due_sooner(client: Any, queue: str, after: SweepResult, holds: Holds) -> bool:
+    """True when ``active`` holds a lease, claimed or extended since ``after``'s
+    last call, whose deadline is before that call's next event plus the hold
+    lead: it must be held or counted before the pass that call planned, so the
+    caller sweeps now. One ZCOUNT, O(log n), a read; False when
+    ``after`` named no server time (no call was made)."""
+    if after.server_now_ms is None:
+        return False
+    # Every lease in active after that call is due at or after its next event
+    # plus the lead (held ones later still), or was due then and is left to the
+    # pass that answered `more`; a later deadline below that bound is new.
+    upper = "+inf" if after.next_at_ms is None else f"({after.next_at_ms + holds.lead_ms}"
+    return int(client.zcount(QueueKeys(queue).active, f"({after.server_now_ms}", upper)) > 0
+
+
 def sweep_call(keys: QueueKeys, limit: int, budgets: Budgets, holds: Holds = Holds()) -> tuple[list[str], list[Any]]:
     """The KEYS and ARGV of one sweep call (scripts/sweep.lua's header)."""
     key_names = [

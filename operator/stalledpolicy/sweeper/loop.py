@@ -7,9 +7,10 @@ one :func:`~stalledpolicy.engine.queue_snapshot` for the gauges. The drain's
 last call says (server clock) when the next lease is due to be held or
 counted (scripts/lib/holds.lua), and the next pass runs then: EchoMQ's
 consumers reap a lapsed lease within milliseconds, so a fixed cadence would
-count almost nothing (docs/echomq.md, "Holding a lapsing lease"). The
-loop sleeps at most ``LEASE_WATCH_S`` (a lease claimed meanwhile is seen in
-time) and at most until the next interval's pass.
+count almost nothing (docs/echomq.md, "Holding a lapsing lease"). While it
+waits, the loop looks every ``LEASE_WATCH_S`` for a lease claimed meanwhile
+that is due sooner (one ZCOUNT: ``engine.lease_due_sooner``) and sweeps at
+once when there is one; it waits at most until the next interval's pass.
 
 A pass that fails, or does only part of its work, is handled as failures.py
 says (``PassFailures``): an outage backs off, anything else is retried on the
@@ -51,9 +52,10 @@ log = logging.getLogger("stalledpolicy.sweeper")
 # a wedged loop.
 HEALTH_FLOOR_S = 20.0
 _WAIT_SLICE_S = 1.0
-#: the longest sleep between passes while holding leases: a lease claimed
-#: meanwhile is seen before its last ``Holds.lead_ms`` when it is at least
-#: this plus the lead long (one script call, O(log n), twice a second)
+#: how often the loop looks for a lease claimed since the last pass that is
+#: due before the pass it planned: a lease is seen before its last
+#: ``Holds.lead_ms`` when it is at least this plus the lead long. One ZCOUNT
+#: (O(log n)) a look; where the ACL refuses it, one script call instead.
 LEASE_WATCH_S = 0.5
 #: a pass timed for a lease's deadline runs this much after it, so that the
 #: server's millisecond clock has reached it
@@ -104,6 +106,10 @@ class Sweeper(PassFailures):
         #: everything expired (or before its first call)
         self.last_stopped_early = False
         self.passes = 0
+        #: the looks between passes for a lease due sooner (LEASE_WATCH_S); off
+        #: once the ACL refused one (then a pass every LEASE_WATCH_S instead)
+        self.lease_watch_reads = 0
+        self._lease_watch_refused = False
 
     # -- one pass -------------------------------------------------------------
 
@@ -246,23 +252,57 @@ class Sweeper(PassFailures):
                 # the cadence does not drift; an overrun starts the next pass now
                 # (and never in a burst of catch-up passes).
                 next_full = max(next_full + self.config.interval, now)
-            self.wait(self._sleep_before_next_pass(next_full - now, succeeded))
+            sleep = self._sleep_before_next_pass(next_full - now, succeeded)
+            if succeeded and self._watching_leases():
+                self.wait_watching_leases(sleep)
+            else:
+                self.wait(sleep)
         self.close()
 
     def _sleep_before_next_pass(self, to_full: float, succeeded: bool) -> float:
-        """Until the next full pass, or sooner: when the last call named the next
-        lease to hold or count, or ``LEASE_WATCH_S`` while holding leases. A
-        failed pass waits for the next full one (failures.py retries on the
-        interval)."""
+        """Until the next full pass, or sooner when the last call named the next
+        lease to hold or count (at most ``LEASE_WATCH_S`` while holding leases
+        and the ACL refuses the loop's look between passes). A failed pass waits
+        for the next full one (failures.py retries on the interval)."""
         sleep = max(0.0, to_full)
         if not succeeded:
             return sleep
-        if self.holds.lead_ms > 0:
+        if self.holds.lead_ms > 0 and self._lease_watch_refused:
             sleep = min(sleep, LEASE_WATCH_S)
         to_lease = self.last_result.seconds_to_next()
         if to_lease is not None:
             sleep = min(sleep, to_lease + _DEADLINE_MARGIN_S)
         return sleep
+
+    def _watching_leases(self) -> bool:
+        return self.holds.lead_ms > 0 and not self._lease_watch_refused and self.last_result is not None
+
+    def wait_watching_leases(self, seconds: float) -> bool:
+        """``wait(seconds)``, looking every ``LEASE_WATCH_S`` for a lease claimed
+        since the last pass that is due before the pass planned; returns early
+        (False) when there is one, or when the look fails (the pass that follows
+        meets the failure and handles it); True when a stop was requested."""
+        deadline = self._clock() + seconds
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            if self.wait(min(remaining, LEASE_WATCH_S)):
+                return True
+            if deadline - self._clock() <= 0:
+                return False
+            try:
+                self.lease_watch_reads += 1
+                if engine.lease_due_sooner(self._client_or_connect(), self.config.queue, self.last_result,
+                                           self.holds):
+                    return False
+            except Exception as exc:  # noqa: BLE001 (the next pass meets and reports any failure)
+                if engine.is_acl_refusal(exc):
+                    self._lease_watch_refused = True
+                    log.warning("the ACL refuses the loop's look for new leases between passes (ZCOUNT on "
+                                "active): a pass every %gs looks instead; grant ZCOUNT on the queue's keys "
+                                "(docs/redis.md, ACL)", LEASE_WATCH_S, extra={"queue": self.config.queue})
+                return False
 
     def close(self) -> None:
         if self._client is not None:
