@@ -321,8 +321,9 @@ class Cost:
     evalsha_per_s: float
     inner_per_s: float     # commands run inside the scripts (by name, the script's commands)
     other_per_s: float     # the sweeper's commands outside scripts (the gauges' pipeline)
-    total_per_s: float     # the sweeper's commands in all (EVALSHA + inner + other)
+    total_per_s: float     # the sweeper's commands in all (EVALSHA + inner + looks + other)
     held: int
+    looks_per_s: float = 0.0  # the loop's looks for a new lease between passes (one ZCOUNT each)
     renewer_zadd: int = 0
     renewer_late_max_s: float = 0.0  # the renewer's longest delay past a slice's planned time, in the window
     mix: dict = field(default_factory=dict)
@@ -388,7 +389,7 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     thread = threading.Thread(target=sweeper.run_forever, daemon=True)
     thread.start()
     time.sleep(warmup)
-    passes0 = sweeper.passes
+    passes0, looks0 = sweeper.passes, sweeper.lease_watch_reads
     zadd0, time0, _ = renewer_counts
     renewer_counts[2] = 0.0
     before = redisstats.commandstats(client)
@@ -397,7 +398,7 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     after = redisstats.commandstats(client)
     seconds = time.monotonic() - t0
     zadd1, time1, renewer_late = renewer_counts
-    passes = sweeper.passes - passes0
+    passes, looks = sweeper.passes - passes0, sweeper.lease_watch_reads - looks0
     sweeper.stop.set()
     thread.join(timeout=15)
     stop_renewing.set()
@@ -415,6 +416,10 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
         delta["zadd"] = delta.get("zadd", 0) - renewer_zadd
     if time1 - time0:
         delta["time"] = delta.get("time", 0) - (time1 - time0)
+    # the loop's looks are ZCOUNTs outside the scripts (the sweep script's own
+    # ZCOUNTs, settling holds, stay under inside)
+    if looks:
+        delta["zcount"] = delta.get("zcount", 0) - looks
     delta = {name: n for name, n in delta.items() if n > 0}
     evalsha = delta.get("evalsha", 0)
     other = sum(n for name, n in delta.items() if name in SNAPSHOT_COMMANDS)
@@ -424,7 +429,8 @@ def measure_cost(server: Any, scenario: str, mode: str, leases: int, window: flo
     name = "lease-timed + holds" if mode == "holds" else f"fixed {sweeper.config.interval:g} s, no holds"
     return Cost(scenario=scenario, sweeper=name, window_s=seconds, passes=passes,
                 evalsha_per_s=evalsha / seconds, inner_per_s=inner / seconds, other_per_s=other / seconds,
-                total_per_s=(evalsha + inner + other) / seconds, held=held, renewer_zadd=renewer_zadd,
+                total_per_s=(evalsha + inner + looks + other) / seconds, looks_per_s=looks / seconds, held=held,
+                renewer_zadd=renewer_zadd,
                 renewer_late_max_s=renewer_late,
                 mix={n: round(c / seconds, 2) for n, c in sorted(delta.items())})
 
@@ -438,14 +444,15 @@ def run_cost(server: Any, args: argparse.Namespace) -> list[Cost]:
             cost = measure_cost(server, scenario, mode, leases, args.cost_window, args.cost_warmup, interval)
             costs.append(cost)
             print(f"cost {scenario} / {cost.sweeper}: {cost.total_per_s:.2f} commands/s "
-                  f"({cost.evalsha_per_s:.2f} EVALSHA/s), {load_line()}", file=sys.stderr, flush=True)
+                  f"({cost.evalsha_per_s:.2f} EVALSHA/s, {cost.looks_per_s:.2f} looks/s), {load_line()}",
+                  file=sys.stderr, flush=True)
     return costs
 
 
 def cost_table(costs: list[Cost], out: Any = sys.stdout) -> None:
     header = ["queue", "sweeper", "window s", "passes", "commands per pass", "EVALSHA/s", "inside scripts /s",
-              "outside (gauges) /s", "commands/s in all", "vs peer", "leases held", "renewer late max s",
-              "inside-script mix /s"]
+              "looks (ZCOUNT) /s", "outside (gauges) /s", "commands/s in all", "vs peer", "leases held",
+              "renewer late max s", "inside-script mix /s"]
     rows = []
     for c in costs:
         peers = [p for p in costs
@@ -453,9 +460,10 @@ def cost_table(costs: list[Cost], out: Any = sys.stdout) -> None:
         ratio = " / ".join((f"{c.total_per_s / p.total_per_s:.{0 if c.total_per_s >= 10 * p.total_per_s else 1}f}x "
                             f"({p.sweeper.split(',')[0]})") if p.total_per_s else "inf" for p in peers)
         mix = ", ".join(f"{n} {v:g}" for n, v in c.mix.items() if n not in ("evalsha", *SNAPSHOT_COMMANDS))
-        per_pass = f"{c.total_per_s * c.window_s / c.passes:.1f}" if c.passes else "-"
+        per_pass = f"{(c.total_per_s - c.looks_per_s) * c.window_s / c.passes:.1f}" if c.passes else "-"
         rows.append([c.scenario, c.sweeper, f"{c.window_s:.1f}", str(c.passes), per_pass, f"{c.evalsha_per_s:.2f}",
-                     f"{c.inner_per_s:.2f}", f"{c.other_per_s:.2f}", f"{c.total_per_s:.2f}", ratio,
+                     f"{c.inner_per_s:.2f}", f"{c.looks_per_s:.2f}", f"{c.other_per_s:.2f}",
+                     f"{c.total_per_s:.2f}", ratio,
                      str(c.held), f"{c.renewer_late_max_s:.2f}" if c.scenario.startswith("renewed") else "-", mix])
     print_table(header, rows, out)
 
