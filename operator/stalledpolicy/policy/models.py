@@ -1,9 +1,18 @@
-"""The StalledPolicy spec as pydantic models, with the CRD's own rules.
+"""The StalledPolicy spec as pydantic models: the one source of the CRD's spec.
 
-The API server already enforces the CRD schema, so these checks are a second
-line (objects written before a CRD upgrade, tests, tools that build specs);
-they apply exactly the CRD's rules and report problems the way a user wrote
-the field (``spec.lanes[2].maxStalled: must be at least 0 (got -1); ...``).
+Each field declares what the CRD says of it, beside it: type, limits, default
+and description (``Field``), CEL rules and the CRD's own keywords
+(``json_schema_extra=crd(...)``, :mod:`.schema`); hack/gen-crd.py writes
+crds/stalledpolicies.yaml from them (``make crd``). To change a field, edit
+it here and run the generator (docs/development.md).
+
+The API server enforces the CRD, so the validators here are a second line
+(objects written before a CRD upgrade, tests, tools that build specs): they
+judge as the CRD's rules do, with the same patterns and words, and report
+problems the way a user wrote the field (``spec.lanes[2].maxStalled: must be
+at least 0 (got -1); ...``). Where CEL and Python cannot share code (the
+quantity parser, keyspace's name rules), tests compare the two judgments on
+the API server and on every character.
 
 Python attribute names are snake_case; the CRD's camelCase names are aliases
 and either form is accepted (``populate_by_name``).
@@ -71,8 +80,6 @@ ENV_REDIS_URL = SETTINGS["redis_url"].env
 DEFAULT_METRICS_PORT = 9090
 
 # --- limits (hack/gen-crd.py writes them into crds/stalledpolicies.yaml) ----
-QUEUE_MAX_LENGTH = QUEUE_NAME_MAX
-LANE_NAME_MAX_LENGTH = LANE_NAME_MAX
 MAX_LANES = 256
 SWEEPER_REPLICAS_MAX = 100
 SWEEPER_PULL_SECRETS_MAX = 16
@@ -88,8 +95,8 @@ _SWEEP_INTERVAL = re.compile(SWEEP_INTERVAL_PATTERN)
 # compares), but for an exponent of 4 or more significant digits, refused
 # before any parse (the parser computes 10 to that power: 1e99999999999 timed
 # the request out and kept the API server's CPU busy after it). The CRD's
-# rules use this very pattern (re.search, as CEL's matches()) and these words
-# (a unit test compares).
+# rules are built from this very pattern (re.search, as CEL's matches()) and
+# these words (_resource_list).
 QUANTITY_HUGE_EXPONENT_PATTERN = r"[eE][+-]?0*[1-9][0-9]{3}"
 QUANTITY_FIX = "write a number with an optional unit, for example 250m, 0.5, 1e3, 512Mi or 1Gi"
 QUANTITY_NEGATIVE_FIX = "use 0 or more, for example 100m, 0.5, 128Mi or 1Gi"
@@ -101,7 +108,7 @@ _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 SECRET_KEY_WORDS = "letters, digits, '-', '_' and '.', neither '.' nor starting with '..'"
 QUEUE_GIVE = "give the EchoMQ queue name (the q in emq:{q}:pending)"
 # Label keys and values as the Pod API judges them (nodeSelector, tolerations; the
-# CRD's rules use these very patterns, a unit test compares).
+# CRD's rules are built from these very patterns).
 LABEL_KEY_PATTERN = rf"^({DNS_SUBDOMAIN}/)?{QUALIFIED_NAME}$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 LABEL_KEY_WORDS = ("an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', "
@@ -133,13 +140,13 @@ URL_SCHEME_PROBLEM = "must start with redis:// or rediss:// (TLS)"
 _ONE_REDIS_SOURCE = "redis.url (a URL without credentials) or redis.secretRef (a Secret key holding the URL)"
 # A query key that is, or may decode to, a credential: redis-py reads keys
 # percent-decoded (pass%77ord=) and passes password=, ssl_password=, ... to the
-# connection; its own option names need no '%'. The CRD's CEL rule uses this
-# very pattern (RE2 and Python read it alike; a unit test compares).
+# connection; its own option names need no '%'. The CRD's CEL rule is built
+# from this very pattern (RE2 and Python read it alike).
 URL_SECRET_QUERY_KEY_PATTERN = r"[?&][^=&]*(%|(?i:password|username))"
 _URL_SECRET_QUERY_KEY = re.compile(URL_SECRET_QUERY_KEY_PATTERN)
 # The URL's form (port, host, database path), as the operator reads it
-# (urlsplit, validation.check_redis_url), judged with the CRD's very patterns
-# (RE2 and Python read them alike; a unit test compares): only a redis:// or
+# (urlsplit, validation.check_redis_url), judged with the patterns the CRD's
+# rules are built from (RE2 and Python read them alike): only a redis:// or
 # rediss:// URL without '@' (refused above) or a tab, CR or LF (urlsplit drops
 # them), and the port and host only without [brackets] (an IPv6 host is left to
 # check_redis_url). Nothing check_redis_url accepts is refused (a unit test
