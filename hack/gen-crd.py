@@ -66,7 +66,10 @@ def structural_schema(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, A
     """A node of pydantic's JSON schema as the CRD's structural schema: references
     inlined (a model's own description, its docstring, left out: the field's
     describes it), an optional field's ``null`` dropped (an absent field is
-    None), no titles or null defaults, the ``omit`` marker applied."""
+    None), no titles or null defaults, the ``omit`` marker applied. A keyword it
+    does not place raises ValueError: a pydantic ``pattern``, say, is Python's
+    regex, not the API server's (the CRD judges text with rules built from the
+    same pattern)."""
     node = dict(node)
     node.pop("title", None)
     ref = node.pop("$ref", None)

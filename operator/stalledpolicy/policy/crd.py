@@ -12,6 +12,7 @@ needs the manifest at run time: the chart installs the CRD.
 
 from __future__ import annotations
 
+import copy
 import os
 from functools import cache
 from pathlib import Path
@@ -92,14 +93,5 @@ def _load(path: str) -> dict[str, Any]:
 
 def load_crd() -> dict[str, Any]:
     """The CRD manifest as a dict (a fresh deep copy: callers may mutate it)."""
-    import copy
-
     return copy.deepcopy(_load(str(crd_path())))
 
-
-def spec_schema() -> dict[str, Any]:
-    """The OpenAPI schema of ``spec`` in the served version (for consistency checks)."""
-    versions = load_crd()["spec"]["versions"]
-    served = next(v for v in versions if v["name"] == VERSION)
-    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return schema
