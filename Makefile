@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane image bench bench-peers clean
+.PHONY: crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane image bench bench-peers clean
 
 demo: setup control-plane
 	$(PY) -m stalledpolicy.devenv.demo up
@@ -66,20 +66,23 @@ bench-peers: setup
 clean:
 	rm -rf $(VENV) build dist operator/*.egg-info
 
-# The chart renders a copy of the one CRD source (Helm cannot read outside the
-# chart); tests/unit/test_chart_files.py fails until the copy is refreshed.
-chart-crd:
-	cp crds/stalledpolicies.yaml charts/stalledpolicy-operator/files/crds/stalledpolicies.yaml
+# The CRD, generated from the models (operator/stalledpolicy/policy/: models.py,
+# resource.py, crd.py) into crds/stalledpolicies.yaml and the chart's copy (Helm
+# cannot read outside the chart); tests/unit/test_generated_docs.py fails until
+# both are refreshed.
+crd: setup
+	$(PY) hack/gen-crd.py
 
 # The chart's README.md, from README.md.gotmpl and the "# --" comments of
 # values.yaml; tests/unit/test_chart_docs.py fails until it is refreshed.
 chart-docs: helm-docs
 	bash hack/helm-docs/run.sh
 
-# Every generated document: the chart's README and the generated parts of
-# docs/reference.md (the CRD), docs/metrics.md (the registries) and docs/cli.md
-# (the parsers); tests/unit/test_generated_docs.py fails until they are refreshed.
-docs: setup chart-docs
+# Every generated file: the CRD (make crd), the chart's README and the generated
+# parts of docs/reference.md (the CRD), docs/metrics.md (the registries) and
+# docs/cli.md (the parsers); tests/unit/test_generated_docs.py fails until they
+# are refreshed.
+docs: setup crd chart-docs
 	$(PY) hack/gen-crd-reference.py
 	$(PY) hack/gen-metrics-reference.py
 	$(PY) hack/gen-cli-reference.py

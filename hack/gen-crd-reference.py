@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes the field reference of docs/reference.md from the CRD.
 
-The CRD (crds/stalledpolicies.yaml) is the one source of every field's type,
-default, limits and description: `kubectl explain stalledpolicy.spec` and the
-docs then say the same. This script replaces the part of docs/reference.md
+The CRD (crds/stalledpolicies.yaml, generated from the models by
+hack/gen-crd.py) states every field's type, default, limits and description:
+`kubectl explain stalledpolicy.spec` and the docs then say the same. This script replaces the part of docs/reference.md
 between the two marker lines below and leaves the rest of the page, written by
 hand, as it is.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from stalledpolicy.tables import shown
 
 QUEUE_NAME_MAX = 128
-# The CRD's rule (crds/stalledpolicies.yaml, spec.queue): ^[^{}:\s\p{Z}\p{Cc}]+$.
+# The CRD's rule (declared on policy.models.StalledPolicySpec.queue): ^[^{}:\s\p{Z}\p{Cc}]+$.
 # No hash-tag braces and no key separator (they would let a queue name escape
 # its slot or forge another queue's keys), no whitespace, no Unicode separator
 # (category Z: spaces, line and paragraph separators) and no control character

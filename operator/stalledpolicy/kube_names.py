@@ -1,7 +1,7 @@
 """Kubernetes' rules for names (apimachinery's validation), in one place.
 
 The patterns are plain strings so that the CRD's CEL rules can be built from
-the very same text (``matches()``; a unit test compares).
+the very same text (``matches()``; policy.models builds them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Helm chart's files, without Helm: the CRD copy, versions, values vs schema.
+"""The Helm chart's files, without Helm: versions, values vs schema (the CRD
+copy is generated: tests/unit/test_generated_docs.py).
 
 Rendering, linting and installing are proven against the real control plane
 in tests/kube/test_chart.py.
@@ -18,8 +19,6 @@ import stalledpolicy
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "stalledpolicy-operator"
-CRD_SOURCE = REPO / "crds" / "stalledpolicies.yaml"
-CRD_COPY = CHART / "files" / "crds" / "stalledpolicies.yaml"
 
 
 def load_schema() -> dict:
@@ -28,12 +27,6 @@ def load_schema() -> dict:
 
 def load_values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
-
-
-def test_crd_copy_is_byte_identical_to_the_source():
-    assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), (
-        f"{CRD_COPY.relative_to(REPO)} differs from {CRD_SOURCE.relative_to(REPO)}; "
-        "refresh it with: make chart-crd")
 
 
 def test_chart_has_no_crds_directory_that_would_install_the_crd_twice():

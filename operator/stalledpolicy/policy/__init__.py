@@ -3,8 +3,10 @@ Deployment builder and the status condition helpers. Nothing here does I/O or
 imports kopf or the kubernetes client, so the operator, the tests and tools
 share it cheaply.
 
-- :mod:`.crd`: API names (group, version, kind, plural) and the CRD manifest.
+- :mod:`.crd`: API names (group, version, kind, plural), printer columns, and the CRD manifest.
 - :mod:`.models`: :class:`StalledPolicySpec` (``from_k8s``, ``sweeper_env``), :class:`PolicyError`.
+- :mod:`.resource`: the whole object and its status, as the CRD declares them.
+- :mod:`.schema`: the markers (CEL rules, CRD keywords) hack/gen-crd.py reads beside each field.
 - :mod:`.builder`: :func:`build_sweeper_deployment`, :func:`sweeper_name`.
 - :mod:`.conditions`: :func:`set_condition`.
 """

@@ -30,8 +30,8 @@ _STATUSES = (TRUE, FALSE, UNKNOWN)
 # Reasons used by the summary below; the operator may use any CamelCase word.
 
 MESSAGE_MAX = 32768
-# The CRD judges a condition's type and reason with CEL rules using these very
-# patterns and words (a unit test compares): RE2 and Python read them alike
+# The CRD judges a condition's type and reason with CEL rules built from these
+# very patterns and words (policy.resource): RE2 and Python read them alike
 # (fullmatch here: "$" in Python also matches before a final newline).
 CONDITION_TYPE_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                           r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
