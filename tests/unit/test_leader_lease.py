@@ -9,7 +9,8 @@ import types
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from stalledpolicy.controller.leader import Leadership, LeaseElector, decide, parse_lease
+from stalledpolicy.controller.config import parse_lease
+from stalledpolicy.controller.leader import Leadership, LeaseElector, decide
 
 T0 = dt.datetime(2026, 12, 4, 12, 0, 0, tzinfo=dt.UTC)
 

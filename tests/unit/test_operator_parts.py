@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from stalledpolicy.controller import REPLAY_ANNOTATION, REPLAY_LANE_ANNOTATION
 from stalledpolicy.controller.apply import conflict_reason, policy_owner
@@ -1257,6 +1258,52 @@ def test_the_operator_without_kubernetes_credentials_exits_2_at_once(tmp_path):
         "stalledpolicy operator: no Kubernetes credentials: not running in a cluster (no service account) "
         "and the kubeconfig ~/.kube/config cannot be used (ConfigException); give --kubeconfig FILE or set "
         "KUBECONFIG"]
+
+
+def test_the_kubeconfig_flag_is_used_whatever_other_flags_are_given(tmp_path):
+    """--kubeconfig reaches the kubernetes client with every flag the chart passes:
+    the client reads KUBECONFIG once, when imported, so checking a flag's value
+    must not import it first (--leader-election-lease once did, and the chart's
+    operator found no credentials). The server named is one nothing listens on:
+    past the credentials check the operator keeps retrying until stopped."""
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"}))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    env["HOME"] = str(tmp_path)
+    log = tmp_path / "operator.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "stalledpolicy", "operator", "--all-namespaces", "--metrics-port=0",
+             "--liveness=http://127.0.0.1:0/healthz", "--status-interval=10s", "--max-backoff=5m",
+             "--status-workers=2", "--log-format=json", "--leader-election-lease=default/some-lease",
+             "--sweeper-image=registry.example/sweeper:1", "--kubeconfig", str(kubeconfig)],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while process.poll() is None and "kopf" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.poll() is None, log.read_text()
+        assert "no Kubernetes credentials" not in log.read_text()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
 
 
 def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retries():

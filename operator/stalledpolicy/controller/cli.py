@@ -7,7 +7,13 @@ import os
 import re
 import sys
 
-from stalledpolicy.controller.config import MIN_LOOP_SECONDS, OperatorConfig, check_image_pattern, check_metrics_port
+from stalledpolicy.controller.config import (
+    MIN_LOOP_SECONDS,
+    OperatorConfig,
+    check_image_pattern,
+    check_metrics_port,
+    parse_lease,
+)
 from stalledpolicy.kube_names import is_dns_label
 
 EXIT_USAGE = 2
@@ -28,9 +34,6 @@ def _seconds(text: str) -> float:
 
 
 def _lease(text: str) -> str:
-    # deferred: the arguments are checked before kopf and the operator load
-    from stalledpolicy.controller.leader import parse_lease
-
     try:
         parse_lease(text)
     except ValueError as exc:

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from stalledpolicy.kube_names import is_dns_label, is_dns_subdomain
 from stalledpolicy.listen import EVERY_ADDRESS
 
 ENV_PREFIX = "STALLEDPOLICY_OPERATOR_"
@@ -35,6 +36,18 @@ def check_metrics_port(text: str) -> int:
 
 
 _IMAGE_CHARACTERS = re.compile(r"[A-Za-z0-9._/:@-]*")
+
+
+def parse_lease(text: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` of the leader election's Lease; ValueError saying what
+    is wrong. Pure, as everything the arguments are checked with: the kubernetes
+    client must not load before ``--kubeconfig`` is in the environment (it reads
+    ``KUBECONFIG`` once, when imported)."""
+    namespace, _, name = text.partition("/")
+    if not is_dns_label(namespace) or not is_dns_subdomain(name):
+        raise ValueError(f"{text!r}: give the Lease as NAMESPACE/NAME, for example "
+                         "stalledpolicy-system/stalledpolicy-operator (lowercase names)")
+    return namespace, name
 
 
 def check_image_pattern(entry: str) -> str:

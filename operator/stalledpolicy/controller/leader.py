@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from stalledpolicy.controller.api_errors import describe_api_error
+from stalledpolicy.controller.config import parse_lease
 from stalledpolicy.controller.wiring import kubernetes_api_client
-from stalledpolicy.kube_names import is_dns_label, is_dns_subdomain
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -46,15 +46,6 @@ def identity() -> str:
     """Who holds the Lease: the pod's name (the chart sets POD_NAME) or the host's,
     with a random suffix so that two processes on one host are two candidates."""
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
-def parse_lease(text: str) -> tuple[str, str]:
-    """``NAMESPACE/NAME`` of the Lease; ValueError saying what is wrong."""
-    namespace, _, name = text.partition("/")
-    if not is_dns_label(namespace) or not is_dns_subdomain(name):
-        raise ValueError(f"{text!r}: give the Lease as NAMESPACE/NAME, for example "
-                         "stalledpolicy-system/stalledpolicy-operator (lowercase names)")
-    return namespace, name
 
 
 def _time(value: Any) -> dt.datetime | None:
