@@ -37,20 +37,13 @@ class PolicyState:
     # replays done whose record is not in status yet, oldest first, each with
     # what it left undone; status shows the last, each is announced once it lands
     unwritten_replays: list[tuple[dict, str | None]] = field(default_factory=list)
-    # One reconcile (apply) of this policy at a time: kopf's handlers, the
-    # re-applies after drift or deletion, and the status loop's after a Secret change.
+    # One reconcile (apply) of this policy at a time: sync's (tests call reconcile too).
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
-    # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
-    reapply_failures: int = 0
-    # A policy generation newer than the one applied, as the last refresh found it,
-    # and the newest the status loop applied because no apply had: the next refresh
-    # applies such a generation, once (status_loop._unapplied_generation).
-    generation_unapplied: int = 0
-    generation_reapplied: int = 0
+    # The newest policy generation sync asked itself to apply (sync._request_new_generation): once each.
+    generation_requested: int = 0
     # The budgets (events.sweeper_budgets) of the sweeper Deployment as this process
-    # last applied it, under apply_lock: the old side of the next BudgetChanged. Not
-    # kopf's ``old``: that is the last spec kopf handled, and a reconcile applies the
-    # newest body seen, which may be a later one (or a re-apply got there first).
+    # last applied it, under apply_lock: the old side of the next BudgetChanged
+    # (not kopf's ``old``: docs/architecture.md).
     applied_budgets: dict | None = None
     # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
     # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more

@@ -1,9 +1,7 @@
-"""Re-applies outside kopf's handlers: the sweeper applied again when someone
-deletes it, when the Secret it reads changes, an earlier re-apply failed or the
-policy has a generation no apply had (the status loop's ``reapply``), and when
-the sweeper of a deleted predecessor of the same name is gone. Each is a
-``reconcile`` under the policy's apply lock;
-a failure is the policy's condition, retried by the status loop."""
+"""The sweeper Deployment's events that ask for an apply: deleted (put it back; or
+the sweeper of a deleted predecessor of the same name is gone: apply the new
+policy's now), and an owner reference lost (adopt it). Each adds an
+``ApplyRequest`` for ``sync`` and enqueues the policy's key; none applies."""
 
 from __future__ import annotations
 
@@ -14,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.apply import adoptable, controller_owner, earlier_policy_uid, policy_owner
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.objects import is_deleting, sweeper_name
-from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_clients import PolicyKey
-from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
+from stalledpolicy.controller.retry import RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome
 
 if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
@@ -25,54 +23,12 @@ if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) thi
 
 
 log = logging.getLogger("stalledpolicy.operator")
+SWEEPER_DELETED, SWEEPER_ADOPTED = "sweeper-deleted", "sweeper-adopted"  # ApplyRequest kinds
 
 
 def is_current(ctl: Controller, key: PolicyKey, state) -> bool:
     """``state`` is still the policy's (not forgotten, not replaced by a new uid)."""
     return ctl.policies.get(key) is state
-
-
-def reconcile_again(ctl: Controller, key: PolicyKey, body: Mapping[str, Any]) -> ReconcileOutcome | None:
-    """Reconcile ``body`` for a reason kopf does not see; a failure is the
-    policy's condition (and event) already, and the status loop retries it with
-    a growing delay (``reapply_failures``). Never brings back the state of a
-    policy forgotten (deleted) in the meantime."""
-    state = ctl.policies.get(key)
-    if state is None:
-        return None
-    uid = (body.get("metadata") or {}).get("uid")
-    with state.apply_lock:
-        if not is_current(ctl, key, state) or (state.body.get("metadata") or {}).get("uid") != uid:
-            return None
-        try:
-            outcome = reconcile(ctl, body)
-        except InvalidPolicy:
-            outcome = None
-        except RetryLater:
-            state.reapply_failures += 1
-            return None
-        state.reapply_failures = 0
-        return outcome
-
-
-def reapply(ctl: Controller, key: PolicyKey, why: str, *, generation: int | None = None) -> None:
-    """Apply the policy's Deployment again from the policy as last seen (the status
-    loop: the referenced Secret changed, an earlier re-apply failed, or a policy
-    generation no apply had). ``generation``: the one this re-apply is for, when
-    that is its only reason; nothing to do once an apply of it is recorded (kopf's
-    handler, while this waited for the apply lock)."""
-    state = ctl.policies.get(key)
-    if state is None or state.outcome is None:
-        return
-    if (state.body.get("metadata") or {}).get("deletionTimestamp"):
-        return
-    with state.apply_lock:
-        if generation is not None and int(state.outcome.generation or 0) >= generation:
-            return
-        if state.reapply_failures == 0:  # once per streak of failures, not on every retry
-            log.info("re-applying the sweeper Deployment", extra={
-                "namespace": key[0], "policy": key[1], "why": why})
-        reconcile_again(ctl, key, state.body)
 
 
 def _named_owner(deployment: Mapping[str, Any]):
@@ -121,58 +77,59 @@ def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
     return key
 
 
-def _recheck_later(ctl: Controller, key: PolicyKey, state, deployment: Mapping[str, Any],
-                   exc: BaseException) -> None:
-    """The policy whose sweeper was deleted could not be read (the API server down or
-    refusing): an ApplyFailed like any API error of a reconcile (its condition, a
-    Warning event and log line once per message), and the status loop's re-apply,
-    retried with a growing delay (``reapply_failures``). A policy deleted meanwhile
-    is forgotten before that (its status write is refused), so it gets no sweeper."""
-    with state.apply_lock:
-        if not is_current(ctl, key, state):
-            return
+def _policy_still_there(ctl: Controller, key: PolicyKey, state, owner: Mapping[str, Any],
+                        deployment: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The check of the request ``reapply_after_deletion`` makes (run by sync): the
+    policy as the API server holds it when it still exists and is not being deleted
+    (the garbage collector deletes the sweeper right after it: ask the API server,
+    not our memory); else None. Unreadable (the API server down or refusing): an
+    ApplyFailed like any API error of a reconcile, and ``RetryLater``. A policy
+    deleted meanwhile is forgotten before the retry (its status write is refused)."""
+    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
+
+    try:
+        current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
+    except api_error_types() as exc:
+        if isinstance(exc, ApiException) and exc.status == 404:
+            return None  # gone: its sweeper went with it
         generation = int((state.body.get("metadata") or {}).get("generation") or 0)
         message = (f"Deployment {key[0]}/{(deployment.get('metadata') or {}).get('name')} was deleted and "
                    f"cannot be re-created yet: cannot check that StalledPolicy {key[0]}/{key[1]} still exists: "
                    f"{describe_api_error(exc)}; retrying")
-        state.reapply_failures += 1  # before the outcome's kick: that refresh re-applies
         ctl.record_outcome(state.body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message))
+        raise RetryLater(message, events.APPLY_FAILED) from None
+    if (current.get("metadata") or {}).get("uid") != owner.get("uid") or (
+            current.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
+    return current
 
 
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:
-    """Someone deleted a sweeper whose policy still exists: put it back. Or the
-    garbage collector deleted the sweeper of a deleted policy whose name a new
-    policy took: apply the new one's now, instead of at its next retry."""
+    """Someone deleted a sweeper whose policy still exists: ask sync to put it back.
+    Or the garbage collector deleted the sweeper of a deleted policy whose name a
+    new policy took: ask sync to apply the new one's now, not at its next retry."""
     waiting = _waiting_policy(ctl, deployment)
     if waiting is not None:
         state = ctl.policies.get(waiting)
         if state is not None and not is_deleting(state.body):
             log.info("old sweeper Deployment deleted; applying the policy's own", extra={
                 "namespace": waiting[0], "policy": waiting[1]})
-            reconcile_again(ctl, waiting, state.body)
+            ctl.request_apply(waiting, ApplyRequest("the old sweeper Deployment was deleted", kind=SWEEPER_DELETED,
+                                                    quiet=True))
         return
     owned = owned_policy_state(ctl, deployment)
     if owned is None:
         return
     key, state, owner = owned
-    # The policy may be on its way out (the garbage collector deletes the sweeper
-    # right after it): ask the API server, not our memory.
-    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
+    def recreated(outcome: ReconcileOutcome | None) -> None:
+        if outcome is not None:
+            ctl.metrics.sweepers_recreated.inc()
 
-    try:
-        current = ctl.custom.get_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
-    except api_error_types() as exc:
-        if isinstance(exc, ApiException) and exc.status == 404:
-            return  # gone: its sweeper went with it
-        _recheck_later(ctl, key, state, deployment, exc)
-        return
-    if (current.get("metadata") or {}).get("uid") != owner.get("uid") or (
-            current.get("metadata") or {}).get("deletionTimestamp"):
-        return
-    log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
-    if reconcile_again(ctl, key, current) is not None:
-        ctl.metrics.sweepers_recreated.inc()
+    ctl.request_apply(key, ApplyRequest(
+        "the sweeper Deployment was deleted", kind=SWEEPER_DELETED, quiet=True,
+        check=lambda: _policy_still_there(ctl, key, state, owner, deployment), done=recreated))
 
 
 def disowned_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey | None:
@@ -190,18 +147,23 @@ def disowned_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
 
 
 def adopt_sweeper(ctl: Controller, deployment: Mapping[str, Any]) -> None:
-    """A policy's sweeper lost its owner reference: apply the policy's spec, which
-    puts it back (else the garbage collector would never delete the sweeper with
-    its policy, and every later reconcile would call it a NameConflict)."""
+    """A policy's sweeper lost its owner reference: ask sync to apply the policy's
+    spec, which puts it back (else the garbage collector would never delete the
+    sweeper with its policy, and every later reconcile would call it a NameConflict)."""
     key = disowned_policy(ctl, deployment)
     state = ctl.policies.get(key) if key is not None else None
-    if state is None:
+    if key is None or state is None:
         return
     name = (deployment.get("metadata") or {}).get("name")
     log.info("sweeper Deployment lost its owner reference; re-applying it as the policy's", extra={
         "namespace": key[0], "policy": key[1], "deployment": name})
-    outcome = reconcile_again(ctl, key, state.body)
-    if outcome is not None and outcome.ok:
-        ctl.recorder.post(state.body, events.NORMAL, events.SWEEPER_ADOPTED,
-                          f"Deployment {name} had lost its owner reference (a hand edit, a GitOps tool, a deletion "
-                          "with --cascade=orphan); the operator applied the policy's spec and owns it again")
+
+    def adopted(outcome: ReconcileOutcome | None) -> None:
+        if outcome is not None and outcome.ok:
+            ctl.recorder.post(state.body, events.NORMAL, events.SWEEPER_ADOPTED,
+                              f"Deployment {name} had lost its owner reference (a hand edit, a GitOps tool, a "
+                              "deletion with --cascade=orphan); the operator applied the policy's spec and owns "
+                              "it again")
+
+    ctl.request_apply(key, ApplyRequest("the sweeper Deployment lost its owner reference", kind=SWEEPER_ADOPTED,
+                                        quiet=True, done=adopted))

@@ -17,6 +17,7 @@ from typing import Any
 
 from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
 from stalledpolicy.controller.apply import policy_owner
+from stalledpolicy.controller.apply_requests import ApplyRequest, PendingApplies
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import (
@@ -40,10 +41,12 @@ from stalledpolicy.controller.redis_clients import (
 )
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
+from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch
 from stalledpolicy.controller.status_loop import StatusLoop
+from stalledpolicy.controller.sync import sync as sync_policy
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -73,17 +76,18 @@ class Controller(StatusLoop):
         self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
         self.scheduler: Scheduler | None = None
-        # The key the status loop is refreshing on this thread: a re-apply it runs
-        # must not kick that key again (the scheduler would rerun it at once, and
-        # a refused re-apply would then be retried with no delay at all).
+        # The key this thread syncs: what the sync does must not kick that key again
+        # (the scheduler would rerun it at once; sync returns its own next delay).
         self._local = threading.local()
+        self.pending_applies = PendingApplies()  # what the triggers ask sync to apply
+        self.retries = Retries(config.max_backoff)  # the one retry policy (retry.py)
         self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
         self.metrics.count_policies(lambda: len(self.policies))
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
-        self.scheduler = Scheduler(self.refresh, workers=self.config.status_workers,
+        self.scheduler = Scheduler(self.sync, workers=self.config.status_workers,
                                    on_lag=self.metrics.loop_lag.observe)
 
     def stop(self) -> None:
@@ -91,11 +95,34 @@ class Controller(StatusLoop):
             self.scheduler.stop()
         self.clients.close_all()
 
+    def sync(self, key: PolicyKey) -> float | None:
+        """One sync of the policy ``key`` (sync.py); the delay before the next."""
+        self._local.syncing = key
+        try:
+            return sync_policy(self, key)
+        finally:
+            self._local.syncing = None
+
     def kick(self, key: PolicyKey) -> None:
-        if getattr(self._local, "refreshing", None) == key:
-            return  # the status loop's own re-apply: refresh() returns the next delay itself
+        """Enqueue ``key``: its sync runs now (or right after the one under way)."""
+        if getattr(self._local, "syncing", None) == key:
+            return  # from within its own sync, which returns its next delay itself
         if self.scheduler is not None:
             self.scheduler.kick(key)
+
+    def request_apply(self, key: PolicyKey, request: ApplyRequest) -> None:
+        """A trigger's request: pending until the next sync of ``key``, which is enqueued."""
+        self.pending_applies.add(key, request)
+        self.kick(key)
+
+    def request_policy_apply(self, body: Mapping[str, Any], request: ApplyRequest) -> None:
+        """``request_apply`` for the policy ``body`` (kopf's handlers): its state made
+        first, so that the sync finds the policy even before its watch event."""
+        state = self.state(body)
+        with state.lock:
+            self._take_body(state, snapshot(body))
+        if self.policies.get(state.key) is state:
+            self.request_apply(state.key, request)
 
     # -- what kopf tells us --------------------------------------------------
     def state(self, body: Mapping[str, Any]) -> PolicyState:
@@ -250,6 +277,8 @@ class Controller(StatusLoop):
             # thread, would otherwise lose its first refresh (or its new client).
             if self.scheduler is not None:
                 self.scheduler.remove(key)
+            self.pending_applies.forget(key)
+            self.retries.forget(key)
             self.clients.drop(key)
 
     def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
