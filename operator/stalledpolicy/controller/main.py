@@ -57,8 +57,8 @@ def controller():
 
 @kopf.on.startup()
 async def serve_liveness(**_) -> None:
-    """``--liveness``, served in kopf's loop by our own server (not kopf's: it
-    makes ``::`` IPv6 only, see controller/liveness.py)."""
+    """``--liveness``, served in kopf's loop by our own server, not kopf's
+    (docs/architecture.md, "``::`` is IPv6 only")."""
     global _liveness_server
     url = OperatorConfig.from_env().liveness
     if url is None:

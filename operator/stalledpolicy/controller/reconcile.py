@@ -170,13 +170,11 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
 def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
     """What BudgetChanged says for the apply of ``deployment`` just made (under the
     apply lock), or None; the budgets it applied are remembered for the next one.
-    The old side is what the last apply of this process put on the sweeper, so each
-    change is told once, old -> new as the sweeper got them, by whichever reconcile
-    applied it: kopf's handler, or a re-apply that got to a newer spec first. With
-    none remembered (the first apply since the operator started), the Deployment as
-    read before this apply, if it was built from another generation of the policy:
-    an edit made while the operator was down is told once; budgets edited by hand
-    on the sweeper of this very generation are drift (DriftReverted), no budget edit.
+    The old side is what the last apply of this process put on the sweeper (not
+    kopf's ``old``: docs/architecture.md); with none remembered (the first apply
+    since the operator started), the Deployment as read before this apply, if it was
+    built from another generation of the policy. Budgets edited by hand on the
+    sweeper of this very generation are drift (DriftReverted), no budget edit.
     Creating the sweeper is no change."""
     applied = events.sweeper_budgets(deployment)
     before = state.applied_budgets
