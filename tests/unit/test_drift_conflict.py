@@ -180,7 +180,7 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
 
     # An annotation edit (no new generation) changes nothing.
     reconcile(ctl, edited(policy_body(), 1, 1))
-    assert ctl.policies[KEY].drift_conflict
+    assert ctl.policies[KEY].drift.conflict
 
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
@@ -229,7 +229,7 @@ def test_an_edit_made_while_the_operator_was_down_during_a_conflict_is_applied_a
     body = edited(policy_body(), 2, 2)
     body["status"] = copy.deepcopy(first.policies[KEY].status)  # the conflict, at generation 1
     second = started(apps, now, body)
-    assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift_conflict
+    assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift.conflict
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]
 
 
@@ -275,7 +275,7 @@ def test_a_change_made_while_no_operator_ran_is_a_counted_revert_at_the_start():
     assert kinds(second) == ["DriftReverted"]
     assert "while the operator was not running" in second.recorder.events[0][3]
     assert second.metrics.drift_reverts._value.get() == 1
-    assert len(drift.recorded_reverts(apps.stored)) == 2 == len(second.policies[KEY].drift_reverts)
+    assert len(drift.recorded_reverts(apps.stored)) == 2 == len(second.policies[KEY].drift.reverts)
     assert drift.drifted_policy(second, copy.deepcopy(apps.stored)) is None  # the record's write is ours
     # the budget holds that revert: one more change is the last revert, the next a conflict
     fight(second, apps, now, 2)

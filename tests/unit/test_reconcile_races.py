@@ -120,9 +120,9 @@ def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_the_s
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     state = ctl.policies[KEY]
-    began = state.drift_last_seen
+    began = state.drift.last_seen
     ctl.sync(KEY)
-    assert state.drift_conflict
+    assert state.drift.conflict
     applied = len(apps.applied)
     now[0] = began + drift.DRIFT_WINDOW - 1
     changed = rival_change(apps)
@@ -130,5 +130,5 @@ def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_the_s
     drift.revert_drift(ctl, KEY, changed)
     now[0] = began + drift.DRIFT_WINDOW + 1  # the sync comes after the window would have ended
     ctl.sync(KEY)
-    assert state.drift_conflict, "the change 2 s before holds the conflict open"
+    assert state.drift.conflict, "the change 2 s before holds the conflict open"
     assert len(apps.applied) == applied and apps.stored["spec"]["replicas"] == 0

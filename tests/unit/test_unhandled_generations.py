@@ -186,11 +186,11 @@ def test_an_edit_no_kopf_handler_applied_during_a_drift_conflict_is_applied_and_
     state = ctl.policies[KEY]
     ctl.sync(KEY)
     ctl.sync(KEY)
-    assert state.drift_conflict and apps.stored["spec"]["replicas"] == 0, "left to the other writer"
+    assert state.drift.conflict and apps.stored["spec"]["replicas"] == 0, "left to the other writer"
 
     ctl.observe_policy(with_replicas(state.body, 2, 2), "MODIFIED")  # and no kopf handler
     ctl.sync(KEY)
     ctl.sync(KEY)
     assert apps.stored["spec"]["replicas"] == 2
-    assert not state.drift_conflict
+    assert not state.drift.conflict
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]

@@ -12,6 +12,29 @@ from stalledpolicy.controller.status import Problem, ReconcileOutcome
 
 
 @dataclass
+class DriftState:
+    """The drift revert budget and conflict of one policy; changed by drift_reverts only.
+
+    Reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on the
+    Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more reverts
+    until the sweeper has been left alone a while. ``conflict`` is the DriftConflict
+    message meanwhile (the SweeperInSync condition, kept in status, so a restarted
+    operator goes on not reverting)."""
+
+    reverts: list = field(default_factory=list)
+    conflict: str | None = None
+    last_seen: float | None = None
+    seen_generation: int = 0
+    # The policy generation applied when the conflict began: a newer generation
+    # applied (an edit of the policy) ends the conflict.
+    conflict_generation: int = 0
+    resume: bool = False  # the conflict is over: sync applies the spec again
+    # ended by the window, the spec not applied since: not in sync yet (the
+    # re-apply may fail); cleared by the next successful reconcile
+    reverting: bool = False
+
+
+@dataclass
 class PolicyState:
     key: PolicyKey
     body: dict
@@ -45,22 +68,7 @@ class PolicyState:
     # last applied it, under apply_lock: the old side of the next BudgetChanged
     # (not kopf's ``old``: docs/architecture.md).
     applied_budgets: dict | None = None
-    # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
-    # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more
-    # reverts until the sweeper has been left alone a while. ``drift_conflict`` is the
-    # DriftConflict message meanwhile (the SweeperInSync condition, kept in status, so
-    # a restarted operator goes on not reverting).
-    drift_reverts: list = field(default_factory=list)
-    drift_conflict: str | None = None
-    drift_last_seen: float | None = None
-    drift_seen_generation: int = 0
-    # The policy generation applied when the conflict began: a newer generation
-    # applied (an edit of the policy) ends the conflict.
-    drift_conflict_generation: int = 0
-    drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
-    # ended by the window, the spec not applied since: not in sync yet (the
-    # re-apply may fail); cleared by the next successful reconcile
-    drift_reverting: bool = False
+    drift: DriftState = field(default_factory=lambda: DriftState())
     # One sweeper per queue (queue_claims.py): whether a refresh of this process has
     # read (or failed to read) the queue yet, how many refreshes in a row could not
     # (Redis unreachable or refusing), and how many in a row read it without a problem.

@@ -240,16 +240,13 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
     state = ctl.state(body)
-    with state.lock:
-        conflict = state.drift_conflict and generation <= state.drift_conflict_generation
-    if not conflict:
-        return None  # none, or the policy was edited since it began: apply (that ends it)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None
     template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
     with state.lock:
-        state.drift_seen_generation = max(state.drift_seen_generation, deployment_generation or 0)
+        if not drift_reverts.conflict_holds_at_start(state, generation, deployment_generation):
+            return None  # none, or the policy was edited since it began: apply (that ends it)
     log.info("drift conflict recorded in the policy's status: the sweeper Deployment is not applied at start; "
              "the policy's spec is applied once the sweeper is left alone", extra={
                  "namespace": meta.get("namespace"), "policy": meta.get("name"),

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.apply_requests import ApplyRequest, PendingApplies
 from stalledpolicy.controller.config import OperatorConfig
@@ -43,7 +43,7 @@ from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
-from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
+from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch
 from stalledpolicy.controller.status_loop import StatusLoop
 from stalledpolicy.controller.sync import sync as sync_policy
@@ -151,15 +151,8 @@ class Controller(StatusLoop):
                     state = PolicyState(key=key, body=first)
                     state.status = dict(first.get("status") or {})
                     state.served_tokens = served_tokens(state.status.get("lastReplay"))
-                    in_sync = condition_of(state.status, SWEEPER_IN_SYNC) or {}
-                    if in_sync.get("status") == FALSE and in_sync.get("reason") == events.DRIFT_CONFLICT:
-                        # A conflict an earlier process declared: it lasts until the sweeper
-                        # has been left alone for a whole window from now.
-                        state.drift_conflict = in_sync.get("message") or events.DRIFT_CONFLICT
-                        state.drift_last_seen = self.clock()
-                        # the generation it was declared for (conditions carry the applied one)
-                        state.drift_conflict_generation = int(
-                            in_sync.get("observedGeneration") or generation_of(first) or 0)
+                    drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
+                                                       generation_of(first), self.clock())
                     replaced = self.policies.get(key)
                     if replaced is not None:
                         self._unindex(replaced)
@@ -315,7 +308,7 @@ class Controller(StatusLoop):
             before = state.outcome
             state.outcome = outcome
             if outcome.ok:
-                state.drift_reverting = False  # the policy's spec is on the sweeper again
+                drift_reverts.applied(state)
             self._take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)

@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
-from stalledpolicy.controller.drift_reverts import drift_conflict_over
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import metadata_of, resource_version, snapshot, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
@@ -77,8 +76,7 @@ class StatusLoop:
         key = state.key
         posts = events.DeferredPosts()  # the events this refresh decides, posted after the lock
         with posts.flushed_to(self.recorder), state.lock:
-            if state.drift_conflict:
-                state.drift_resume = drift_conflict_over(self, state, self.clock()) or state.drift_resume
+            drift_reverts.check_window(self, state, self.clock())
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state, posts)
             if self.policies.get(key) is not state:
@@ -106,15 +104,14 @@ class StatusLoop:
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
         """Why the sweeper must be applied again now (under the status lock), or None:
-        a drift conflict is over (``state.drift_resume``: the policy's spec goes back
+        a drift conflict is over (``drift_reverts.take_resume``: the policy's spec goes back
         over what the other writer left); the Secret of ``spec.redis.secretRef``
         holds a new value (a rotated password reaches the pods only through a new
         pod template). A Secret that is missing or holds no valid URL rolls
         nothing: the running pods keep the last good one, the condition says what
         is wrong. The one-sweeper-per-queue checks are
         queue_claims.claim_reconcile_reason's, made after the lock is released."""
-        if state.drift_resume:
-            state.drift_resume = False
+        if drift_reverts.take_resume(state):
             return "the drift conflict is over: the sweeper was left alone"
         outcome = state.outcome
         if outcome is None or not outcome.ok:
@@ -158,7 +155,7 @@ class StatusLoop:
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
             last_replay=state.unwritten_replays[-1][0] if state.unwritten_replays else None, now=now,
-            drift_conflict=state.drift_conflict, drift_reverting=state.drift_reverting)
+            drift_conflict=state.drift.conflict, drift_reverting=state.drift.reverting)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:
