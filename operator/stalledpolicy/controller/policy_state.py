@@ -35,6 +35,30 @@ class DriftState:
 
 
 @dataclass
+class ClaimState:
+    """One sweeper per queue (queue_claims.py, its only writer): whether a refresh of
+    this process has read (or failed to read) the queue yet, how many refreshes in a
+    row could not (Redis unreachable or refusing), how many in a row read it without
+    a problem, and whether the last found no Redis URL (its Secret or URL is wrong)."""
+
+    refreshed: bool = False
+    read_failures: int = 0
+    reads: int = 0
+    misconfigured: bool = False
+
+
+@dataclass
+class ReplayState:
+    """Replays by annotation (replay_serving.py, its only writer after creation)."""
+
+    served: list = field(default_factory=list)  # tokens served, oldest first (the last SERVED_HISTORY)
+    refused: str | None = None  # an invalid replay request, warned about once
+    # replays done whose record is not in status yet, oldest first, each with
+    # what it left undone; status shows the last, each is announced once it lands
+    unwritten: list[tuple[dict, str | None]] = field(default_factory=list)
+
+
+@dataclass
 class PolicyState:
     key: PolicyKey
     body: dict
@@ -54,12 +78,7 @@ class PolicyState:
     awaited_since: float = 0.0
     failures: int = 0
     logged_problem: Problem | None = None
-    # replay tokens served, oldest first (the last SERVED_HISTORY): never replayed again
-    served_tokens: list = field(default_factory=list)
-    refused_token: str | None = None  # an invalid replay request, warned about once
-    # replays done whose record is not in status yet, oldest first, each with
-    # what it left undone; status shows the last, each is announced once it lands
-    unwritten_replays: list[tuple[dict, str | None]] = field(default_factory=list)
+    replay: ReplayState = field(default_factory=lambda: ReplayState())
     # One reconcile (apply) of this policy at a time: sync's (tests call reconcile too).
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
     # The newest policy generation sync asked itself to apply (sync._request_new_generation): once each.
@@ -69,14 +88,7 @@ class PolicyState:
     # (not kopf's ``old``: docs/architecture.md).
     applied_budgets: dict | None = None
     drift: DriftState = field(default_factory=lambda: DriftState())
-    # One sweeper per queue (queue_claims.py): whether a refresh of this process has
-    # read (or failed to read) the queue yet, how many refreshes in a row could not
-    # (Redis unreachable or refusing), and how many in a row read it without a problem.
-    refreshed: bool = False
-    queue_failures: int = 0
-    queue_reads: int = 0
-    # The last refresh found no Redis URL for it (its Secret or URL is wrong).
-    misconfigured: bool = False
+    claim: ClaimState = field(default_factory=lambda: ClaimState())
     # The Redis endpoint the queue figures in status were read from, as
     # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
     # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it

@@ -31,7 +31,7 @@ from stalledpolicy.controller.objects import (
     resource_version,
     snapshot,
 )
-from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.policy_state import PolicyState, ReplayState
 from stalledpolicy.controller.redis_clients import (
     PolicyKey,
     RedisClients,
@@ -41,6 +41,7 @@ from stalledpolicy.controller.redis_clients import (
 )
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
+from stalledpolicy.controller.replay_serving import wants_replay
 from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
@@ -150,7 +151,7 @@ class Controller(StatusLoop):
                     first = snapshot(body)
                     state = PolicyState(key=key, body=first)
                     state.status = dict(first.get("status") or {})
-                    state.served_tokens = served_tokens(state.status.get("lastReplay"))
+                    state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
                     drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
                                                        generation_of(first), self.clock())
                     replaced = self.policies.get(key)
@@ -194,10 +195,8 @@ class Controller(StatusLoop):
             before = generation_of(state.body)
             self._take_body(state, snapshot(body))
             respecified = generation_of(state.body) != before
-            annotations = (state.body.get("metadata") or {}).get("annotations") or {}
-            token = annotations.get(f"{GROUP}/replay")
-            wants_replay = token is not None and token not in state.served_tokens and token != state.refused_token
-        if wants_replay and state.outcome is not None:
+            replay_asked = wants_replay(state)
+        if replay_asked and state.outcome is not None:
             self.kick(key)
         if respecified:
             self.kick_queue(queue, key)  # it may name another Redis now, or stop sweeping

@@ -22,7 +22,7 @@ from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
-from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay
+from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
     NO_URL_REASONS,
@@ -154,7 +154,7 @@ class StatusLoop:
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
-            last_replay=state.unwritten_replays[-1][0] if state.unwritten_replays else None, now=now,
+            last_replay=state.replay.unwritten[-1][0] if state.replay.unwritten else None, now=now,
             drift_conflict=state.drift.conflict, drift_reverting=state.drift.reverting)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
@@ -162,9 +162,8 @@ class StatusLoop:
             if not self._write_status(state, stored, patch):
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = state.stored_status = desired
-            for record, warning in state.unwritten_replays:
+            for record, warning in take_written(state):
                 announce_replay(posts, state, spec.get("queue"), record, warning)
-            state.unwritten_replays = []
             self._announce_changes(state, previous, desired, spec, posts)
         self._log_problem(state, problem)
         return problem
