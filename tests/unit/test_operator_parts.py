@@ -476,7 +476,7 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
             resolve_url("ns", {"secretRef": {"name": "creds"}}, ctl.secrets)
         except RedisConfigError as exc:
             outcome["secret"] = exc
-        state = ctl.state({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
+        state = ctl.state_for({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
         outcome["status written"] = ctl._write_status(state, {}, {"pending": 1})
 
     worker = threading.Thread(target=calls, daemon=True)

@@ -79,7 +79,7 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False)
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
     body = plain(body)
-    state = ctl.state(body)
+    state = ctl.state_for(body)
     with state.apply_lock:
         # The policy may have been edited while this waited for the lock, and the
         # edit applied meanwhile: never apply a generation older than the newest seen.
@@ -138,7 +138,7 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
         _apply_failed(ctl, body, generation,
                       with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
                                          f"{describe_api_error(exc)}"), wanted)
-    state = ctl.state(body)
+    state = ctl.state_for(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -233,13 +233,13 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
 def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, existing: Mapping[str, Any],
                        wanted: int) -> ReconcileOutcome | None:
     """At an operator start (kopf's resume handler), a DriftConflict the policy's status
-    records (``Controller.state`` took it from SweeperInSync) means no apply: applying
+    records (``Controller.state_for`` took it from SweeperInSync) means no apply: applying
     would put the policy's spec back over the other writer's, a revert the conflict
     exists to stop, and one counted nowhere. The Deployment is taken as it is (its
     generation is the one "applied", so only a later change is drift, and that is not
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
-    state = ctl.state(body)
+    state = ctl.state_for(body)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None
@@ -276,7 +276,7 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int,
         return None
     owner, owner_confirmed = claim.owner, True
     if claim.verdict == UNKNOWN:
-        current = ctl.state(body).outcome
+        current = ctl.state_for(body).outcome
         if current is not None and current.reason == events.QUEUE_CLAIMED and current.claimed_by is not None:
             owner = current.claimed_by  # held back before: stays so, by the same policy
         elif existing is not None and asks_for_pods(existing):

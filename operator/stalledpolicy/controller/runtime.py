@@ -119,50 +119,54 @@ class Controller(StatusLoop):
     def request_policy_apply(self, body: Mapping[str, Any], request: ApplyRequest) -> None:
         """``request_apply`` for the policy ``body`` (kopf's handlers): its state made
         first, so that the sync finds the policy even before its watch event."""
-        state = self.state(body)
+        state = self.state_for(body)
         with state.lock:
             self._take_body(state, snapshot(body))
         if self.policies.get(state.key) is state:
             self.request_apply(state.key, request)
 
     # -- what kopf tells us --------------------------------------------------
-    def state(self, body: Mapping[str, Any]) -> PolicyState:
+    def state_for(self, body: Mapping[str, Any]) -> PolicyState:
+        """The state of the policy ``body``, made (and kept) when its uid is new under
+        its name. A policy deleted since (its uid retired) gets a state of its own,
+        never kept. When another uid holds the name, the one that came later keeps
+        it (``_came_after``, which may ask the API server, outside the lock)."""
         key = policy_key(body)
         uid = metadata_of(body).get("uid")
-        verdict = None  # (the state asked about, whether ``body`` came after its policy)
+        judged: tuple[PolicyState, bool] | None = None  # (the state judged, whether ``body`` came after it)
         while True:
             with self._lock:
                 state = self.policies.get(key)
                 if uid in self._retired_policies:
                     # A deleted policy of this name (kopf handles each uid in a stream of
-                    # its own, so its late events may come after its successor's): a
-                    # state of its own, never the successor's, and never kept.
+                    # its own, so its late events may come after its successor's).
                     return PolicyState(key=key, body=snapshot(body))
-                if state is not None and metadata_of(state.body).get("uid") != uid:
-                    if verdict is None or verdict[0] is not state:
-                        pass  # ask below, outside the lock (it may ask the API server)
-                    elif verdict[1]:
-                        self._retired_policies.add(metadata_of(state.body).get("uid"))
-                        state = None  # deleted and created again under the same name
-                    else:
+                if state is not None and metadata_of(state.body).get("uid") == uid:
+                    return state
+                if state is not None and judged is not None and judged[0] is state:
+                    if not judged[1]:
                         self._retired_policies.add(uid)
                         return PolicyState(key=key, body=snapshot(body))
+                    self._retired_policies.add(metadata_of(state.body).get("uid"))
+                    state = None  # deleted and created again under the same name
                 if state is None:
-                    first = snapshot(body)
-                    state = PolicyState(key=key, body=first)
-                    state.status = dict(first.get("status") or {})
-                    state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
-                    drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
-                                                       generation_of(first), self.clock())
-                    replaced = self.policies.get(key)
-                    if replaced is not None:
-                        self._unindex(replaced)
-                    self.policies[key] = state
-                    self._queues.setdefault(_queue_of(first), set()).add(key)
-                    return state
-                if metadata_of(state.body).get("uid") == uid:
-                    return state
-            verdict = (state, self._came_after(key, body, state.body))
+                    return self._keep_new_state(key, body)
+            judged = (state, self._came_after(key, body, state.body))
+
+    def _keep_new_state(self, key: PolicyKey, body: Mapping[str, Any]) -> PolicyState:
+        """A new policy's state, from the status it carries (under self._lock)."""
+        first = snapshot(body)
+        state = PolicyState(key=key, body=first)
+        state.status = dict(first.get("status") or {})
+        state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
+        drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
+                                           generation_of(first), self.clock())
+        replaced = self.policies.get(key)
+        if replaced is not None:
+            self._unindex(replaced)
+        self.policies[key] = state
+        self._queues.setdefault(_queue_of(first), set()).add(key)
+        return state
 
     def _came_after(self, key: PolicyKey, body: Mapping[str, Any], known: Mapping[str, Any]) -> bool:
         """Whether the policy ``body`` came after ``known``, another policy that held
@@ -190,7 +194,7 @@ class Controller(StatusLoop):
             self.forget(key, (body.get("metadata") or {}).get("uid"))
             self.kick_queue(queue, key)  # a policy it held back may take the queue over
             return
-        state = self.state(body)
+        state = self.state_for(body)
         with state.lock:
             before = generation_of(state.body)
             self._take_body(state, snapshot(body))
@@ -302,7 +306,7 @@ class Controller(StatusLoop):
         """``announce`` False: a changed outcome is neither logged as a warning nor
         posted as an event (it says again what the policy's status already says)."""
         self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
-        state = self.state(body)
+        state = self.state_for(body)
         with state.lock:
             before = state.outcome
             state.outcome = outcome
