@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stalledpolicy.controller.status import ReconcileOutcome
@@ -32,6 +32,9 @@ class ApplyRequest:
     # Run by sync after a successful apply, with its outcome.
     done: Callable[[ReconcileOutcome | None], None] | None = None
     quiet: bool = False  # logged by its trigger already (or not worth a line)
+    # Set once a sync has taken the request (applied, failed or found nothing to do),
+    # or it was replaced or dropped: what kopf's handlers wait for (back-pressure).
+    taken: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 class PendingApplies:
@@ -49,8 +52,9 @@ class PendingApplies:
                 for index, old in enumerate(pending):
                     if old.kind == request.kind:
                         if old.resume and not request.resume:
-                            request = dataclasses.replace(request, resume=True)
+                            request = dataclasses.replace(request, resume=True, taken=request.taken)
                         del pending[index]
+                        old.taken.set()
                         break
             pending.append(request)
             if fresh:
@@ -78,5 +82,6 @@ class PendingApplies:
 
     def forget(self, key: Hashable) -> None:
         with self._lock:
-            self._requests.pop(key, None)
+            for request in self._requests.pop(key, []):
+                request.taken.set()
             self._fresh.discard(key)

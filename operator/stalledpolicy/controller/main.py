@@ -157,15 +157,20 @@ def cleanup(**_) -> None:
 
 
 POLICY_EVENT = "policy-event"  # the ApplyRequest kind of kopf's change handlers
+# How long a change handler waits for the sync that takes its request (back-pressure;
+# docs/architecture.md, "kopf's handlers wait for their sync").
+HANDLER_WAIT = 60.0
 
 
 def _request_apply(body, why: str, *, resume: bool = False) -> None:
-    """Enqueue the policy for its sync, which applies it (kopf's change handlers only
-    tell; docs/architecture.md, the trigger table). The apply's failures are the
-    policy's condition and sync's retries, never kopf's."""
+    """Enqueue the policy for its sync, which applies it, and wait until the sync has
+    taken the request (docs/architecture.md, the trigger table). The apply's failures
+    are the policy's condition and sync's retries, never kopf's."""
     plain_body = plain(body)
-    controller().request_policy_apply(plain_body, ApplyRequest(
-        why, kind=POLICY_EVENT, body=plain_body, generation=generation_of(plain_body), resume=resume, quiet=True))
+    request = ApplyRequest(why, kind=POLICY_EVENT, body=plain_body, generation=generation_of(plain_body),
+                           resume=resume, quiet=True)
+    controller().request_policy_apply(plain_body, request)
+    request.taken.wait(HANDLER_WAIT)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")

@@ -124,6 +124,8 @@ class Controller(StatusLoop):
             self._take_body(state, snapshot(body))
         if self.policies.get(state.key) is state:
             self.request_apply(state.key, request)
+        else:
+            request.taken.set()  # a deleted policy's: nothing to apply
 
     # -- what kopf tells us --------------------------------------------------
     def state_for(self, body: Mapping[str, Any]) -> PolicyState:

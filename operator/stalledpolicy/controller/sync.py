@@ -90,6 +90,15 @@ def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
     if not pending.pending(key) or (not pending.fresh(key) and ctl.retries.wait(key) > 0):
         return False
     requests = pending.take(key)
+    try:
+        return _apply(ctl, state, requests)
+    finally:
+        for request in requests:
+            request.taken.set()
+
+
+def _apply(ctl: Controller, state: PolicyState, requests: list[ApplyRequest]) -> bool:
+    key = state.key
     with state.apply_lock:
         if ctl.policies.get(key) is not state:
             return False
@@ -110,7 +119,7 @@ def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
             return True
         except RetryLater as exc:
             ctl.retries.failed(key, exc.first_delay)
-            pending.put_back(key, requests)
+            ctl.pending_applies.put_back(key, requests)
             return True
         ctl.retries.succeeded(key)
         for request, _ in chosen:
