@@ -198,7 +198,7 @@ def test_putting_back_a_budget_edited_by_hand_on_the_sweeper_is_no_budget_change
 def test_a_change_applied_when_the_deleted_sweeper_is_created_again_is_told_once():
     """The sweeper is deleted and the policy edited meanwhile: the re-apply after the
     deletion creates it with the new budget, the change from what ran before."""
-    from stalledpolicy.controller.reapply import reapply_after_deletion
+    from stalledpolicy.controller.sweeper_events import reapply_after_deletion
 
     apps, ctl, first = reconciled_policy()
     gone = copy.deepcopy(apps.stored)

@@ -339,18 +339,6 @@ def kopf_record(message):
     return record
 
 
-def test_kopf_retry_lines_of_expected_waits_are_info_and_other_retries_stay_errors():
-    from stalledpolicy.controller.logfilter import ExpectedWaitFilter
-
-    expected = ExpectedWaitFilter()
-    for reason in ("OldSweeperDeleting", "NameConflict"):
-        record = kopf_record(f"Handler 'reconcile-create' failed temporarily: {reason}: Deployment ns/p-sweeper ...")
-        assert expected.filter(record)
-        assert (record.levelno, record.levelname) == (logging.INFO, "INFO")
-    refused = kopf_record("Handler 'reconcile-update' failed temporarily: ApplyFailed: HTTP 422 ... NameConflict: x")
-    assert expected.filter(refused) and refused.levelno == logging.ERROR
-
-
 def test_repeated_retry_errors_are_logged_once_per_change():
     log_filter = KopfRecordFilter()
     first = kopf_record("Handler 'reconcile-create' failed temporarily: clash")
@@ -1317,7 +1305,7 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
 
     from kubernetes import client
 
-    from stalledpolicy.controller.reapply import reapply_after_deletion
+    from stalledpolicy.controller.sweeper_events import reapply_after_deletion
 
     apps, ctl, body = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
     deleted = copy.deepcopy(apps.stored)

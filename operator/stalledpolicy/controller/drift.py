@@ -28,10 +28,10 @@ from stalledpolicy.controller.drift_reverts import (
     recorded_reverts,
 )
 from stalledpolicy.controller.objects import is_deleting
-from stalledpolicy.controller.reapply import is_current, owned_policy_state
 from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.sweeper_events import is_current, owned_policy_state
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")

@@ -3,7 +3,7 @@ policy, reverted by ``drift``): at most DRIFT_MAX_REVERTS reverts in DRIFT_WINDO
 seconds, counted, recorded on the Deployment, and the DriftConflict past that,
 until the sweeper is left alone a whole window or the policy is edited. Below
 ``reconcile`` (which counts a revert made at an operator start and ends a conflict
-by an edit) and ``status_loop`` (which ends a conflict the window closed). The only
+by an edit) and ``status_refresh`` (which ends a conflict the window closed). The only
 module that changes a policy's ``DriftState``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from stalledpolicy.controller.objects import is_deleting
 from stalledpolicy.controller.status import FALSE
 from stalledpolicy.policy.builder import APPLIED_DIGEST_ANNOTATION
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")

@@ -21,7 +21,7 @@ from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgres
 from stalledpolicy.controller.leader import leadership
 from stalledpolicy.controller.liveness import LivenessServer
 from stalledpolicy.controller.objects import generation_of, plain
-from stalledpolicy.controller.reapply import adopt_sweeper, disowned_policy, reapply_after_deletion
+from stalledpolicy.controller.sweeper_events import adopt_sweeper, disowned_policy, reapply_after_deletion
 from stalledpolicy.sweeper.metrics import StatusServer
 
 log = logging.getLogger("stalledpolicy.operator")

@@ -40,7 +40,7 @@ from stalledpolicy.policy.builder import (
 )
 from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 

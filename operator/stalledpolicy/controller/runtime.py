@@ -2,7 +2,7 @@
 
 kopf feeds it (every policy and sweeper Deployment event, every reconcile
 outcome); a ``Scheduler`` refreshes each policy's status on an interval, or
-at once after a change (``StatusLoop``, status_loop.py). The status subresource
+at once after a change (``sync``, sync.py; its status part ``StatusRefresh``, status_refresh.py). The status subresource
 has one writer, the status loop, and a per-policy lock, so the reconcile
 handlers and the status workers never write over each other's conditions.
 """
@@ -46,13 +46,13 @@ from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch
-from stalledpolicy.controller.status_loop import StatusLoop
+from stalledpolicy.controller.status_refresh import StatusRefresh
 from stalledpolicy.controller.sync import sync as sync_policy
 
 log = logging.getLogger("stalledpolicy.operator")
 
 
-class Controller(StatusLoop):
+class Controller(StatusRefresh):
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,

@@ -16,7 +16,7 @@ from stalledpolicy.controller.objects import asks_for_pods, sweeper_name
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 

@@ -1,4 +1,4 @@
-"""The status part of ``sync`` (``StatusLoop.refresh_status``, a part of ``Controller``).
+"""The status part of ``sync`` (``StatusRefresh.refresh_status``, a part of ``Controller``).
 
 A refresh reads the queue, serves a replay the policy's annotation asks for,
 writes the status that differs from the one the API server holds (a JSON patch
@@ -47,12 +47,12 @@ log = logging.getLogger("stalledpolicy.operator")
 RECHECKED_AT_INTERVAL = NO_URL_REASONS | {"InvalidSpec"}
 
 
-class StatusLoop:
-    """The status loop's methods of ``Controller``."""
+class StatusRefresh:
+    """The status refresh's methods of ``Controller``."""
 
-    # What the loop uses of ``Controller`` (runtime.py sets them). A mixin, not an
-    # object of its own: reapply, claim_of and drift_conflict_over take the whole
-    # Controller, and tests replace some of these after __init__ (read each refresh).
+    # What the refresh uses of ``Controller`` (runtime.py sets them). A mixin, not an
+    # object of its own: claim_of and drift_conflict_over take the whole Controller,
+    # and tests replace some of these after __init__ (read each refresh).
     config: OperatorConfig
     custom: Any  # kubernetes CustomObjectsApi
     recorder: Any  # events.EventRecorder

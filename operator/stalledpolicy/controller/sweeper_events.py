@@ -18,7 +18,7 @@ from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.retry import RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 
