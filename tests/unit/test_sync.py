@@ -90,3 +90,15 @@ def test_a_forgotten_policy_lets_its_waiting_handler_go_and_is_not_applied():
     ctl.forget(KEY, "u-1")
     assert request.taken.is_set()
     assert ctl.sync(KEY) is None and apps.applies == 0
+
+
+def test_a_stopped_operator_lets_every_waiting_handler_go():
+    apps = CountingApps()
+    ctl = fake_controller(apps, dict(SECRETS))
+    body = policy_body()
+    pending = ApplyRequest("created", kind="policy-event", body=body, generation=1)
+    ctl.request_policy_apply(body, pending)
+    ctl.stop()
+    late = ApplyRequest("changed", kind="policy-event", body=body, generation=1)
+    ctl.request_policy_apply(body, late)
+    assert pending.taken.is_set() and late.taken.is_set() and apps.applies == 0

@@ -80,6 +80,13 @@ class PendingApplies:
         with self._lock:
             return key in self._fresh
 
+    def release_all(self) -> None:
+        """Let every handler waiting on a pending request go (the operator stops)."""
+        with self._lock:
+            for requests in self._requests.values():
+                for request in requests:
+                    request.taken.set()
+
     def forget(self, key: Hashable) -> None:
         with self._lock:
             for request in self._requests.pop(key, []):

@@ -82,6 +82,7 @@ class Controller(StatusRefresh):
         self._local = threading.local()
         self.pending_applies = PendingApplies()  # what the triggers ask sync to apply
         self.retries = Retries(config.max_backoff)  # the one retry policy (retry.py)
+        self.stopped = False
         self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
         self.metrics.count_policies(lambda: len(self.policies))
@@ -92,8 +93,10 @@ class Controller(StatusRefresh):
                                    on_lag=self.metrics.loop_lag.observe)
 
     def stop(self) -> None:
+        self.stopped = True
         if self.scheduler is not None:
             self.scheduler.stop()
+        self.pending_applies.release_all()  # kopf's handlers waiting on them go
         self.clients.close_all()
 
     def sync(self, key: PolicyKey) -> float | None:
@@ -113,6 +116,9 @@ class Controller(StatusRefresh):
 
     def request_apply(self, key: PolicyKey, request: ApplyRequest) -> None:
         """A trigger's request: pending until the next sync of ``key``, which is enqueued."""
+        if self.stopped:
+            request.taken.set()  # no sync will take it
+            return
         self.pending_applies.add(key, request)
         self.kick(key)
 
