@@ -102,3 +102,31 @@ def test_a_stopped_operator_lets_every_waiting_handler_go():
     late = ApplyRequest("changed", kind="policy-event", body=body, generation=1)
     ctl.request_policy_apply(body, late)
     assert pending.taken.is_set() and late.taken.is_set() and apps.applies == 0
+
+
+def test_the_watch_event_of_an_edit_enqueues_the_policy_whose_sync_applies_it():
+    """No kopf handler needed: the policy's watch event enqueues its key (the status
+    interval is an hour here: only the event can bring the sync within the test)."""
+    import time
+
+    from stalledpolicy.controller.config import OperatorConfig
+
+    apps = CountingApps()
+    ctl = fake_controller(apps, dict(SECRETS), OperatorConfig(sweeper_image="img:1", max_backoff=60,
+                                                              status_interval=3600))
+    body = policy_body()
+    ctl.request_policy_apply(body, ApplyRequest("created", kind="policy-event", body=body, generation=1))
+    ctl.sync(KEY)
+    ctl.start()
+    try:
+        edited = copy.deepcopy(body)
+        edited["metadata"].update(generation=2, resourceVersion="2")
+        edited["spec"]["maxStalled"] = 4
+        ctl.observe_policy(edited, "MODIFIED")
+        deadline = time.monotonic() + 30
+        while ctl.policies[KEY].outcome.generation != 2:
+            assert time.monotonic() < deadline, "the edit was never applied"
+            time.sleep(0.05)
+    finally:
+        ctl.stop()
+    assert apps.applies == 2

@@ -208,8 +208,8 @@ class Controller(StatusRefresh):
             self._take_body(state, snapshot(body))
             respecified = generation_of(state.body) != before
             replay_asked = wants_replay(state)
-        if replay_asked and state.outcome is not None:
-            self.kick(key)
+        if (replay_asked or respecified) and state.outcome is not None:
+            self.kick(key)  # its sync serves the replay, or applies the new generation
         if respecified:
             self.kick_queue(queue, key)  # it may name another Redis now, or stop sweeping
 
