@@ -35,7 +35,7 @@ def test_a_status_write_for_a_deleted_policy_never_lands_on_its_successor(contro
         custom.delete_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
         second = custom.create_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL,
                                                         manifest(redis_server.url))
-        ctl.refresh((kube_namespace, "p"))
+        ctl.sync((kube_namespace, "p"))
 
         stored = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
         assert stored["metadata"]["uid"] == second["metadata"]["uid"]
@@ -46,12 +46,12 @@ def test_a_status_write_for_a_deleted_policy_never_lands_on_its_successor(contro
         key = (kube_namespace, "p")
         ctl.observe_policy(second, "ADDED")
         ctl.record_outcome(second, ReconcileOutcome(1, True, "Applied", "applied"))
-        ctl.refresh(key)
+        ctl.sync(key)
         seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
         assert condition_of(seen["status"], "RedisReachable")["status"] == "True"
         ctl.observe_policy(seen, "MODIFIED")
         ctl.record_outcome(seen, ReconcileOutcome(1, False, "ApplyFailed", "refused"))
-        ctl.refresh(key)
+        ctl.sync(key)
         seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
         assert condition_of(seen["status"], "Ready")["reason"] == "ApplyFailed"
         assert condition_of(seen["status"], "RedisReachable")["status"] == "True"
@@ -61,9 +61,9 @@ def test_a_status_write_for_a_deleted_policy_never_lands_on_its_successor(contro
         custom.patch_namespaced_custom_object_status(GROUP, VERSION, kube_namespace, PLURAL, "p",
                                                      {"status": None})
         ctl.record_outcome(seen, ReconcileOutcome(1, True, "Applied", "applied"))
-        ctl.refresh(key)
+        ctl.sync(key)
         assert not custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p").get("status")
-        ctl.refresh(key)
+        ctl.sync(key)
         status = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")["status"]
         assert condition_of(status, "Ready")["reason"] == "DeploymentMissing"
         assert status["observedGeneration"] == 1 and status["sweeperDeployment"] == "p-sweeper"
@@ -91,7 +91,7 @@ def test_another_redis_drops_the_old_figures_from_the_stored_status(control_plan
                                                        manifest(redis_server.url))
         ctl.observe_policy(first, "ADDED")
         ctl.record_outcome(first, ReconcileOutcome(1, True, "Applied", "applied"))
-        ctl.refresh(key)
+        ctl.sync(key)
         seen = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")
         assert seen["status"]["deadLetters"] == 1
 
@@ -99,7 +99,7 @@ def test_another_redis_drops_the_old_figures_from_the_stored_status(control_plan
                                                        {"spec": {"redis": {"url": "redis://127.0.0.1:1/0"}}})
         ctl.observe_policy(edited, "MODIFIED")
         ctl.record_outcome(edited, ReconcileOutcome(2, True, "Applied", "applied"))
-        ctl.refresh(key)
+        ctl.sync(key)
         status = custom.get_namespaced_custom_object(GROUP, VERSION, kube_namespace, PLURAL, "p")["status"]
         assert status["observedGeneration"] == 2
         assert condition_of(status, "RedisReachable")["reason"] == "RedisUnreachable"

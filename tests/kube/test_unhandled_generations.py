@@ -51,14 +51,14 @@ def test_an_edit_back_to_the_spec_kopf_last_handled_reaches_the_sweeper(control_
         reconcile(ctl, first)  # kopf's create handler
         second, third = edit(2), edit(3)
         assert third["metadata"]["generation"] == 3
-        ctl.refresh(key)  # its status write answers with generation 3
+        ctl.sync(key)  # its status write answers with generation 3
         reconcile(ctl, second)  # kopf's handler for generation 2
         assert max_stalled_of(sweeper()) == "3"
 
         fourth = edit(2)  # generation 2's spec: kopf calls no handler
         ctl.observe_policy(fourth, "MODIFIED")
         for _ in range(3):
-            ctl.refresh(key)
+            ctl.sync(key)
 
         applied = sweeper()
         assert max_stalled_of(applied) == "2", "the sweeper runs the policy's current maxStalled"

@@ -128,7 +128,7 @@ def test_first_refresh_publishes_numbers_and_ready(world, r, queue_name):
     ctl, sink, _, _, _ = world
     mq = EchoMQ(r, queue_name)
     mq.enqueue_many(3)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 1
     status = sink.patches[0]
     assert status["pending"] == 3 and status["deadLetters"] == 0
@@ -138,23 +138,23 @@ def test_first_refresh_publishes_numbers_and_ready(world, r, queue_name):
 
 def test_nothing_changed_means_no_patch(world):
     ctl, sink, _, _, _ = world
-    ctl.refresh(("ns", "p"))
-    ctl.refresh(("ns", "p"))
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
+    ctl.sync(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 1
 
 
 def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(world, queue_name):
     ctl, sink, recorder, body, _ = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     [written] = sink.patches
     # the watch brings back our own write: nothing to write (nulls: the all-lanes replay test)
     ctl.observe_policy(policy(queue_name, rv="2") | {"status": json.loads(json.dumps(written))}, "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 1
     # someone wipes the status (kubectl edit --subresource=status): it comes back
     ctl.observe_policy(policy(queue_name, rv="3") | {"status": {"deadLetters": 99}}, "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 2
     restored = sink.patches[-1]
     assert restored["deadLetters"] == written["deadLetters"]
@@ -162,7 +162,7 @@ def test_a_status_edited_by_hand_is_written_back_and_our_own_is_not_rewritten(wo
     assert [e[2] for e in recorder.events].count("DeadLettered") == 0  # no growth announced
     # an event older than what we know changes nothing
     ctl.observe_policy(policy(queue_name, rv="2") | {"status": {}}, "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 2
 
 
@@ -196,24 +196,24 @@ def test_a_watch_event_from_before_our_status_write_does_not_write_it_again(worl
     and the version our write returned tell what is older, never the numbers."""
     ctl, _, _, _, _ = world
     sink = ctl.custom = AnsweringStatusSink(queue_name, [written_rv])
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 1
     ctl.observe_policy(policy(queue_name, rv=late_rv), "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 1
     # the watch then brings our own write, and after it a status wiped by hand: written back
     ctl.observe_policy(sink.written, "MODIFIED")
     ctl.observe_policy(policy(queue_name, rv=wiped_rv), "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(sink.patches) == 2
 
 
 def test_dead_letters_growth_is_patched_and_announced(world, r, queue_name):
     ctl, sink, recorder, _, _ = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     dead_letter(r, queue_name, "JOB0001")
     dead_letter(r, queue_name, "JOB0002")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["deadLetters"] == 2
     assert set(sink.patches[-1]) == {"deadLetters", "lastUpdateTime"}
     grown = [e for e in recorder.events if e[2] == "DeadLettered"]
@@ -227,32 +227,32 @@ def test_uncounted_lapses_are_published_and_announced_as_they_grow(world, r, que
     ctl, sink, recorder, _, _ = world
     keys = QueueKeys(queue_name)
     r.hincrby(keys.sweeper_totals, "uncounted", 4)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["uncountedLapsesTotal"] == 4
     assert [e for e in recorder.events if e[2] == "LapsesUncounted"] == []
     r.hincrby(keys.sweeper_totals, "uncounted", 1)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert set(sink.patches[-1]) == {"uncountedLapsesTotal", "lastUpdateTime"}
     assert sink.patches[-1]["uncountedLapsesTotal"] == 5
     [warning] = [e for e in recorder.events if e[2] == "LapsesUncounted"]
     assert warning[1] == "Warning"
     assert "1 lapsed lease of queue" in warning[3] and "(5 in total)" in warning[3]
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len([e for e in recorder.events if e[2] == "LapsesUncounted"]) == 1
 
 
 def test_missing_secret_then_created(world):
     ctl, sink, recorder, _, secrets = world
     saved = secrets.pop(("ns", "creds"))
-    delay = ctl.refresh(("ns", "p"))
+    delay = ctl.sync(("ns", "p"))
     ready = condition_of(sink.patches[-1], "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
     assert delay == 1  # looked at again after one interval
-    assert ctl.refresh(("ns", "p")) == 1  # and every interval: a user creates it, no backoff
+    assert ctl.sync(("ns", "p")) == 1  # and every interval: a user creates it, no backoff
     assert len(sink.patches) == 1  # the same problem is not patched again
     assert [e[2] for e in recorder.events].count("SecretNotFound") == 1
     secrets[("ns", "creds")] = saved
-    assert ctl.refresh(("ns", "p")) == 1
+    assert ctl.sync(("ns", "p")) == 1
     assert condition_of(sink.patches[-1], "Ready")["status"] == "True"
     assert "RedisReachable" in [e[2] for e in recorder.events]
 
@@ -274,9 +274,9 @@ def test_the_secret_digest_follows_the_url_the_sweeper_uses(world, redis_server)
 
 def test_unreachable_redis_is_a_condition_and_an_event_never_a_password(world):
     ctl, sink, recorder, _, secrets = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     secrets[("ns", "creds")] = {"url": b64("redis://:hunter2@127.0.0.1:1/0")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     redis = condition_of(sink.patches[-1], "RedisReachable")
     assert (redis["status"], redis["reason"]) == ("False", "RedisUnreachable")
     assert "deadLetters" not in ctl.policies[("ns", "p")].status  # another Redis: the old one's figures go
@@ -290,7 +290,7 @@ def test_a_server_that_wants_a_password_is_explained_in_our_words(world, redis_s
     ctl, sink, _, _, secrets = world
     redis_server.client().config_set("requirepass", "c0rrect-h0rse")
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         redis_server.client(password="c0rrect-h0rse").config_set("requirepass", "")
     redis = condition_of(sink.patches[-1], "RedisReachable")
@@ -313,7 +313,7 @@ def test_a_password_wanted_for_spec_redis_url_points_at_the_secret_ref(redis_ser
     ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
     redis_server.client().config_set("requirepass", "c0rrect-h0rse")
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         redis_server.client(password="c0rrect-h0rse").config_set("requirepass", "")
         ctl.stop()
@@ -326,13 +326,13 @@ def test_a_database_the_server_lacks_is_an_invalid_url_not_an_outage(world, redi
     """Redis answered (SELECT 16: 'DB index is out of range'): the URL is wrong, so
     InvalidRedisURL naming the database and the server's own count, not RedisUnreachable."""
     ctl, sink, recorder, _, secrets = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     url = redis_server.url.replace("redis://", "redis://:hunter2@").removesuffix("/0") + "/16"
     secrets[("ns", "creds")] = {"url": b64(url)}
     redis_server.client().config_set("requirepass", "hunter2")
     try:
-        ctl.refresh(("ns", "p"))
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         redis_server.client(password="hunter2").config_set("requirepass", "")
     reachable = condition_of(sink.patches[-1], "RedisReachable")
@@ -349,10 +349,10 @@ def test_a_queue_key_redis_refuses_to_read_is_no_outage_and_keeps_the_shared_cli
     RedisUnreachable, and the client, shared by every policy on that Redis, is not
     closed under their feet (a command of theirs in flight would fail)."""
     ctl, sink, recorder, _, _ = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     shared = ctl.clients.client(("ns", "other"), redis_server.url)  # another policy, same Redis
     r.set(QueueKeys(queue_name).dead, "not a sorted set")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     reachable = condition_of(sink.patches[-1], "RedisReachable")
     assert (reachable["status"], reachable["reason"]) == ("False", "QueueUnreadable"), reachable
     assert "WRONGTYPE" in reachable["message"] and queue_name in reachable["message"]
@@ -362,13 +362,20 @@ def test_a_queue_key_redis_refuses_to_read_is_no_outage_and_keeps_the_shared_cli
     assert ctl.metrics.value("stalledpolicy_operator_status_refresh_failures_total", reason="QueueUnreadable") == 1
 
 
-def test_a_spec_change_not_yet_reconciled_keeps_the_old_observed_generation(world):
+def test_a_spec_change_is_observed_once_its_sync_has_applied_it(world):
+    """The status's observedGeneration is the generation applied: a sync applies a
+    generation it sees before it writes the status that observes it."""
     ctl, sink, _, body, _ = world
-    ctl.refresh(("ns", "p"))
-    newer = policy(body["spec"]["queue"], generation=2, rv="2")
-    ctl.observe_policy(newer, "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["observedGeneration"] == 1
+    newer = policy(body["spec"]["queue"], generation=2, rv="2")
+    newer["spec"]["maxStalled"] = 2
+    ctl.observe_policy(newer, "MODIFIED")
+    applied = len(ctl.apps.applied)
+    ctl.sync(("ns", "p"))
+    assert len(ctl.apps.applied) == applied + 1
+    assert ctl.policies[("ns", "p")].outcome.generation == 2
+    assert sink.patches[-1]["observedGeneration"] == 2
 
 
 def test_replay_annotation_replays_once_per_token(world, r, queue_name):
@@ -381,13 +388,13 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
     from stalledpolicy.engine import Budgets, sweep_batch
 
     assert sweep_batch(r, queue_name, Budgets(default=1), 10).dead_lettered == 1
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["deadLetters"] == 1
 
     annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "first",
                                                 REPLAY_LANE_ANNOTATION: "imports"}, rv="9")
     ctl.observe_policy(annotated, "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     last = sink.patches[-1]
     assert last["lastReplay"]["token"] == "first" and last["lastReplay"]["replayed"] == 1
     assert last["lastReplay"]["lane"] == "imports"
@@ -397,7 +404,7 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
 
     # The same token again (another refresh, an operator restart reading status): no replay.
     dead_letter(r, queue_name, "JOB0009")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
     restarted = make_controller(secrets, StatusSink(), NullRecorder())
     written: dict = {}
@@ -407,7 +414,7 @@ def test_replay_annotation_replays_once_per_token(world, r, queue_name):
     restarted.observe_policy(seen, "ADDED")
     restarted.observe_deployment(sweeper())
     restarted.record_outcome(seen, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
-    restarted.refresh(("ns", "p"))
+    restarted.sync(("ns", "p"))
     restarted.stop()
     assert r.zscore(QueueKeys(queue_name).dead, "JOB0009") is not None
 
@@ -441,7 +448,7 @@ def test_an_all_lanes_replay_after_a_lane_replay_shows_no_lane_and_writes_once(r
     rv = [1]
 
     def refresh(annotations):
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         rv[0] += 1  # the watch brings back what the server holds
         ctl.observe_policy(policy(queue_name, annotations=annotations, rv=str(rv[0])) | {"status": sink.stored},
                            "MODIFIED")
@@ -472,7 +479,7 @@ def test_a_replay_that_leaves_jobs_in_the_morgue_says_which_and_why(world, r, qu
     r.hset(keys.job("JOB0002"), "state", "active")  # listed as dead, the row says otherwise
     r.set(keys.ring, "oops")
     ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}, rv="9"), "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["lastReplay"]["replayed"] == 1
     [(_, kind, reason, message)] = [e for e in recorder.events if e[2] == "ReplayIncomplete"]
     assert kind == "Warning"
@@ -503,21 +510,21 @@ def test_a_replay_whose_status_write_was_lost_is_not_run_again_after_a_restart(r
     annotated = policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"})
 
     first = start(secrets, annotated, LostStatus())
-    first.refresh(("ns", "p"))
+    first.sync(("ns", "p"))
     first.stop()
     assert r.zscore(keys.pending, "JOB0001") is not None  # replayed, status never written
 
     dead_letter(r, queue_name, "JOB0002")  # died after the replay was asked for
     sink = StatusSink()
     restarted = start(secrets, annotated, sink)
-    restarted.refresh(("ns", "p"))
+    restarted.sync(("ns", "p"))
     restarted.stop()
     assert r.zscore(keys.dead, "JOB0002") is not None
     assert sink.patches[-1]["lastReplay"]["token"] == "t1"
     assert sink.patches[-1]["lastReplay"]["replayed"] == 1
 
     renewed = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t2"}), StatusSink())
-    renewed.refresh(("ns", "p"))
+    renewed.sync(("ns", "p"))
     renewed.stop()
     assert r.zscore(keys.pending, "JOB0002") is not None
 
@@ -545,14 +552,14 @@ def test_two_replays_served_before_one_status_write_are_both_announced(redis_ser
     ctl.observe_deployment(sweeper())
     ctl.record_outcome(first, ReconcileOutcome(1, True, "Applied", "applied", deployment_generation=1))
     dead_letter(r, queue_name, "JOB0001")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert r.zscore(keys.pending, "JOB0001") is not None  # replayed; its status write failed
     assert sink.patches == [] and recorder.events == []
 
     dead_letter(r, queue_name, "JOB0002")
     ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "t2"}, rv="9"), "MODIFIED")
     sink.down = False
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     ctl.stop()
     assert r.zscore(keys.pending, "JOB0002") is not None
     assert sink.patches[-1]["lastReplay"]["token"] == "t2"
@@ -569,7 +576,7 @@ def test_an_unreadable_replay_record_does_not_block_a_replay(redis_server, r, qu
     r.set(keys.sweeper_last_replay, "{not json")
     dead_letter(r, queue_name, "JOB0001")
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     ctl.stop()
     assert r.zscore(keys.pending, "JOB0001") is not None
     assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
@@ -593,15 +600,15 @@ def test_a_replay_of_ids_that_are_not_utf8_is_served_once(redis_server, r, queue
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), sink)
     recorder = ctl.recorder
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         assert r.zcard(keys.pending) == 1 and r.zcard(keys.dead) == 0
         assert sink.patches[-1]["lastReplay"]["token"] == "t1"
         assert sink.patches[-1]["lastReplay"]["replayed"] == 1
         assert '"token": "t1"' in r.get(keys.sweeper_last_replay)
         # Served: what dies afterwards stays in the morgue on the next refreshes.
         dead_letter_raw(redis_server, queue_name, b"JOB\xff2", b"\xff")
-        ctl.refresh(("ns", "p"))
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         ctl.stop()
     assert r.zcard(keys.dead) == 1
@@ -624,9 +631,9 @@ def test_a_replay_whose_reply_cannot_be_read_is_still_served_once(redis_server, 
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
     ctl.replay_fn = replay_then_fail_to_parse
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         dead_letter(r, queue_name, "JOB0002")
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         ctl.stop()
     assert runs == [queue_name], "the replay ran again"
@@ -660,10 +667,10 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
     ctl.replay_fn = replay_behind_a_long_script
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         busy.join()
         dead_letter(r, queue_name, "JOB0002")  # died after the token was acted on
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         ctl.stop()
     assert runs == [queue_name], "the replay ran again"
@@ -698,7 +705,7 @@ def test_an_operator_stopped_during_a_long_replay_does_not_run_it_again(redis_se
     first.replay_fn = replay_until_stopped
     try:
         with pytest.raises(Stopped):
-            first.refresh(("ns", "p"))
+            first.sync(("ns", "p"))
     finally:
         first.stop()
     dead_letter(r, queue_name, "JOB99999")  # died after the token was acted on
@@ -707,7 +714,7 @@ def test_an_operator_stopped_during_a_long_replay_does_not_run_it_again(redis_se
     runs = []
     again.replay_fn = lambda *a, **k: runs.append(a)
     try:
-        again.refresh(("ns", "p"))
+        again.sync(("ns", "p"))
     finally:
         again.stop()
     assert runs == [], "the replay ran again"
@@ -739,9 +746,9 @@ def test_a_replay_stopped_half_way_by_redis_is_served_with_what_moved(redis_serv
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "t1"}), StatusSink())
     ctl.replay_fn = replay_then_lose_redis
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         dead_letter(r, queue_name, "JOB99999")  # died after the token was acted on
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
     finally:
         ctl.stop()
     assert runs == [queue_name], "the replay ran again"
@@ -761,16 +768,16 @@ def test_replays_are_counted_by_result_with_the_jobs_they_moved(world, r, queue_
     dead_letter(r, queue_name, "JOB0001")
     dead_letter(r, queue_name, "JOB0002")
     ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: "first"}, rv="9"), "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert sink.patches[-1]["lastReplay"]["replayed"] == 2
     assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="done") == 1
     assert ctl.metrics.value("stalledpolicy_operator_replayed_jobs_total") == 2
-    ctl.refresh(("ns", "p"))  # the same token: served already, not counted again
+    ctl.sync(("ns", "p"))  # the same token: served already, not counted again
     assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="done") == 1
 
     bad_lane = {REPLAY_ANNOTATION: "second", REPLAY_LANE_ANNOTATION: "no spaces allowed"}
     ctl.observe_policy(policy(queue_name, annotations=bad_lane, rv="10"), "MODIFIED")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value("stalledpolicy_operator_replays_total", result="refused") == 1
     assert ctl.metrics.value("stalledpolicy_operator_replayed_jobs_total") == 2
 
@@ -784,13 +791,13 @@ def test_a_replay_served_from_its_redis_record_after_a_restart_is_not_counted_ag
     done, jobs = "stalledpolicy_operator_replays_total", "stalledpolicy_operator_replayed_jobs_total"
 
     first = start(secrets, annotated, LostStatus())  # replays, dies before its status write lands
-    first.refresh(("ns", "p"))
+    first.sync(("ns", "p"))
     first.stop()
     assert first.metrics.value(done, result="done") == 1 and first.metrics.value(jobs) == 2
 
     sink = StatusSink()
     restarted = start(secrets, annotated, sink)
-    restarted.refresh(("ns", "p"))
+    restarted.sync(("ns", "p"))
     restarted.stop()
     assert sink.patches[-1]["lastReplay"]["replayed"] == 2  # served from the record
     assert restarted.metrics.value(done, result="done") == 0, "counted twice across the restart"
@@ -799,9 +806,9 @@ def test_a_replay_served_from_its_redis_record_after_a_restart_is_not_counted_ag
 
 def test_an_unreachable_redis_is_a_failed_refresh(world):
     ctl, _, _, _, secrets = world
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     secrets[("ns", "creds")] = {"url": b64("redis://:hunter2@127.0.0.1:1/0")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     failures = "stalledpolicy_operator_status_refresh_failures_total"
     assert ctl.metrics.value(failures, reason="RedisUnreachable") == 1
     assert ctl.metrics.value("stalledpolicy_operator_status_refreshes_total") == 2
@@ -822,12 +829,12 @@ def test_an_earlier_replay_token_put_back_never_replays_again_even_after_a_resta
         rv[0] += 1
         ctl.observe_policy(policy(queue_name, annotations={REPLAY_ANNOTATION: token}, rv=str(rv[0]))
                            | {"status": json.loads(json.dumps(sink.stored))}, "MODIFIED")
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
 
     dead_letter(r, queue_name, "JOB0001")
     ctl = start(secrets, policy(queue_name, annotations={REPLAY_ANNOTATION: "r1"}), sink)
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         assert sink.stored["lastReplay"]["token"] == "r1" and r.zcard(keys.dead) == 0
         dead_letter(r, queue_name, "JOB0002")
         annotate(ctl, "r2")
@@ -844,7 +851,7 @@ def test_an_earlier_replay_token_put_back_never_replays_again_even_after_a_resta
     body = policy(queue_name, annotations={REPLAY_ANNOTATION: "r1"}) | {"status": json.loads(json.dumps(sink.stored))}
     ctl = start(secrets, body, sink)
     try:
-        ctl.refresh(("ns", "p"))
+        ctl.sync(("ns", "p"))
         assert r.zcard(keys.dead) == 1
         annotate(ctl, "r3")  # a new value replays
         assert r.zcard(keys.dead) == 0 and sink.stored["lastReplay"]["servedTokens"] == ["r1", "r2", "r3"]

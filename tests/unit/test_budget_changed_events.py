@@ -65,7 +65,7 @@ def test_a_kopf_handler_that_applied_a_newer_edit_and_the_handler_of_that_edit_t
     apps, ctl, first = reconciled_policy()
     second, third = edited(first, 2, maxStalled=2), edited(first, 3, maxStalled=3)
     ctl.custom = StatusWriteAnswering(third)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert ctl.policies[KEY].body["metadata"]["generation"] == 3
 
     reconcile(ctl, second)  # kopf's update handler for generation 2
@@ -83,7 +83,7 @@ def test_an_edit_taken_back_before_it_was_applied_is_no_budget_change():
     second = edited(first, 2, maxStalled=2)
     third = edited(first, 3, maxStalled=1, sweepInterval="1m")  # back, with another change kopf sees
     ctl.custom = StatusWriteAnswering(third)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
 
     reconcile(ctl, second)
     reconcile(ctl, third)
@@ -99,7 +99,7 @@ def test_a_kopf_handler_that_waited_for_a_reapply_of_a_newer_edit_tells_nothing_
     changed the budget tells it, and nothing after it does."""
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, first = reconciled_policy(secrets)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     state = ctl.policies[KEY]
     second, third = edited(first, 2, maxStalled=2), edited(first, 3, maxStalled=3)
     ctl.observe_policy(second, "MODIFIED")
@@ -107,7 +107,7 @@ def test_a_kopf_handler_that_waited_for_a_reapply_of_a_newer_edit_tells_nothing_
     def status_loop_reapply():
         ctl.observe_policy(third, "MODIFIED")
         secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-        ctl.refresh(KEY)
+        ctl.sync(KEY)
         assert running_budget(apps) == 3
         assert budget_events(ctl) == ["maxStalled 1 -> 3"]
 
@@ -127,7 +127,7 @@ def test_a_budget_change_a_reapply_made_is_told_even_when_kopf_never_sees_it():
     third = edited(first, 3, maxStalled=1, sweepInterval="1m")
     ctl.custom = StatusWriteAnswering(second)
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-    ctl.refresh(KEY)  # writes status (answered with generation 2), then re-applies
+    ctl.sync(KEY)  # writes status (answered with generation 2), then re-applies
     assert running_budget(apps) == 2
 
     reconcile(ctl, third)  # kopf's update handler
@@ -187,6 +187,7 @@ def test_putting_back_a_budget_edited_by_hand_on_the_sweeper_is_no_budget_change
         apps.stored = copy.deepcopy(changed)
         if controller is ctl:
             drift.revert_drift(controller, KEY, changed)
+            controller.sync(KEY)
         else:
             reconcile(controller, first, resume=True)
         assert running_budget(apps) == 1
@@ -197,7 +198,7 @@ def test_putting_back_a_budget_edited_by_hand_on_the_sweeper_is_no_budget_change
 def test_a_change_applied_when_the_deleted_sweeper_is_created_again_is_told_once():
     """The sweeper is deleted and the policy edited meanwhile: the re-apply after the
     deletion creates it with the new budget, the change from what ran before."""
-    from stalledpolicy.controller.reapply import reapply_after_deletion
+    from stalledpolicy.controller.sweeper_events import reapply_after_deletion
 
     apps, ctl, first = reconciled_policy()
     gone = copy.deepcopy(apps.stored)
@@ -211,6 +212,7 @@ def test_a_change_applied_when_the_deleted_sweeper_is_created_again_is_told_once
     apps.stored = None
     ctl.observe_deployment(gone, "DELETED")
     reapply_after_deletion(ctl, gone)
+    ctl.sync(("ns", "p"))
     assert running_budget(apps) == 2
     reconcile(ctl, edit)  # kopf's update handler
     assert budget_events(ctl) == ["maxStalled 1 -> 2"]

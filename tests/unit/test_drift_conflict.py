@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import copy
 
-from stalledpolicy.controller import drift, drift_reverts
+from stalledpolicy.controller import drift
 from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.status import condition_of
-from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
 
 SECRETS = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
@@ -20,6 +20,7 @@ def started(apps, now, body=None, secrets=SECRETS):
     policy reconciled as kopf's resume handler does."""
     ctl = fake_controller(apps, dict(secrets))
     ctl.clock = lambda: now[0]
+    ctl.retries = Retries(ctl.config.max_backoff, clock=lambda: now[0])
     body = body or policy_body()
     ctl.observe_policy(body, "ADDED")
     reconcile(ctl, body, resume=True)
@@ -40,6 +41,7 @@ def fight(ctl, apps, now, times):
         changed = rival_change(apps)
         ctl.observe_deployment(changed, "MODIFIED")
         drift.revert_drift(ctl, KEY, changed)
+        ctl.sync(KEY)
         now[0] += 10
 
 
@@ -50,14 +52,14 @@ def kinds(ctl):
 def test_a_drift_conflict_is_the_policys_condition_and_ready_says_so():
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     status = ctl.policies[KEY].status
     assert condition_of(status, "SweeperInSync") is None, "no condition before any conflict"
     assert condition_of(status, "Ready")["reason"] != "DriftConflict"
 
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     assert kinds(ctl).count("DriftReverted") == drift.DRIFT_MAX_REVERTS and kinds(ctl).count("DriftConflict") == 1
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     status = ctl.policies[KEY].status
     in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
     assert (in_sync["status"], in_sync["reason"]) == ("False", "DriftConflict")
@@ -90,10 +92,12 @@ def test_reverts_in_the_same_second_count_each():
     for _ in range(drift.DRIFT_MAX_REVERTS):
         changed = rival_change(apps)
         drift.revert_drift(ctl, KEY, changed)
+        ctl.sync(KEY)
         now[0] += 0.1
     assert kinds(ctl) == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS
     assert len(drift.recorded_reverts(apps.stored)) == drift.DRIFT_MAX_REVERTS
     drift.revert_drift(ctl, KEY, rival_change(apps))
+    ctl.sync(KEY)
     assert kinds(ctl)[-1] == "DriftConflict"
 
 
@@ -111,7 +115,7 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
     apps, now = FakeApps(), [1_800_000_000.25]
     first = started(apps, now)
     fight(first, apps, now, drift.DRIFT_MAX_REVERTS + 1)
-    first.refresh(KEY)
+    first.sync(KEY)
     stored = first.policies[KEY].status
 
     body = policy_body()
@@ -125,13 +129,13 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
     assert drift.drifted_policy(second, copy.deepcopy(apps.stored)) is None
     apps.stored["status"] = {"observedGeneration": apps.stored["metadata"]["generation"], "replicas": 0}
     second.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")  # the deployment controller's
-    second.refresh(KEY)
+    second.sync(KEY)
     sweeper = condition_of(second.policies[KEY].status, "SweeperAvailable")
     assert "stopped reverting" in sweeper["message"] and "re-applies" not in sweeper["message"]
     assert len(apps.applied) == applied  # nor the status loop (no Secret change, conflict on)
     fight(second, apps, now, 1)
     assert apps.stored["spec"]["replicas"] == 0 and "DriftReverted" not in kinds(second)
-    second.refresh(KEY)
+    second.sync(KEY)
     assert condition_of(second.policies[KEY].status, "SweeperInSync")["reason"] == "DriftConflict"
 
     # The deployment controller's status writes on the drifted Deployment are no change:
@@ -139,12 +143,13 @@ def test_a_conflict_outlives_a_restart_and_ends_when_the_sweeper_is_left_alone()
     drifted = copy.deepcopy(apps.stored)
     now[0] += drift.DRIFT_WINDOW - 20  # 10 s after the rival's last change, then this
     drift.revert_drift(second, KEY, drifted)
+    second.sync(KEY)
     assert apps.stored["spec"]["replicas"] == 0
     now[0] += 15
     applied = len(apps.applied)
-    second.refresh(KEY)  # left alone for a whole window: the policy's spec again
+    second.sync(KEY)  # left alone for a whole window: the policy's spec again
     assert len(apps.applied) == applied + 1 and apps.stored["spec"]["replicas"] == 1
-    second.refresh(KEY)
+    second.sync(KEY)
     status = second.policies[KEY].status
     in_sync = condition_of(status, "SweeperInSync")
     assert (in_sync["status"], in_sync["reason"]) == ("True", "InSync")
@@ -169,13 +174,13 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert condition_of(ctl.policies[KEY].status, "Ready")["reason"] == "DriftConflict"
     assert drift.DRIFT_REVERTS_ANNOTATION in apps.stored["metadata"]["annotations"]
 
     # An annotation edit (no new generation) changes nothing.
     reconcile(ctl, edited(policy_body(), 1, 1))
-    assert ctl.policies[KEY].drift_conflict
+    assert ctl.policies[KEY].drift.conflict
 
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
@@ -187,7 +192,7 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
     apps.stored["status"] = {"observedGeneration": apps.stored["metadata"]["generation"], "replicas": 2,
                              "updatedReplicas": 2, "availableReplicas": 2, "readyReplicas": 2}
     ctl.observe_deployment(copy.deepcopy(apps.stored), "MODIFIED")
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     status = ctl.policies[KEY].status
     in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
     assert (in_sync["status"], in_sync["reason"], in_sync["observedGeneration"]) == ("True", "InSync", 2)
@@ -198,35 +203,21 @@ def test_an_edit_of_the_policy_during_a_conflict_is_applied_and_ends_it():
     assert kinds(ctl)[-drift.DRIFT_MAX_REVERTS - 1:] == ["DriftReverted"] * drift.DRIFT_MAX_REVERTS + ["DriftConflict"]
 
 
-def test_a_refresh_during_the_edit_never_shows_the_conflicting_generation_in_sync(monkeypatch):
-    """The status loop refreshing between the end of the conflict and the edit's
-    outcome wrote SweeperInSync True with the generation that was in conflict
-    (seen by the kube test as observedGeneration 1 after the edit to 2)."""
+def test_the_sync_that_applies_the_edit_never_shows_the_conflicting_generation_in_sync():
+    """An edit ends the conflict: the status the same sync writes has SweeperInSync
+    True for the edited generation. Before (the apply and the status refresh on two
+    threads), a refresh between the end of the conflict and the edit's outcome
+    wrote SweeperInSync True with the generation that was in conflict (seen by the
+    kube test as observedGeneration 1 after the edit to 2)."""
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
-    ctl.refresh(KEY)
-    seen, refreshers = [], []
-    end_conflict = drift.end_conflict_by_edit
-    lock = ctl.policies[KEY].lock = WatchedLock(ctl.policies[KEY].lock)
-
-    def a_refresh_right_after(state, generation):
-        ended = end_conflict(state, generation)
-
-        def refresh():
-            ctl.refresh(KEY)
-            seen.append(copy.deepcopy(condition_of(ctl.policies[KEY].status, "SweeperInSync")))
-        # the status loop's refresh, now: it ends, or waits for the status lock
-        refreshers.append(run_until_done_or_blocked(refresh, lock))
-        return ended
-
-    monkeypatch.setattr(drift_reverts, "end_conflict_by_edit", a_refresh_right_after)
+    ctl.sync(KEY)
     body = edited(policy_body(), 2, 2)
     ctl.observe_policy(body, "MODIFIED")
-    reconcile(ctl, body)
-    [refresher] = refreshers
-    refresher.join(5)
-    [in_sync] = seen
+    ctl.sync(KEY)
+    assert apps.stored["spec"]["replicas"] == 2
+    in_sync = condition_of(ctl.policies[KEY].status, "SweeperInSync")
     assert (in_sync["status"], in_sync["observedGeneration"]) == ("True", 2)
 
 
@@ -234,11 +225,11 @@ def test_an_edit_made_while_the_operator_was_down_during_a_conflict_is_applied_a
     apps, now = FakeApps(), [1_800_000_000.25]
     first = started(apps, now)
     fight(first, apps, now, drift.DRIFT_MAX_REVERTS + 1)
-    first.refresh(KEY)
+    first.sync(KEY)
     body = edited(policy_body(), 2, 2)
     body["status"] = copy.deepcopy(first.policies[KEY].status)  # the conflict, at generation 1
     second = started(apps, now, body)
-    assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift_conflict
+    assert apps.stored["spec"]["replicas"] == 2 and not second.policies[KEY].drift.conflict
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]
 
 
@@ -250,21 +241,22 @@ def test_a_conflict_ended_by_the_window_is_in_sync_only_once_the_spec_is_applied
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     now[0] += drift.DRIFT_WINDOW + 1
     apps.refuse = api_error(500, "Internal Server Error", "etcdserver: request timed out")
-    ctl.refresh(KEY)  # left alone for a whole window: the re-apply is refused
+    ctl.sync(KEY)  # left alone for a whole window: the re-apply is refused
     assert apps.stored["spec"]["replicas"] == 0
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     status = ctl.policies[KEY].status
     in_sync, ready = condition_of(status, "SweeperInSync"), condition_of(status, "Ready")
     assert (in_sync["status"], in_sync["reason"]) == ("False", "Reverting"), in_sync
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
 
     apps.refuse = None
-    ctl.refresh(KEY)  # the status loop retries the re-apply
+    now[0] += 5  # the first retry's delay
+    ctl.sync(KEY)  # sync retries the re-apply
     assert apps.stored["spec"]["replicas"] == 1
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     status = ctl.policies[KEY].status
     assert condition_of(status, "SweeperInSync")["status"] == "True"
     assert condition_of(status, "Ready")["reason"] == "RollingOut"  # the new spec's rollout, nothing else
@@ -283,7 +275,7 @@ def test_a_change_made_while_no_operator_ran_is_a_counted_revert_at_the_start():
     assert kinds(second) == ["DriftReverted"]
     assert "while the operator was not running" in second.recorder.events[0][3]
     assert second.metrics.drift_reverts._value.get() == 1
-    assert len(drift.recorded_reverts(apps.stored)) == 2 == len(second.policies[KEY].drift_reverts)
+    assert len(drift.recorded_reverts(apps.stored)) == 2 == len(second.policies[KEY].drift.reverts)
     assert drift.drifted_policy(second, copy.deepcopy(apps.stored)) is None  # the record's write is ours
     # the budget holds that revert: one more change is the last revert, the next a conflict
     fight(second, apps, now, 2)

@@ -51,10 +51,10 @@ def test_a_secret_spelling_its_redis_host_another_way_keeps_the_figures(dns, new
     the jobs dead-lettered meanwhile raised no DeadLettered (a new baseline)."""
     cluster, secrets = on_secret(SHORT, dns)
     cluster.servers.update({SHORT: 1, new_url: 3})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 1
     secrets[("ns", "creds")] = {"url": b64(new_url)}
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 3
     assert not [op for op in cluster.patches[-1] if op["op"] == "remove"], cluster.patches[-1]
     assert cluster.dead_lettered() == ["2 jobs dead-lettered in queue emails (morgue now holds 3); "
@@ -65,12 +65,12 @@ def test_a_secret_spelling_its_redis_host_another_way_keeps_the_figures(dns, new
 def test_a_secret_naming_another_server_still_drops_the_figures(dns):
     cluster, secrets = on_secret(SHORT, dns)
     cluster.servers[SHORT] = 1
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     secrets[("ns", "creds")] = {"url": b64("redis://other.ns.svc:6379/0")}  # unreachable: nothing read
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert not any(k in cluster.status for k in FIGURES), cluster.status
     cluster.servers["redis://other.ns.svc:6379/0"] = 50
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 50 and cluster.dead_lettered() == []
 
 

@@ -47,11 +47,11 @@ def test_a_refresh_posts_its_events_after_the_status_lock():
     cluster = Cluster({"queue": "emails", "redis": {"url": "redis://db:6379/0"}})
     recorder = cluster.ctl.recorder = LockWatchingRecorder(cluster.ctl)
     cluster.servers["redis://db:6379/0"] = 1
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     cluster.servers["redis://db:6379/0"] = 3
-    cluster.ctl.refresh(KEY)  # DeadLettered
+    cluster.ctl.sync(KEY)  # DeadLettered
     del cluster.servers["redis://db:6379/0"]
-    cluster.ctl.refresh(KEY)  # RedisUnreachable
+    cluster.ctl.sync(KEY)  # RedisUnreachable
     assert [e[2] for e in recorder.events] == ["DeadLettered", "RedisUnreachable"]
     assert recorder.under_lock == []
 

@@ -288,7 +288,7 @@ def test_the_resume_handler_binds_the_old_value_in_its_patch(monkeypatch, diffba
 
     resumed = []
     monkeypatch.setattr(main, "_diffbase_storage", diffbase)
-    monkeypatch.setattr(main, "_run_reconcile", lambda body, retry, **kw: resumed.append(kw))
+    monkeypatch.setattr(main, "_request_apply", lambda body, why, **kw: resumed.append(kw))
     old = legacy(policy(), diffbase)
     patch = kopf.Patch()
     main.on_resume(body=kopf.Body(old), retry=0, patch=patch)

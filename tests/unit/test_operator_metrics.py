@@ -92,12 +92,15 @@ def test_a_drift_revert_and_a_drift_conflict_are_counted():
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
-    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    ctl.clock = lambda: now[0]
+    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value("stalledpolicy_operator_drift_reverts_total") == 1
     assert reconciles(ctl)["ok"] == 2  # the revert is a reconcile too
     for _ in range(drift.DRIFT_MAX_REVERTS + 2):
         now[0] += 10
-        drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+        drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0))
+        ctl.sync(("ns", "p"))
     assert ctl.metrics.value("stalledpolicy_operator_drift_reverts_total") == drift.DRIFT_MAX_REVERTS
     assert ctl.metrics.value("stalledpolicy_operator_drift_conflicts_total") == 1
 
@@ -105,14 +108,14 @@ def test_a_drift_revert_and_a_drift_conflict_are_counted():
 def test_status_refreshes_are_counted_and_timed_and_failures_have_their_reason():
     secrets = dict(SECRET)
     apps, ctl, body = reconciled_policy(secrets)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value(REFRESHES) == 1
     assert ctl.metrics.value("stalledpolicy_operator_status_refresh_duration_seconds_count") == 1
     assert sum(ctl.metrics.value(FAILURES, reason=r) for r in ("RedisUnreachable", "SecretNotFound",
                                                                 "StatusWriteFailed", "Other")) == 0
 
     secrets.pop(("ns", "creds"))
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value(FAILURES, reason="SecretNotFound") == 1
 
     import redis
@@ -123,7 +126,7 @@ def test_status_refreshes_are_counted_and_timed_and_failures_have_their_reason()
         raise redis.ConnectionError("Connection refused")
 
     ctl.snapshot_fn = down
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value(FAILURES, reason="RedisUnreachable") == 1
     assert ctl.metrics.value(REFRESHES) == 3
     assert ctl.metrics.value("stalledpolicy_operator_status_refresh_duration_seconds_count") == 3
@@ -139,7 +142,7 @@ def test_a_status_write_that_fails_is_a_failed_refresh():
             raise api_error(403, "Forbidden", "cannot patch stalledpolicies/status")
 
     ctl.custom = Refusing()
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.metrics.value(FAILURES, reason="StatusWriteFailed") == 1
     assert plain(ctl.policies[("ns", "p")].status) == {}  # nothing written
 
@@ -152,7 +155,7 @@ def test_a_refresh_of_a_policy_deleted_meanwhile_is_not_a_failure():
             raise api_error(404, "Not Found", "gone")
 
     ctl.custom = Gone()
-    assert ctl.refresh(("ns", "p")) is None
+    assert ctl.sync(("ns", "p")) is None
     assert ctl.metrics.value(FAILURES, reason="StatusWriteFailed") == 0
     assert ctl.metrics.value(REFRESHES) == 0
 

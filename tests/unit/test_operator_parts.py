@@ -22,6 +22,7 @@ from stalledpolicy.controller.logfilter import KopfRecordFilter
 from stalledpolicy.controller.queue_reading import safe_error
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
+from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
 from stalledpolicy.engine import ReplayResult
@@ -133,7 +134,7 @@ def test_a_secret_value_that_is_not_utf8_is_an_invalid_url_condition_not_a_crash
     assert "s3cr" not in bad.value.message
 
     _, ctl, _ = reconciled_policy({("ns", "creds"): {"url": binary}})
-    ctl.refresh(("ns", "p"))  # raised UnicodeDecodeError: no condition, a traceback every 30 s
+    ctl.sync(("ns", "p"))  # raised UnicodeDecodeError: no condition, a traceback every 30 s
     status = ctl.policies[("ns", "p")].status
     reachable = condition_of(status, "RedisReachable")
     assert (reachable["status"], reachable["reason"]) == ("False", "InvalidRedisURL")
@@ -339,18 +340,6 @@ def kopf_record(message):
     return record
 
 
-def test_kopf_retry_lines_of_expected_waits_are_info_and_other_retries_stay_errors():
-    from stalledpolicy.controller.logfilter import ExpectedWaitFilter
-
-    expected = ExpectedWaitFilter()
-    for reason in ("OldSweeperDeleting", "NameConflict"):
-        record = kopf_record(f"Handler 'reconcile-create' failed temporarily: {reason}: Deployment ns/p-sweeper ...")
-        assert expected.filter(record)
-        assert (record.levelno, record.levelname) == (logging.INFO, "INFO")
-    refused = kopf_record("Handler 'reconcile-update' failed temporarily: ApplyFailed: HTTP 422 ... NameConflict: x")
-    assert expected.filter(refused) and refused.levelno == logging.ERROR
-
-
 def test_repeated_retry_errors_are_logged_once_per_change():
     log_filter = KopfRecordFilter()
     first = kopf_record("Handler 'reconcile-create' failed temporarily: clash")
@@ -476,7 +465,7 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
             resolve_url("ns", {"secretRef": {"name": "creds"}}, ctl.secrets)
         except RedisConfigError as exc:
             outcome["secret"] = exc
-        state = ctl.state({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
+        state = ctl.state_for({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
         outcome["status written"] = ctl._write_status(state, {}, {"pending": 1})
 
     worker = threading.Thread(target=calls, daemon=True)
@@ -661,11 +650,30 @@ def fake_controller(apps, secrets=None, config=None):
             pass
 
     config = config or OperatorConfig(sweeper_image="img:1", max_backoff=60)
-    return Controller(config, apps=apps, core=None,
-                      custom=Custom(), recorder=NullRecorder(),
-                      secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
-                      clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
-                      snapshot_fn=lambda *a, **k: snap)
+    ctl = Controller(config, apps=apps, core=None,
+                     custom=Custom(), recorder=NullRecorder(),
+                     secrets=SecretReader(lambda ns, name: store.get((ns, name)), ttl=0),
+                     clients=RedisClients(connect_fn=lambda url, timeout: FakeClient(url)),
+                     snapshot_fn=lambda *a, **k: snap)
+    ctl.retry_clock = FakeClock()  # the retries' time: a test moves it on to make a retry due
+    ctl.retries = Retries(config.max_backoff, clock=ctl.retry_clock)
+    return ctl
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def retry_due(ctl, key=("ns", "p")) -> None:
+    """Move the retries' clock on to the retry of ``key``."""
+    ctl.retry_clock.advance(ctl.retries.wait(key))
 
 
 def policy_body(spec=None, generation=1):
@@ -687,20 +695,23 @@ def reconciled_policy(*controller_args):
 
 
 def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
-    from stalledpolicy.controller.reconcile import RetryLater, reconcile
+    from stalledpolicy.controller.apply_requests import ApplyRequest
+    from stalledpolicy.controller.reconcile import reconcile
 
-    apps = FakeApps()
+    apps = CountingApps()
     apps.refuse = api_error(422, "Unprocessable Entity",
                             'Deployment.apps "p-sweeper" is invalid: spec.template.spec.containers[0]'
                             '.resources.requests: Invalid value: "2": must be less than or equal to cpu limit of 1')
-    ctl = fake_controller(apps)
+    ctl = fake_controller(apps, {("ns", "creds"): {"url": b64("redis://db:6379/0")}})
     body = policy_body()
+    ctl.request_policy_apply(body, ApplyRequest("created", body=body, generation=1))
     delays = []
-    for retry in range(3):
-        with pytest.raises(RetryLater) as refused:
-            reconcile(ctl, body, retry=retry)
-        delays.append(refused.value.delay)
-    assert delays == [5, 10, 20]
+    for _ in range(3):
+        ctl.sync(("ns", "p"))
+        delays.append(ctl.retries.wait(("ns", "p")))
+        assert ctl.sync(("ns", "p")) <= delays[-1]  # not due yet: no apply, and the next sync by then
+        retry_due(ctl)
+    assert delays == [5, 10, 20] and apps.attempts == 3
     outcome = ctl.policies[("ns", "p")].outcome
     assert (outcome.ok, outcome.reason) == (False, "ApplyFailed")
     assert outcome.message.startswith("applying Deployment ns/p-sweeper failed: HTTP 422 Unprocessable Entity: ")
@@ -712,8 +723,10 @@ def test_an_apply_the_api_refuses_is_a_condition_an_event_and_a_growing_retry():
     assert "less than or equal to cpu limit" in warnings[0][3]
 
     apps.refuse = None
+    ctl.sync(("ns", "p"))
+    assert ctl.policies[("ns", "p")].outcome.reason == "Applied" and apps.attempts == 4
+    assert ctl.retries.wait(("ns", "p")) == 0 and ctl.retries.failures(("ns", "p")) == 0
     assert reconcile(ctl, body).ok
-    assert ctl.policies[("ns", "p")].outcome.reason == "Applied"
 
 
 @pytest.mark.parametrize("message, fields", [
@@ -779,20 +792,20 @@ def test_the_applied_template_names_the_secret_digest_and_keeps_it_when_unreadab
 def test_the_status_loop_rolls_the_sweeper_when_the_secret_changes():
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, body = reconciled_policy(secrets)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 1, "an unchanged Secret re-applies nothing"
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 2
     template = apps.stored["spec"]["template"]["metadata"]["annotations"]
     assert template["queues.emq.dev/redis-secret-digest"] == ctl.policies[("ns", "p")].outcome.secret_digest
     assert apps.stored["metadata"]["generation"] == 2  # a new pod template: a rollout
     assert "rotated" not in json.dumps(apps.applied)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 2, "once per change"
     # A Secret changed to something no sweeper can use rolls nothing (the pods keep the last good URL).
     secrets[("ns", "creds")] = {"url": b64("http://not-redis")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 2
 
 
@@ -801,10 +814,13 @@ def test_a_failed_reapply_is_tried_again_by_the_status_loop():
     before = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"]
     ctl.secrets._read = lambda ns, name: {"url": b64("redis://:rotated@db:6379/0")}
     apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert ctl.policies[("ns", "p")].outcome.reason == "ApplyFailed"
     apps.refuse = None
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))  # not due yet
+    assert not ctl.policies[("ns", "p")].outcome.ok
+    retry_due(ctl)
+    ctl.sync(("ns", "p"))
     assert ctl.policies[("ns", "p")].outcome.ok
     after = apps.stored["spec"]["template"]["metadata"]["annotations"]["queues.emq.dev/redis-secret-digest"]
     assert after != before
@@ -819,6 +835,7 @@ def test_a_hand_edit_of_the_sweeper_is_drift_and_our_own_apply_is_not():
     scaled = apps.scale_by_hand(0)
     assert drifted_policy(ctl, scaled) == ("ns", "p")
     revert_drift(ctl, ("ns", "p"), scaled)
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 1
     assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # no loop: our apply is not drift
     [(_, kind, _, message)] = [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
@@ -845,10 +862,12 @@ def test_a_rival_write_between_a_revert_and_its_record_is_drift_too():
 
     apps._merge_patch = rival_first
     revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0))
+    ctl.sync(("ns", "p"))
     apps._merge_patch = record
     assert apps.stored["spec"]["replicas"] == 0 and DRIFT_REVERTS_ANNOTATION in apps.stored["metadata"]["annotations"]
     assert drifted_policy(ctl, copy.deepcopy(apps.stored)) == ("ns", "p")
     revert_drift(ctl, ("ns", "p"), copy.deepcopy(apps.stored))
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 1
     assert len(apps.stored["metadata"]["annotations"][DRIFT_REVERTS_ANNOTATION].split(",")) == 2
     assert drifted_policy(ctl, copy.deepcopy(apps.stored)) is None  # the second record was ours alone
@@ -885,13 +904,21 @@ def test_a_refused_reapply_of_the_status_loop_waits_a_growing_delay_and_logs_onc
     # Before: the re-apply's own outcome kicked the key, the scheduler ran it again at
     # once: hundreds of refused applies a second.
     assert 1 <= apps.attempts - 1 <= 2, apps.attempts
-    delays = [ctl.refresh(("ns", "p")) for _ in range(3)]
-    assert delays[0] < delays[1] < delays[2] <= 60 and delays[0] >= 5
-    reapplying = [r for r in caplog.records if r.getMessage() == "re-applying the sweeper Deployment"]
-    assert len(reapplying) == 1, "once per streak of failures"
+    delays = []
+    for _ in range(3):
+        delays.append(ctl.retries.wait(("ns", "p")))
+        retry_due(ctl)
+        ctl.sync(("ns", "p"))
+    assert delays == [5, 10, 20]
+    applying = [r for r in caplog.records if r.getMessage() == "applying the sweeper Deployment"]
+    assert len(applying) == 1, "once per streak of failures"
     apps.refuse = None
-    assert ctl.refresh(("ns", "p")) <= 1.0
-    assert ctl.policies[("ns", "p")].outcome.ok and ctl.policies[("ns", "p")].reapply_failures == 0
+    retry_due(ctl)
+    ctl.sync(("ns", "p"))
+    assert ctl.policies[("ns", "p")].outcome.ok and ctl.retries.failures(("ns", "p")) == 0
+    # the same sync wrote the outcome into status
+    assert [c for c in ctl.policies[("ns", "p")].status["conditions"] if c["type"] == "Ready"][0]["reason"] \
+        != "ApplyFailed"
 
 
 def test_only_a_new_secret_value_rolls_the_sweeper_not_a_label_on_the_secret():
@@ -900,10 +927,10 @@ def test_only_a_new_secret_value_rolls_the_sweeper_not_a_label_on_the_secret():
     # external-secrets annotates the Secret, or another key of it changes: a new
     # resourceVersion, the same value for the sweeper.
     secrets[("ns", "creds")] = {"url": b64("redis://db:6379/0"), "other": b64("y")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 1 and apps.stored["metadata"]["generation"] == 1
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0"), "other": b64("y")}
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     assert len(apps.applied) == 2 and apps.stored["metadata"]["generation"] == 2
     assert "rotated" not in json.dumps(apps.applied)
 
@@ -938,6 +965,7 @@ def test_a_policy_or_sweeper_being_deleted_is_not_drift():
     ctl.observe_policy(deleting, "MODIFIED")
     assert drifted_policy(ctl, scaled) is None
     revert_drift(ctl, ("ns", "p"), scaled)
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 0
     assert not [e for e in ctl.recorder.events if e[2] == "DriftReverted"]
 
@@ -971,8 +999,9 @@ def test_the_deletion_of_a_policy_seen_after_its_successor_forgets_only_the_dele
 
 
 def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_brought_back(monkeypatch):
-    from stalledpolicy.controller import drift, reapply
+    from stalledpolicy.controller import drift
     from stalledpolicy.controller import reconcile as rec
+    from stalledpolicy.controller.apply_requests import ApplyRequest
 
     apps, ctl, body = reconciled_policy()
     scaled = apps.scale_by_hand(0)
@@ -985,6 +1014,7 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
 
     monkeypatch.setattr(drift, "drifted_policy", deleted_right_after)
     drift.revert_drift(ctl, ("ns", "p"), scaled)  # before: KeyError
+    ctl.sync(("ns", "p"))
     monkeypatch.undo()
     assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
 
@@ -993,7 +1023,8 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
     rec.reconcile(ctl, body)
     state = ctl.policies[("ns", "p")]
     state.apply_lock.acquire()
-    worker = threading.Thread(target=reapply.reapply, args=(ctl, ("ns", "p"), "test"))
+    ctl.pending_applies.add(("ns", "p"), ApplyRequest("test"))
+    worker = threading.Thread(target=ctl.sync, args=(("ns", "p"),))
     worker.start()
     time.sleep(0.2)
     ctl.forget(("ns", "p"))
@@ -1010,15 +1041,18 @@ def test_rollout_restarts_are_not_reverts_and_use_up_no_budget():
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
+    ctl.clock = lambda: now[0]
     for n in range(drift.DRIFT_MAX_REVERTS + 3):
-        drift.revert_drift(ctl, ("ns", "p"), apps.restart_by_hand(f"2026-12-03T00:00:0{n}Z"), clock=lambda: now[0])
+        drift.revert_drift(ctl, ("ns", "p"), apps.restart_by_hand(f"2026-12-03T00:00:0{n}Z"))
+        ctl.sync(("ns", "p"))
         now[0] += 10
     names = [e[2] for e in ctl.recorder.events]
     assert "DriftReverted" not in names and "DriftConflict" not in names
     assert apps.stored["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
-    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0), clock=lambda: now[0])
+    drift.revert_drift(ctl, ("ns", "p"), apps.scale_by_hand(0))
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 1
-    assert [e[2] for e in ctl.recorder.events] == ["DriftReverted"]
+    assert [e[2] for e in ctl.recorder.events if e[2].startswith("Drift")] == ["DriftReverted"]
 
 
 def test_the_status_writer_is_not_named_as_the_other_writer():
@@ -1037,6 +1071,7 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
 
     apps, ctl, body = reconciled_policy()
     now = [1000.0]
+    ctl.clock = lambda: now[0]
 
     def theirs():
         changed = apps.scale_by_hand(0)
@@ -1047,7 +1082,8 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
         return changed
 
     for _ in range(6):
-        drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+        drift.revert_drift(ctl, ("ns", "p"), theirs())
+        ctl.sync(("ns", "p"))
         now[0] += 10
     assert len([e for e in ctl.recorder.events if e[2] == "DriftReverted"]) == drift.DRIFT_MAX_REVERTS == 3
     [conflict] = [e for e in ctl.recorder.events if e[2] == "DriftConflict"]
@@ -1055,11 +1091,13 @@ def test_drift_reverts_stop_when_another_writer_keeps_changing_the_sweeper():
     assert apps.stored["spec"]["replicas"] == 0  # left to the other writer
     # Still fought over: no revert while the changes keep coming.
     now[0] += drift.DRIFT_WINDOW - 20
-    drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+    drift.revert_drift(ctl, ("ns", "p"), theirs())
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 0
     # Left alone for the whole window: the next change is reverted again.
     now[0] += drift.DRIFT_WINDOW + 1
-    drift.revert_drift(ctl, ("ns", "p"), theirs(), clock=lambda: now[0])
+    drift.revert_drift(ctl, ("ns", "p"), theirs())
+    ctl.sync(("ns", "p"))
     assert apps.stored["spec"]["replicas"] == 1
     assert len([e for e in ctl.recorder.events if e[2] == "DriftConflict"]) == 1
 
@@ -1186,7 +1224,7 @@ def test_a_failed_scale_down_of_a_refused_sweeper_is_retried():
     apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
     with pytest.raises(RetryLater, match="may still run a refused image") as retried:
         reconcile(ctl, body)
-    assert retried.value.delay == 5
+    assert retried.value.first_delay == 5
     outcome = ctl.policies[("ns", "p")].outcome
     assert outcome.reason == "InvalidSpec" and "etcd is down" in outcome.message
     apps.refuse = None
@@ -1314,9 +1352,9 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
 
     from kubernetes import client
 
-    from stalledpolicy.controller.reapply import reapply_after_deletion
+    from stalledpolicy.controller.sweeper_events import reapply_after_deletion
 
-    apps, ctl, _ = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
+    apps, ctl, body = reconciled_policy({("ns", "creds"): {"url": b64("redis://db:6379/0")}})
     deleted = copy.deepcopy(apps.stored)
     apps.stored = None
     free = socket.socket()
@@ -1328,15 +1366,30 @@ def test_a_deleted_sweeper_whose_policy_cannot_be_read_is_put_back_by_the_retrie
     ctl.observe_deployment(deleted, "DELETED")
 
     reapply_after_deletion(ctl, deleted)
+    ctl.sync(("ns", "p"))
 
     state = ctl.policies[("ns", "p")]
-    assert state.reapply_failures == 1 and apps.stored is None
+    assert ctl.retries.failures(("ns", "p")) == 1 and apps.stored is None
     assert state.outcome.reason == "ApplyFailed" and not state.outcome.ok
     assert "cannot check that StalledPolicy ns/p still exists" in state.outcome.message
     assert "p-sweeper" in state.outcome.message
-    delay = ctl.refresh(("ns", "p"))  # the status loop's retry (its status write fails: no API server)
+    assert ctl.sync(("ns", "p")) <= 5 and apps.stored is None  # the retry is not due yet
+    retry_due(ctl)
+    ctl.sync(("ns", "p"))  # still no API server: not applied, the next retry later
+    assert apps.stored is None and ctl.retries.failures(("ns", "p")) == 2
+
+    class Answering:
+        def get_namespaced_custom_object(self, *args, **kwargs):
+            return copy.deepcopy(body)
+
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            pass
+
+    ctl.custom = Answering()  # the API server is back
+    retry_due(ctl)
+    delay = ctl.sync(("ns", "p"))
     assert apps.stored is not None, "the sweeper was not applied again"
-    assert state.outcome.ok and state.reapply_failures == 0 and delay is not None
+    assert state.outcome.ok and ctl.retries.failures(("ns", "p")) == 0 and delay is not None
 
 
 def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
@@ -1361,7 +1414,7 @@ def test_a_refused_apply_over_a_sweeper_at_zero_is_not_available():
         reconcile(ctl, edited)
     outcome = ctl.policies[("ns", "p")].outcome
     assert (outcome.reason, outcome.replicas) == ("ApplyFailed", 2)
-    ctl.refresh(("ns", "p"))
+    ctl.sync(("ns", "p"))
     status = ctl.policies[("ns", "p")].status
     sweeper = [c for c in status["conditions"] if c["type"] == "SweeperAvailable"][0]
     assert sweeper["status"] == "False", sweeper
@@ -1381,7 +1434,7 @@ def test_a_missing_secret_is_looked_at_again_every_interval_not_after_a_growing_
     body = policy_body()
     ctl.observe_policy(body, "ADDED")
     reconcile(ctl, body)
-    delays = [ctl.refresh(("ns", "p")) for _ in range(5)]
+    delays = [ctl.sync(("ns", "p")) for _ in range(5)]
     assert delays == [10] * 5
     assert condition_of(ctl.policies[("ns", "p")].status, "Ready")["reason"] == "SecretNotFound"
 

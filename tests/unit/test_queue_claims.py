@@ -78,7 +78,7 @@ def sweeping(ctl, body):
     """Reconcile ``body`` and read its queue once: a policy that sweeps, as far as
     the operator can tell (its Redis read by a refresh of this process)."""
     outcome = reconcile(ctl, copy.deepcopy(body))
-    ctl.refresh(key_of(body))
+    ctl.sync(key_of(body))
     return outcome
 
 
@@ -86,7 +86,7 @@ def refresh_rounds(ctl, *bodies, rounds):
     """``rounds`` status refreshes of each policy of ``bodies``, in that order."""
     for _ in range(rounds):
         for body in bodies:
-            ctl.refresh(key_of(body))
+            ctl.sync(key_of(body))
 
 
 def key_of(body):
@@ -125,14 +125,14 @@ def test_the_newer_policy_of_a_claimed_queue_gets_no_sweeper_and_says_why():
     [warning] = [e for e in ctl.recorder.events if e[2] == "QueueClaimed"]
     assert warning[0] == "emails-dup" and warning[1] == "Warning"
 
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     status = ctl.policies[("ns", "emails-dup")].status
     ready, sweeper = condition_of(status, "Ready"), condition_of(status, "SweeperAvailable")
     assert (ready["status"], ready["reason"]) == ("False", "QueueClaimed")
     assert (sweeper["status"], sweeper["reason"]) == ("False", "QueueClaimed")
     assert ctl.metrics.value("stalledpolicy_operator_reconciles_total", result="queue_claimed") == 1
     # Refreshes while the claim holds apply nothing.
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     assert apps.of("emails-dup-sweeper").stored is None
 
 
@@ -141,7 +141,7 @@ def test_the_newer_policy_takes_the_queue_over_when_the_older_is_deleted():
     sweeping(ctl, OLDER)
     reconcile(ctl, copy.deepcopy(NEWER))
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     outcome = ctl.policies[("ns", "emails-dup")].outcome
     assert outcome.ok, outcome
     stored = apps.of("emails-dup-sweeper").stored
@@ -162,11 +162,11 @@ def test_when_the_owner_goes_only_the_oldest_waiting_policy_takes_the_queue_over
     sweeping(ctl, OLDER)
     for body in (NEWER, youngest):
         reconcile(ctl, copy.deepcopy(body))
-        ctl.refresh(key_of(body))
+        ctl.sync(key_of(body))
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
     # the youngest is checked first: it must wait for the one older than it
-    ctl.refresh(key_of(youngest))
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(youngest))
+    ctl.sync(key_of(NEWER))
     assert apps.of("emails-third-sweeper").stored is None, "the youngest started a sweeper too"
     assert ctl.policies[key_of(youngest)].outcome.reason == "QueueClaimed"
     assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
@@ -183,7 +183,7 @@ def test_an_operator_restart_posts_no_new_warning_for_a_policy_still_held_back()
     _, first = start(OLDER, NEWER)
     sweeping(first, OLDER)
     reconcile(first, copy.deepcopy(NEWER))
-    first.refresh(key_of(NEWER))
+    first.sync(key_of(NEWER))
     status = first.policies[key_of(NEWER)].status
     recorded = condition_of(status, "Ready")
     assert recorded["reason"] == "QueueClaimed"
@@ -214,7 +214,7 @@ def test_many_held_back_policies_are_each_judged_once(monkeypatch):
     sweeping(ctl, OLDER)
     for body in waiting:
         reconcile(ctl, copy.deepcopy(body))
-        ctl.refresh(key_of(body))
+        ctl.sync(key_of(body))
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
     calls = []
     real = queue_claims.claim_of
@@ -232,7 +232,7 @@ def test_the_newer_policy_takes_the_queue_over_when_the_older_moves_to_another_r
     moved["spec"]["redis"] = {"url": "redis://redis.example:6379/1"}
     moved["metadata"].update(generation=2, resourceVersion="2")
     ctl.observe_policy(moved, "MODIFIED")
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     assert ctl.policies[("ns", "emails-dup")].outcome.ok
     assert apps.of("emails-dup-sweeper").stored is not None
 
@@ -245,18 +245,18 @@ def test_a_sweeper_running_before_the_older_policy_was_seen_is_scaled_to_zero():
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
     ctl.observe_policy(copy.deepcopy(OLDER), "ADDED")
     sweeping(ctl, OLDER)
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     outcome = ctl.policies[("ns", "emails-dup")].outcome
     assert outcome.reason == "QueueClaimed" and "scaled to 0" in outcome.message
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
     # Scaled up by hand while the claim holds: back to 0.
     apps.of("emails-dup-sweeper").scale_by_hand(2)
     ctl.observe_deployment(copy.deepcopy(apps.of("emails-dup-sweeper").stored), "MODIFIED")
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
     # The claim ends: the policy's spec comes back whole.
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")
-    ctl.refresh(("ns", "emails-dup"))
+    ctl.sync(("ns", "emails-dup"))
     assert ctl.policies[("ns", "emails-dup")].outcome.ok
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
 
@@ -301,7 +301,7 @@ def test_a_policy_in_another_namespace_claims_the_queue_too_and_is_not_named():
     assert outcome.reason == "QueueClaimed"
     assert "an older StalledPolicy in another namespace (kubectl get stalledpolicies -A)" in outcome.message
     assert "ns/" not in outcome.message and "emails " not in outcome.message.replace("queue emails ", "")
-    ctl.refresh(key_of(newer))
+    ctl.sync(key_of(newer))
     status = ctl.policies[key_of(newer)].status
     assert "ns/emails" not in str(status)
     assert all("ns/emails" not in e[3] for e in ctl.recorder.events if e[0] == "emails-dup")
@@ -325,7 +325,7 @@ def test_an_api_blip_keeps_a_claimed_policy_claimed(down):
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
     store.down = {down}
     for _ in range(3):
-        ctl.refresh(key_of(NEWER))
+        ctl.sync(key_of(NEWER))
         assert newer_state(ctl).reason == "QueueClaimed"
         assert newer_state(ctl).claimed_by == ("ns", "emails")
     assert apps.of("emails-dup-sweeper").stored is None, "no sweeper started on a blip"
@@ -333,7 +333,7 @@ def test_an_api_blip_keeps_a_claimed_policy_claimed(down):
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored is None
     store.down = set()
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).reason == "QueueClaimed"
 
 
@@ -345,7 +345,7 @@ def test_an_unknown_claim_keeps_a_running_sweeper_and_starts_none():
     ctl.observe_policy(copy.deepcopy(OLDER_BY_SECRET), "ADDED")
     store.down = {"old-creds"}
     sweeping(ctl, OLDER_BY_SECRET)
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
     # A policy the operator has not reconciled a sweeper for yet starts none.
     third = policy("emails-3", "u-3", "2026-12-01T10:09:00Z", {"secretRef": {"name": "creds", "key": "url"}})
@@ -363,8 +363,8 @@ def test_an_older_policy_not_yet_refreshed_since_start_holds_back_a_new_sweeper(
     outcome = reconcile(ctl, copy.deepcopy(NEWER))
     assert outcome.reason == "QueueClaimed" and outcome.claimed_by is None
     assert apps.of("emails-dup-sweeper").stored is None
-    ctl.refresh(key_of(OLDER))
-    ctl.refresh(key_of(NEWER))  # known now: held back by the older policy
+    ctl.sync(key_of(OLDER))
+    ctl.sync(key_of(NEWER))  # known now: held back by the older policy
     assert newer_state(ctl).claimed_by == ("ns", "emails") and "ns/emails" in newer_state(ctl).message
 
 
@@ -384,17 +384,17 @@ def test_a_suspended_older_policy_gives_the_queue_up_and_takes_it_back_when_resu
     suspended = changed(OLDER, 2, suspend=True)
     ctl.observe_policy(copy.deepcopy(suspended), "MODIFIED")
     assert reconcile(ctl, copy.deepcopy(suspended)).ok
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).ok, newer_state(ctl)
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
     assert apps.of("emails-sweeper").stored["spec"]["replicas"] == 0
-    ctl.refresh(key_of(NEWER))  # stays so
+    ctl.sync(key_of(NEWER))  # stays so
     assert newer_state(ctl).ok
     # Resumed: the older policy sweeps again and takes the queue back.
     resumed = changed(OLDER, 3, suspend=False)
     ctl.observe_policy(copy.deepcopy(resumed), "MODIFIED")
     assert reconcile(ctl, copy.deepcopy(resumed)).ok
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
     assert apps.of("emails-sweeper").stored["spec"]["replicas"] == 1
@@ -414,7 +414,7 @@ def test_an_older_policy_with_an_invalid_spec_holds_a_claim_only_while_its_last_
     apps, ctl = start(invalid, NEWER)
     with pytest.raises(InvalidPolicy):
         reconcile(ctl, copy.deepcopy(invalid))
-    ctl.refresh(key_of(OLDER))
+    ctl.sync(key_of(OLDER))
     assert reconcile(ctl, copy.deepcopy(NEWER)).ok, "no sweeper of the older policy: the queue is free"
     # An older policy whose spec turned invalid keeps its last applied sweeper running:
     # that one sweeps, so the queue stays its own.
@@ -424,7 +424,7 @@ def test_an_older_policy_with_an_invalid_spec_holds_a_claim_only_while_its_last_
     ctl.observe_policy(copy.deepcopy(broken), "MODIFIED")
     with pytest.raises(InvalidPolicy):
         reconcile(ctl, copy.deepcopy(broken))
-    ctl.refresh(key_of(OLDER))
+    ctl.sync(key_of(OLDER))
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
 
 
@@ -450,16 +450,16 @@ def test_an_older_policy_whose_redis_refuses_it_gives_the_queue_up_after_three_r
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
     refusing(ctl, {OLDER["spec"]["redis"]["url"]})
     for _ in range(CLAIM_LOST_AFTER - 1):  # a blip moves nothing
-        ctl.refresh(key_of(OLDER))
-        ctl.refresh(key_of(NEWER))
+        ctl.sync(key_of(OLDER))
+        ctl.sync(key_of(NEWER))
         assert newer_state(ctl).reason == "QueueClaimed"
-    ctl.refresh(key_of(OLDER))
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(OLDER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).ok and apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 1
     # Read again: the older policy takes its queue back at once.
     refusing(ctl, set())
-    ctl.refresh(key_of(OLDER))
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(OLDER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored["spec"]["replicas"] == 0
 
@@ -535,7 +535,7 @@ def test_a_claim_that_cannot_be_told_names_the_older_policy():
     sweeping(ctl, OLDER_BY_SECRET)
     pods_available(ctl, apps, OLDER_BY_SECRET, 1)
     break_secret(ctl, "old-creds", "deleted")  # its pods run on, with a URL no one can read now
-    ctl.refresh(key_of(OLDER_BY_SECRET))
+    ctl.sync(key_of(OLDER_BY_SECRET))
     outcome = reconcile(ctl, copy.deepcopy(NEWER))
     assert outcome.reason == "QueueClaimed" and outcome.claimed_by is None
     assert "may be swept for the older StalledPolicy ns/emails on this Redis" in outcome.message, outcome.message
@@ -565,11 +565,11 @@ def test_a_newer_policy_whose_secret_is_missing_starts_no_sweeper_that_would_run
     outcome = reconcile(ctl, copy.deepcopy(NEWER))
     assert outcome.reason == "QueueClaimed" and outcome.message.startswith("Secret ns/creds"), outcome.message
     assert apps.of("emails-dup-sweeper").stored is None
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert apps.of("emails-dup-sweeper").stored is None
 
     ctl.store[("ns", "creds")] = saved  # created: the same Redis as the older policy's
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert newer_state(ctl).claimed_by == ("ns", "emails"), newer_state(ctl)
     assert apps.of("emails-dup-sweeper").stored is None
 
@@ -581,7 +581,7 @@ def test_a_claim_still_unknown_at_the_next_reconcile_keeps_naming_the_older_poli
     sweeping(ctl, OLDER_BY_SECRET)
     pods_available(ctl, apps, OLDER_BY_SECRET, 1)
     break_secret(ctl, "old-creds", "deleted")
-    ctl.refresh(key_of(OLDER_BY_SECRET))
+    ctl.sync(key_of(OLDER_BY_SECRET))
     first = reconcile(ctl, copy.deepcopy(NEWER))
     second = reconcile(ctl, changed(NEWER, 2, maxStalled=11))
     assert "the older StalledPolicy ns/emails on this Redis" in second.message, second.message
@@ -612,14 +612,14 @@ def test_after_an_outage_of_a_redis_both_share_the_older_policy_keeps_the_queue(
     sweeping(ctl, OLDER)
     assert reconcile(ctl, copy.deepcopy(NEWER)).reason == "QueueClaimed"
     for _ in range(3):
-        ctl.refresh(key_of(NEWER))  # read fine while claimed
+        ctl.sync(key_of(NEWER))  # read fine while claimed
     refusing(ctl, {OLDER["spec"]["redis"]["url"], "redis://:s3cret@Redis.Example:6379/0"})
     refresh_rounds(ctl, OLDER, NEWER, rounds=CLAIM_LOST_AFTER + 1)
     refusing(ctl, set())
-    ctl.refresh(key_of(NEWER))  # the newer one first, the older still counted as failing
-    ctl.refresh(key_of(OLDER))
+    ctl.sync(key_of(NEWER))  # the newer one first, the older still counted as failing
+    ctl.sync(key_of(OLDER))
     for _ in range(CLAIM_LOST_AFTER + 1):
-        ctl.refresh(key_of(NEWER))
+        ctl.sync(key_of(NEWER))
     assert newer_state(ctl).reason == "QueueClaimed"
     assert apps.of("emails-dup-sweeper").stored is None, "no second sweeper, not even for a moment"
 
@@ -665,7 +665,7 @@ def test_claims_look_only_at_the_queue_s_policies_and_read_secrets_outside_the_s
         return reader(namespace, name)
 
     ctl.secrets._read = read
-    ctl.refresh(key_of(NEWER))
+    ctl.sync(key_of(NEWER))
     assert held and not any(held), "a Secret was read holding the policy's status lock"
     assert newer_state(ctl).reason == "QueueClaimed"
     ctl.observe_policy(copy.deepcopy(OLDER), "DELETED")

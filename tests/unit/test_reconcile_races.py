@@ -8,7 +8,6 @@ import copy
 import threading
 
 from stalledpolicy.controller.reconcile import reconcile
-from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 from tests.unit.test_operator_parts import b64, reconciled_policy
 
 KEY = ("ns", "p")
@@ -68,7 +67,7 @@ def test_a_status_loop_reapply_never_applies_the_generation_an_edit_replaced():
     observedGeneration went back from 2 to 1, until the next edit."""
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, body = reconciled_policy(secrets)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
     state = ctl.policies[KEY]
     edit = edited(body, 2, 3)
@@ -78,10 +77,10 @@ def test_a_status_loop_reapply_never_applies_the_generation_an_edit_replaced():
         reconcile(ctl, edit)
         assert apps.stored["spec"]["replicas"] == 3
 
-    while_held(state, lambda: ctl.refresh(KEY), kopf_update_handler)
+    while_held(state, lambda: ctl.sync(KEY), kopf_update_handler)
     assert apps.stored["spec"]["replicas"] == 3
     assert state.outcome.generation == 2
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert state.status["observedGeneration"] == 2
 
 
@@ -92,7 +91,7 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
     observedGeneration 3 -> 2, until kopf's handler for generation 3 came."""
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, body = reconciled_policy(secrets)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     state = ctl.policies[KEY]
     second, third = edited(body, 2, 2), edited(body, 3, 3)
     ctl.observe_policy(second, "MODIFIED")
@@ -100,7 +99,7 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
     def status_loop_reapply():
         ctl.observe_policy(third, "MODIFIED")
         secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-        ctl.refresh(KEY)
+        ctl.sync(KEY)
         assert apps.stored["spec"]["replicas"] == 3
 
     while_held(state, lambda: reconcile(ctl, second), status_loop_reapply)
@@ -108,49 +107,28 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
     assert state.outcome.generation == 3
 
 
-def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_a_refresh_ending_it():
+def test_a_change_seen_at_the_end_of_a_drift_conflict_is_never_reverted_by_the_sync_ending_it():
     """The other writer changes the sweeper again just before the conflict's window
-    ends; the status loop refreshes while that change is being counted (the window
-    checked, the change not yet recorded). Before, the refresh ended the conflict
-    (SweeperInSync True) and put the policy's spec back over a change 2 s old,
-    a revert counted nowhere; now the change holds the conflict open."""
+    ends, and the next sync of the policy comes just after it would have ended.
+    Before (a revert and a status refresh on two threads), the refresh ended the
+    conflict (SweeperInSync True) and put the policy's spec back over a change 2 s
+    old, a revert counted nowhere; the change holds the conflict open."""
     from stalledpolicy.controller import drift
-    from stalledpolicy.controller.policy_state import PolicyState
     from tests.unit.test_drift_conflict import FakeApps, fight, rival_change, started
 
     apps, now = FakeApps(), [1_800_000_000.25]
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     state = ctl.policies[KEY]
-    began = state.drift_last_seen
-    ctl.refresh(KEY)
-    assert state.drift_conflict
-    reverter, refreshers = threading.current_thread(), []
-
-    class RefreshWhileCounting(PolicyState):
-        """Runs the status loop's refresh when the revert's check reads the
-        generation last seen (the window checked, the change not recorded yet)."""
-
-        @property
-        def drift_seen_generation(self):
-            if threading.current_thread() is reverter and not refreshers:
-                # the status loop's refresh, now: it ends, or waits for the status lock
-                refreshers.append(run_until_done_or_blocked(lambda: ctl.refresh(KEY), self.lock))
-            return self.__dict__["drift_seen_generation"]
-
-        @drift_seen_generation.setter
-        def drift_seen_generation(self, value):
-            self.__dict__["drift_seen_generation"] = value
-
-    state.__class__ = RefreshWhileCounting
-    state.lock = WatchedLock(state.lock)
+    began = state.drift.last_seen
+    ctl.sync(KEY)
+    assert state.drift.conflict
     applied = len(apps.applied)
-    now[0] = began + drift.DRIFT_WINDOW + 1  # the refresh's clock
+    now[0] = began + drift.DRIFT_WINDOW - 1
     changed = rival_change(apps)
     ctl.observe_deployment(changed, "MODIFIED")
-    drift.revert_drift(ctl, KEY, changed, clock=lambda: began + drift.DRIFT_WINDOW - 1)
-    [refresher] = refreshers
-    refresher.join(5)
-    assert not refresher.is_alive()
-    assert state.drift_conflict, "the change 2 s before holds the conflict open"
+    drift.revert_drift(ctl, KEY, changed)
+    now[0] = began + drift.DRIFT_WINDOW + 1  # the sync comes after the window would have ended
+    ctl.sync(KEY)
+    assert state.drift.conflict, "the change 2 s before holds the conflict open"
     assert len(apps.applied) == applied and apps.stored["spec"]["replicas"] == 0

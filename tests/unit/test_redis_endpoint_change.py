@@ -69,11 +69,11 @@ def test_a_new_url_drops_the_old_figures_and_its_morgue_is_no_dead_lettering():
     generation, and the reachable one after it posted "50 jobs dead-lettered"."""
     cluster = Cluster({"queue": "emails", "redis": {"url": "redis://old:6379/0"}})
     cluster.servers["redis://old:6379/0"] = 1
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 1 and cluster.dead_lettered() == []
 
     cluster.apply({"queue": "emails", "redis": {"url": "redis://gone:6379/0"}})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     status = cluster.status
     assert status["observedGeneration"] == 2
     assert not any(k in status for k in FIGURES), status
@@ -82,10 +82,10 @@ def test_a_new_url_drops_the_old_figures_and_its_morgue_is_no_dead_lettering():
 
     cluster.servers["redis://other:6379/0"] = 50
     cluster.apply({"queue": "emails", "redis": {"url": "redis://other:6379/0"}})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 50 and cluster.dead_lettered() == []
     cluster.servers["redis://other:6379/0"] = 52
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.dead_lettered() == ["2 jobs dead-lettered in queue emails (morgue now holds 52); "
                                        "inspect with `stalledpolicy morgue list`"]
 
@@ -93,9 +93,9 @@ def test_a_new_url_drops_the_old_figures_and_its_morgue_is_no_dead_lettering():
 def test_a_reachable_redis_to_another_reachable_redis_posts_no_dead_lettered():
     cluster = Cluster({"queue": "emails", "redis": {"url": "redis://old:6379/0"}})
     cluster.servers.update({"redis://old:6379/0": 1, "redis://other:6379/0": 50})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     cluster.apply({"queue": "emails", "redis": {"url": "redis://other:6379/0"}})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 50 and cluster.dead_lettered() == []
 
 
@@ -103,18 +103,18 @@ def test_a_new_url_in_the_secret_drops_the_old_figures_too():
     secrets = {("ns", "creds"): {"url": b64("redis://old:6379/0")}}
     cluster = Cluster({"queue": "emails", "redis": {"secretRef": {"name": "creds", "key": "url"}}}, secrets)
     cluster.servers.update({"redis://old:6379/0": 1, "redis://other:6379/0": 50})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 1
     secrets[("ns", "creds")] = {"url": b64("redis://other:6379/0")}
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 50 and cluster.dead_lettered() == []
     # An unreadable Secret for a while (the same spec) is no change of Redis: figures kept.
     del secrets[("ns", "creds")]
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 50
     secrets[("ns", "creds")] = {"url": b64("redis://other:6379/0")}
     cluster.servers["redis://other:6379/0"] = 51
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert len(cluster.dead_lettered()) == 1
 
 
@@ -125,23 +125,23 @@ def test_a_new_password_for_the_same_redis_keeps_the_figures_and_counts_growth()
     secrets = {("ns", "creds"): {"url": b64("redis://:old-pw@redis:6379/0")}}
     cluster = Cluster({"queue": "emails", "redis": {"secretRef": {"name": "creds", "key": "url"}}}, secrets)
     cluster.servers.update({"redis://:old-pw@redis:6379/0": 1, "redis://user:new-pw@REDIS:6379/0": 3})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     secrets[("ns", "creds")] = {"url": b64("redis://user:new-pw@REDIS:6379/0")}
     cluster.ctl.secrets.forget("ns", "creds")
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 3 and len(cluster.dead_lettered()) == 1
 
 
 def test_the_same_redis_keeps_its_figures_and_counts_growth():
     cluster = Cluster({"queue": "emails", "redis": {"url": "redis://old:6379/0"}})
     cluster.servers["redis://old:6379/0"] = 1
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     del cluster.servers["redis://old:6379/0"]  # an outage of the same Redis keeps the last figures
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 1
     cluster.servers["redis://old:6379/0"] = 4
     cluster.apply({"queue": "emails", "maxStalled": 3, "redis": {"url": "redis://old:6379/0"}})
-    cluster.ctl.refresh(KEY)
+    cluster.ctl.sync(KEY)
     assert cluster.status["deadLetters"] == 4 and len(cluster.dead_lettered()) == 1
 
 

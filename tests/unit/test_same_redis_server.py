@@ -175,7 +175,7 @@ def test_the_newer_policy_of_a_queue_on_one_server_named_two_ways_is_claimed(old
     assert (outcome.ok, outcome.reason, outcome.claimed_by) == (False, "QueueClaimed", ("ns", "emails"))
     assert "the older StalledPolicy ns/emails" in outcome.message
     assert apps.of("emails-dup-sweeper").stored is None
-    ctl.refresh(key_of(newer))
+    ctl.sync(key_of(newer))
     assert newer_state(ctl).reason == "QueueClaimed"
 
 
@@ -196,7 +196,7 @@ def test_a_name_not_looked_up_yet_starts_no_sweeper_until_it_is():
     assert apps.of("emails-dup-sweeper").stored is None
     dns.answer.set()
     wait_for_lookups(ctl.redis_hosts)
-    ctl.refresh(key_of(newer))
+    ctl.sync(key_of(newer))
     assert newer_state(ctl).claimed_by == ("ns", "emails")
     assert apps.of("emails-dup-sweeper").stored is None
 

@@ -7,7 +7,8 @@ the body its handler was called with, not the one applied. An edit back to that
 body's spec is no change to kopf: no handler is called, and before, nothing applied
 it: the sweeper ran the spec of the generation in between for good, and
 status.observedGeneration stayed at that generation through every refresh. The
-status loop now applies a policy generation newer than the one last applied."""
+policy's sync now applies a policy generation newer than the one last applied,
+whether or not kopf's handler asks for it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import json
 
 import pytest
 
-from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from tests.unit.test_budget_changed_events import (
     StatusWriteAnswering,
     budget_events,
@@ -24,8 +25,7 @@ from tests.unit.test_budget_changed_events import (
     max_stalled_of,
     running_budget,
 )
-from tests.unit.test_operator_parts import api_error, b64, reconciled_policy
-from tests.unit.test_reconcile_races import while_held
+from tests.unit.test_operator_parts import api_error, b64, reconciled_policy, retry_due
 
 KEY = ("ns", "p")
 
@@ -34,7 +34,7 @@ class Kopf:
     """kopf's update handling as it decides whether to call a handler: the spec of
     the body its last handler was called with (its stored essence) against the
     body of the event it processes (its batching keeps only the latest); equal,
-    no handler."""
+    no handler. The handler enqueues the policy; its sync follows."""
 
     def __init__(self, ctl, handled):
         self.ctl, self.handled = ctl, copy.deepcopy(handled)
@@ -43,7 +43,9 @@ class Kopf:
         """True when kopf called the update handler for ``body``."""
         if body["spec"] == self.handled["spec"]:
             return False
-        reconcile(self.ctl, body)
+        self.ctl.request_policy_apply(body, ApplyRequest(
+            "the policy was changed", kind="policy-event", body=body, generation=body["metadata"]["generation"]))
+        self.ctl.sync(KEY)
         self.handled = copy.deepcopy(body)
         return True
 
@@ -58,7 +60,7 @@ def edits_kopf_handled_out_of_order(secrets):
     second, third = edited(first, 2, maxStalled=2), edited(first, 3, maxStalled=3)
     fourth = edited(first, 4, maxStalled=2)
     ctl.custom = StatusWriteAnswering(third)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert kopf.process(second)
     assert running_budget(apps) == 3
     ctl.custom = StatusWriteAnswering(fourth)
@@ -70,32 +72,30 @@ def edits_kopf_handled_out_of_order(secrets):
 WITH_SECRET = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
 
 
-def test_an_edit_kopf_handles_is_applied_by_kopf_alone():
-    """The usual case: a refresh between the watch event of an edit and kopf's
-    handler for it only notes the generation unapplied; the handler applies it."""
+def test_an_edit_is_applied_once_whether_the_watch_or_kopfs_handler_brings_it_first():
+    """The usual case: a sync between the watch event of an edit and kopf's handler
+    for it applies the edit; the handler's request then has nothing left to do."""
     apps, ctl, first = reconciled_policy(dict(WITH_SECRET))
     kopf = Kopf(ctl, first)
     second = edited(first, 2, maxStalled=2)
     ctl.observe_policy(second, "MODIFIED")
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
+    assert [max_stalled_of(body) for body in apps.applied] == [1, 2]
     assert kopf.process(second)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert [max_stalled_of(body) for body in apps.applied] == [1, 2]
     assert budget_events(ctl) == ["maxStalled 1 -> 2"]
 
 
 @pytest.mark.parametrize("secrets", [WITH_SECRET, {}], ids=["redis-url-valid", "secret-missing"])
-def test_an_edit_back_to_the_spec_kopf_last_handled_is_applied_by_the_status_loop(secrets):
+def test_an_edit_back_to_the_spec_kopf_last_handled_is_applied_by_the_sync(secrets):
     """Also while the policy's Secret is missing: an edit is applied whatever the
-    Redis URL's state, as kopf's handler does."""
+    Redis URL's state."""
     apps, ctl, kopf, fourth = edits_kopf_handled_out_of_order(dict(secrets))
     state = ctl.policies[KEY]
-    ctl.refresh(KEY)
-    assert running_budget(apps) == 3, "the first refresh to find it unapplied leaves it to kopf's handler"
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert running_budget(apps) == 2, "the sweeper runs the policy's current maxStalled"
     assert state.outcome.generation == 4
-    ctl.refresh(KEY)
     assert state.status["observedGeneration"] == 4
     assert budget_events(ctl) == ["maxStalled 1 -> 3", "maxStalled 3 -> 2"]
 
@@ -104,7 +104,7 @@ def test_the_status_loop_applies_an_unhandled_generation_once():
     apps, ctl, kopf, fourth = edits_kopf_handled_out_of_order(dict(WITH_SECRET))
     applied = len(apps.applied)
     for _ in range(4):
-        ctl.refresh(KEY)
+        ctl.sync(KEY)
     assert len(apps.applied) == applied + 1
     # kopf's handler for a later edit of another field: the same budgets, told no more.
     fifth = edited(fourth, 5, sweepInterval="1m")
@@ -118,30 +118,28 @@ def test_a_refused_apply_of_an_unhandled_generation_is_retried_until_it_is_appli
     apps, ctl, kopf, fourth = edits_kopf_handled_out_of_order(dict(WITH_SECRET))
     state = ctl.policies[KEY]
     apps.refuse = api_error(500, "Internal Server Error", "etcd is down")
-    ctl.refresh(KEY)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
     assert (state.outcome.ok, state.outcome.reason, state.outcome.generation) == (False, "ApplyFailed", 4)
-    assert ctl.refresh(KEY) >= 5, "retried with the growing delay of a failed re-apply"
     apps.refuse = None
-    ctl.refresh(KEY)
+    assert ctl.sync(KEY) <= 5, "the next sync when the retry is due"
+    assert not state.outcome.ok, "retried after the backoff, not at once"
+    retry_due(ctl)
+    ctl.sync(KEY)
     assert state.outcome.ok and state.outcome.generation == 4
     assert running_budget(apps) == 2
 
 
-def test_a_generation_kopf_applies_while_the_status_loop_waits_is_not_applied_again():
-    """The status loop sees generation 4 unapplied and goes to apply it; kopf's handler
-    (its event came after all) holds the apply lock and applies it first."""
+def test_kopfs_handler_for_a_generation_the_sync_applied_applies_nothing_more():
+    """The sync applied generation 4 (the watch showed it); kopf's handler for it
+    (its event came after all) asks again: nothing more is applied."""
     apps, ctl, kopf, fourth = edits_kopf_handled_out_of_order(dict(WITH_SECRET))
     state = ctl.policies[KEY]
-    ctl.refresh(KEY)  # finds it unapplied: the next refresh applies it
-    applied = []
-
-    def kopf_handler():
-        reconcile(ctl, fourth)
-        applied.append(len(apps.applied))
-
-    while_held(state, lambda: ctl.refresh(KEY), kopf_handler)
-    assert len(apps.applied) == applied[0], "the status loop applied nothing more"
+    ctl.sync(KEY)
+    applied = len(apps.applied)
+    kopf.handled = copy.deepcopy(state.body)
+    kopf.handled["spec"] = {}  # kopf's stored essence is older: it calls the handler
+    assert kopf.process(fourth)
+    assert len(apps.applied) == applied, "nothing applied again"
     assert running_budget(apps) == 2 and state.outcome.generation == 4
 
 
@@ -170,14 +168,14 @@ def test_an_unhandled_generation_that_applies_nothing_is_not_tried_at_every_refr
         return refuse(*args, **kwargs)
 
     apps.patch_namespaced_deployment = counted
-    delays = [ctl.refresh(KEY) for _ in range(4)]
+    delays = [ctl.sync(KEY) for _ in range(4)]
     assert len(attempts) == 1, attempts
     assert delays[2:] == [ctl.config.status_interval] * 2
 
 
 def test_an_edit_no_kopf_handler_applied_during_a_drift_conflict_is_applied_and_ends_it():
     """An edit of the policy is applied at once and ends a drift conflict (the
-    docs/operations.md), also when it is the status loop that applies it."""
+    docs/operations.md), also when no kopf handler asks for it."""
     from stalledpolicy.controller import drift
     from tests.unit.test_drift_conflict import FakeApps, fight, started
     from tests.unit.test_drift_conflict import edited as with_replicas
@@ -186,13 +184,13 @@ def test_an_edit_no_kopf_handler_applied_during_a_drift_conflict_is_applied_and_
     ctl = started(apps, now)
     fight(ctl, apps, now, drift.DRIFT_MAX_REVERTS + 1)
     state = ctl.policies[KEY]
-    ctl.refresh(KEY)
-    ctl.refresh(KEY)
-    assert state.drift_conflict and apps.stored["spec"]["replicas"] == 0, "left to the other writer"
+    ctl.sync(KEY)
+    ctl.sync(KEY)
+    assert state.drift.conflict and apps.stored["spec"]["replicas"] == 0, "left to the other writer"
 
     ctl.observe_policy(with_replicas(state.body, 2, 2), "MODIFIED")  # and no kopf handler
-    ctl.refresh(KEY)
-    ctl.refresh(KEY)
+    ctl.sync(KEY)
+    ctl.sync(KEY)
     assert apps.stored["spec"]["replicas"] == 2
-    assert not state.drift_conflict
+    assert not state.drift.conflict
     assert drift.DRIFT_REVERTS_ANNOTATION not in apps.stored["metadata"]["annotations"]

@@ -1,18 +1,14 @@
 """The kopf operator: reconciles StalledPolicy resources into sweeper Deployments.
 
-``main`` registers the kopf handlers (and nothing else); the work is done by
-small modules: ``reconcile`` (policy -> Deployment), ``sweeper_image`` (the
-image allowlist), ``reapply`` (re-applies outside kopf's handlers: a deleted
-sweeper, a changed Secret), ``drift`` (a sweeper changed outside its policy;
-``drift_reverts``: its revert budget),
-``apply`` (server-side apply), ``runtime`` (the operator's memory, the
-``Controller``), ``status_loop`` (each policy's status refreshed and written),
-``queue_reading`` (the queue read for it), ``objects`` (kopf's bodies, and which
-is newer), ``status`` (what the operator observes, and the conditions),
-``status_document`` (the whole status, and the patch that writes it),
-``replay`` (the replay annotation), ``replay_serving`` (the status loop serving
-it), ``queue_claims`` (one sweeper per queue), ``redis_hosts`` (one Redis
-named two ways), ``events`` and ``redis_clients``. Only ``cli.run`` and ``main`` import kopf.
+docs/architecture.md has the shape: kopf is the event source; every trigger
+enqueues a policy key; ``sync`` (sync.py) is the one place that applies a
+sweeper Deployment (``reconcile``) and refreshes the status
+(``status_refresh``). ``main`` registers the kopf handlers (and nothing else);
+``runtime`` holds the operator's memory (the ``Controller``); the triggers are
+``drift`` (a sweeper changed outside its policy; ``drift_reverts``: its revert
+budget) and ``sweeper_events`` (a sweeper deleted or disowned), each an
+``ApplyRequest`` (apply_requests.py); ``retry`` is the one retry policy. Only
+``cli.run`` and ``main`` import kopf.
 """
 
 # The API's names and the sweeper's labels are the policy package's (one place each).

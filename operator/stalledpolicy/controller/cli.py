@@ -276,8 +276,8 @@ def run(args: argparse.Namespace) -> int:
             peering_name=args.peering,
             clusterwide=bool(args.all_namespaces),
             namespaces=tuple(args.namespace),
-            # No liveness_endpoint: main.serve_liveness serves config.liveness (kopf's own
-            # server would make "::" IPv6 only).
+            # No liveness_endpoint: main.serve_liveness serves config.liveness
+            # (docs/architecture.md, "`::` is IPv6 only").
         )
     except Exception as exc:
         failed = _listen_failure(exc)

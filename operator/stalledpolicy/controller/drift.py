@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stalledpolicy.controller import events
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.drift_reverts import (
     DRIFT_MAX_REVERTS,
     DRIFT_REVERTS_ANNOTATION,
@@ -27,13 +28,14 @@ from stalledpolicy.controller.drift_reverts import (
     recorded_reverts,
 )
 from stalledpolicy.controller.objects import is_deleting
-from stalledpolicy.controller.reapply import is_current, owned_policy_state, reconcile_again
 from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.sweeper_events import is_current, owned_policy_state
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")
+DRIFT_REVERT = "drift-revert"  # the ApplyRequest kind
 
 # The budget's settings and helpers keep their names here too (the tests know them as
 # drift's); they live in drift_reverts, below reconcile, which uses them (issue 23).
@@ -60,34 +62,42 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
     return key
 
 
-def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any], clock=None) -> None:
+def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any]) -> None:
     """Someone changed a sweeper Deployment (``key``: its policy, as ``drifted_policy``
-    found it): apply the policy's spec over it (server-side apply, forced: the fields
-    the operator owns come back; fields it never set stay), at most DRIFT_MAX_REVERTS
-    times in DRIFT_WINDOW seconds (wall-clock times: they outlive the process)."""
+    found it): ask sync to apply the policy's spec over it (server-side apply,
+    forced: the fields the operator owns come back; fields it never set stay), at
+    most DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds (wall-clock times: they
+    outlive the process). The budget is checked, and a revert counted, by the
+    request's check and done, which sync runs under the policy's apply lock."""
     state = ctl.policies.get(key)
     if state is None:
         return
-    with state.apply_lock:
-        # A reconcile of ours may have made this generation while we waited, or the
-        # policy may be gone (or on its way out).
+    meta = deployment.get("metadata") or {}
+    seen = int(meta.get("generation") or 0)
+    now = ctl.clock()  # when the change was seen: the budget's window is judged by it
+
+    def check() -> Mapping[str, Any] | None:
+        # A sync may have made this generation since, or the policy may be gone
+        # (or on its way out).
         if drifted_policy(ctl, deployment) != key or not is_current(ctl, key, state):
-            return
-        now = (clock or ctl.clock)()
-        # The status loop ends a conflict under the status lock (drift_conflict_over):
+            return None
+        # The status refresh ends a conflict under the status lock (drift_conflict_over):
         # the window checked and this change counted are one step to it.
         posts = events.DeferredPosts()  # a DriftConflict is posted after the status lock
         with posts.flushed_to(ctl.recorder), state.lock:
             allowed = drift_allowed(ctl, state, deployment, now, posts)
         if not allowed:
-            return
-        meta = deployment.get("metadata") or {}
-        seen = int(meta.get("generation") or 0)
+            return None
         log.info("sweeper Deployment changed outside the policy; re-applying", extra={
             "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
-        outcome = reconcile_again(ctl, key, state.body)
+        return state.body
+
+    def counted(outcome) -> None:
         # Only an apply that changed the spec reverted something: a change to a
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
             count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)
+
+    ctl.request_apply(key, ApplyRequest("the sweeper Deployment changed outside the policy", kind=DRIFT_REVERT,
+                                        quiet=True, check=check, done=counted))

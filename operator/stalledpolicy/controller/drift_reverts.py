@@ -3,7 +3,8 @@ policy, reverted by ``drift``): at most DRIFT_MAX_REVERTS reverts in DRIFT_WINDO
 seconds, counted, recorded on the Deployment, and the DriftConflict past that,
 until the sweeper is left alone a whole window or the policy is edited. Below
 ``reconcile`` (which counts a revert made at an operator start and ends a conflict
-by an edit) and ``status_loop`` (which ends a conflict the window closed)."""
+by an edit) and ``status_refresh`` (which ends a conflict the window closed). The only
+module that changes a policy's ``DriftState``."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.objects import is_deleting
+from stalledpolicy.controller.status import FALSE
 from stalledpolicy.policy.builder import APPLIED_DIGEST_ANNOTATION
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -110,19 +112,19 @@ def drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: fl
     are this process's and those recorded on the Deployment (an earlier process's)."""
     meta = deployment.get("metadata") or {}
     generation = int(meta.get("generation") or 0)
-    if state.drift_conflict:
-        if now - (state.drift_last_seen or now) < DRIFT_WINDOW:
-            if generation > state.drift_seen_generation:  # a change, not a status write
-                state.drift_last_seen, state.drift_seen_generation = now, generation
+    if state.drift.conflict:
+        if now - (state.drift.last_seen or now) < DRIFT_WINDOW:
+            if generation > state.drift.seen_generation:  # a change, not a status write
+                state.drift.last_seen, state.drift.seen_generation = now, generation
             return False
         _end_drift_conflict(state)  # left alone long enough: revert again
-    state.drift_last_seen, state.drift_seen_generation = now, generation
+    state.drift.last_seen, state.drift.seen_generation = now, generation
     # Each revert writes the whole list: the longer one knows every revert (the
     # Deployment's, after a restart; ours, if the other writer dropped the annotation).
     ours, recorded = ([t for t in times if now - t < DRIFT_WINDOW]
-                      for times in (state.drift_reverts, recorded_reverts(deployment)))
-    state.drift_reverts[:] = ours if len(ours) >= len(recorded) else recorded
-    if len(state.drift_reverts) < DRIFT_MAX_REVERTS:
+                      for times in (state.drift.reverts, recorded_reverts(deployment)))
+    state.drift.reverts[:] = ours if len(ours) >= len(recorded) else recorded
+    if len(state.drift.reverts) < DRIFT_MAX_REVERTS:
         return True
     ctl.metrics.drift_conflicts.inc()
     others = other_field_managers(deployment)
@@ -132,8 +134,8 @@ def drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: fl
                f"in {int(DRIFT_WINDOW)} s, last by {who}; the operator stops reverting it until it is "
                f"left alone for {int(DRIFT_WINDOW)} s: stop the other writer (a second operator, an "
                "autoscaler, a GitOps tool) and edit the StalledPolicy instead")
-    state.drift_conflict = message
-    state.drift_conflict_generation = _applied_generation(state)
+    state.drift.conflict = message
+    state.drift.conflict_generation = _applied_generation(state)
     log.warning(message, extra={"namespace": state.key[0], "policy": state.key[1],
                                 "reason": events.DRIFT_CONFLICT})
     posts.post(state.body, events.WARNING, events.DRIFT_CONFLICT, message)
@@ -155,10 +157,10 @@ def end_conflict_by_edit(state, generation: int) -> bool:
     it at once"; so SweeperInSync turns True and Ready follows). The caller clears
     the reverts recorded on the Deployment (``clear_recorded_reverts``)."""
     with state.lock:
-        if not state.drift_conflict or generation <= state.drift_conflict_generation:
+        if not state.drift.conflict or generation <= state.drift.conflict_generation:
             return False
         _end_drift_conflict(state)
-        state.drift_resume = False
+        state.drift.resume = False
     log.info("the policy was edited during a drift conflict: its spec is applied, the conflict is over", extra={
         "namespace": state.key[0], "policy": state.key[1], "generation": generation})
     return True
@@ -173,8 +175,50 @@ def clear_recorded_reverts(ctl: Controller, state, applied: Mapping[str, Any]) -
 
 
 def _end_drift_conflict(state) -> None:
-    state.drift_conflict = None
-    state.drift_reverts.clear()
+    state.drift.conflict = None
+    state.drift.reverts.clear()
+
+
+def conflict_from_status(state, in_sync: Mapping[str, Any] | None, generation: int, now: float) -> None:
+    """A new policy state from a status whose SweeperInSync records a DriftConflict an
+    earlier process declared: it lasts until the sweeper has been left alone for a
+    whole window from ``now``; ``generation``, the one it was declared for."""
+    in_sync = in_sync or {}
+    if in_sync.get("status") != FALSE or in_sync.get("reason") != events.DRIFT_CONFLICT:
+        return
+    state.drift.conflict = in_sync.get("message") or events.DRIFT_CONFLICT
+    state.drift.last_seen = now
+    # the generation it was declared for (conditions carry the applied one)
+    state.drift.conflict_generation = int(in_sync.get("observedGeneration") or generation or 0)
+
+
+def conflict_holds_at_start(state, generation: int, deployment_generation: int | None) -> bool:
+    """At an operator start (under the status lock): whether the conflict the status
+    records holds for ``generation`` (none, or the policy was edited since it began:
+    False, apply); the Deployment's generation is then the one seen (only a later
+    change is drift)."""
+    if not state.drift.conflict or generation > state.drift.conflict_generation:
+        return False
+    state.drift.seen_generation = max(state.drift.seen_generation, deployment_generation or 0)
+    return True
+
+
+def check_window(ctl: Controller, state, now: float) -> None:
+    """The status refresh's look at the conflict (under the status lock): ends it once
+    the window is over (``drift_conflict_over``), and the next apply is asked for."""
+    if state.drift.conflict:
+        state.drift.resume = drift_conflict_over(ctl, state, now) or state.drift.resume
+
+
+def take_resume(state) -> bool:
+    """Whether a conflict ended by its window asks for the spec to be applied again (once)."""
+    resume, state.drift.resume = state.drift.resume, False
+    return resume
+
+
+def applied(state) -> None:
+    """A successful reconcile: the policy's spec is on the sweeper again."""
+    state.drift.reverting = False
 
 
 def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
@@ -182,10 +226,10 @@ def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
     conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
     the caller applies the policy's spec again (what the other writer left is
     reverted); SweeperInSync is False Reverting until an apply succeeds, then True."""
-    if not state.drift_conflict or now - (state.drift_last_seen or now) < DRIFT_WINDOW:
+    if not state.drift.conflict or now - (state.drift.last_seen or now) < DRIFT_WINDOW:
         return False
     _end_drift_conflict(state)
-    state.drift_reverting = True
+    state.drift.reverting = True
     log.info("sweeper Deployment left alone since the drift conflict; reverting again",
              extra={"namespace": state.key[0], "policy": state.key[1]})
     return True
@@ -196,8 +240,8 @@ def count_revert(ctl: Controller, state, deployment_name: str, seen: int, applie
     """An apply of ours (under the policy's apply_lock) reverted generation ``seen``
     of the sweeper: one revert of the budget, recorded on the Deployment, counted
     in the metric and told in a DriftReverted event."""
-    state.drift_reverts.append(now)
-    _record_reverts(ctl, state, deployment_name, state.drift_reverts, applied_generation)
+    state.drift.reverts.append(now)
+    _record_reverts(ctl, state, deployment_name, state.drift.reverts, applied_generation)
     ctl.metrics.drift_reverts.inc()
     when = " while the operator was not running" if while_down else ""
     ctl.recorder.post(state.body, events.NORMAL, events.DRIFT_REVERTED,
@@ -222,8 +266,8 @@ def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], w
         return False
     with state.lock:
         recorded = [t for t in recorded_reverts(existing) if now - t < DRIFT_WINDOW]
-        if len(recorded) > len(state.drift_reverts):
-            state.drift_reverts[:] = recorded
+        if len(recorded) > len(state.drift.reverts):
+            state.drift.reverts[:] = recorded
     log.info("sweeper Deployment changed outside the policy while the operator was not running; re-applied",
              extra={"namespace": state.key[0], "policy": state.key[1], "deployment": meta.get("name"),
                     "generation": seen})

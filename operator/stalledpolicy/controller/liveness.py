@@ -2,10 +2,7 @@
 
 Served from kopf's event loop, as kopf's own endpoint is, but on a socket from
 :mod:`stalledpolicy.listen`, so it listens where the sweeper's server and the
-operator's metrics would: kopf hands the URL's host to asyncio, which makes ``::``
-IPv6 only (``IPV6_V6ONLY`` on), and a kubelet probing the pod's IPv4 address
-found nothing there. ``::`` here is every address, IPv4 included (every IPv4
-address on a host without IPv6); any other address is taken as given.
+operator's metrics would (docs/architecture.md, "``::`` is IPv6 only").
 
 It answers 503 with ``{"ready": false, "reason": ...}`` until the operator's
 startup has built and started the controller, then 200 with ``{}`` while kopf's

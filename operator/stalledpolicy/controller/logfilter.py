@@ -4,19 +4,16 @@ kopf attaches its settings object and an object reference to every record of
 an object logger; our structured formatters would print the settings in every
 line. This filter keeps the reference as ``namespace``/``policy`` fields and
 drops the rest. It also lets a handler's retry error through only when its
-text changes for that object: a policy stuck on a name clash retries with
-backoff for as long as the clash lasts, but says so once. A second filter, on
-kopf's object logger, lowers kopf's retry line of an expected wait to INFO.
-A standby replica's SIGTERM is no warning either (``_LEAD_CANCELLED``).
+text changes for that object: kopf retries a failing handler with backoff, and
+says so once (the operator's own applies are retried by sync, not by kopf:
+docs/architecture.md). A standby replica's SIGTERM is no warning either
+(``_LEAD_CANCELLED``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
-
-from stalledpolicy.controller import events
 
 _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
 # Watch-event handlers succeed on every event of every object: not news.
@@ -28,13 +25,6 @@ _REPEATABLE = ("failed temporarily", "failed with an exception. Will retry")
 _LEAD_CANCELLED = "Activity 'lead' is cancelled. Will escalate."
 _STARTUP_CUT_SHORT = "Startup activity is only partially executed due to cancellation."
 _MEMORY = 10_000
-# kopf logs every TemporaryError at ERROR (and posts that as an Event). These are
-# expected waits, each logged by the operator already at its own level, once per
-# message (OldSweeperDeleting: info and a Normal event; NameConflict: a warning and
-# a Warning event): kopf's line about the retry is INFO. The reason leads the
-# message (controller.main).
-EXPECTED_WAITS = (events.NAME_CONFLICT, events.OLD_SWEEPER_DELETING)
-_EXPECTED_WAIT = re.compile(r" failed temporarily: (?:{}): ".format("|".join(EXPECTED_WAITS)))
 
 
 class KopfRecordFilter(logging.Filter):
@@ -78,23 +68,9 @@ class KopfRecordFilter(logging.Filter):
         return True
 
 
-class ExpectedWaitFilter(logging.Filter):
-    """On kopf's object logger, so before kopf posts a record as an Event and
-    before any handler: a handler retry that is an expected wait is INFO."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO and _EXPECTED_WAIT.search(record.getMessage()):
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-        return True
-
-
 def install() -> KopfRecordFilter:
-    """Attach one filter to every root handler (call after ``logs.configure``),
-    and the expected waits' to kopf's object logger."""
+    """Attach one filter to every root handler (call after ``logs.configure``)."""
     log_filter = KopfRecordFilter()
     for handler in logging.getLogger().handlers:
         handler.addFilter(log_filter)
-    objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, ExpectedWaitFilter) for f in objects.filters):
-        objects.addFilter(ExpectedWaitFilter())
     return log_filter

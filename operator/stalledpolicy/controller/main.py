@@ -14,13 +14,14 @@ import logging
 import kopf
 
 from stalledpolicy.controller import GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, PLURAL, VERSION
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.drift import drifted_policy, revert_drift
 from stalledpolicy.controller.kopf_storage import UidDiffBaseStorage, UidProgressStorage
 from stalledpolicy.controller.leader import leadership
 from stalledpolicy.controller.liveness import LivenessServer
-from stalledpolicy.controller.reapply import adopt_sweeper, disowned_policy, reapply_after_deletion
-from stalledpolicy.controller.reconcile import InvalidPolicy, RetryLater, reconcile
+from stalledpolicy.controller.objects import generation_of, plain
+from stalledpolicy.controller.sweeper_events import adopt_sweeper, disowned_policy, reapply_after_deletion
 from stalledpolicy.sweeper.metrics import StatusServer
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -56,8 +57,8 @@ def controller():
 
 @kopf.on.startup()
 async def serve_liveness(**_) -> None:
-    """``--liveness``, served in kopf's loop by our own server (not kopf's: it
-    makes ``::`` IPv6 only, see controller/liveness.py)."""
+    """``--liveness``, served in kopf's loop by our own server, not kopf's
+    (docs/architecture.md, "``::`` is IPv6 only")."""
     global _liveness_server
     url = OperatorConfig.from_env().liveness
     if url is None:
@@ -155,38 +156,41 @@ def cleanup(**_) -> None:
         _leadership.stop()  # released last: nothing of ours acts any more
 
 
-def _run_reconcile(body, retry: int, resume: bool = False) -> None:
-    # API refusals (a 422, a 403) come back as RetryLater, already recorded as
-    # the policy's condition and a Warning event.
-    try:
-        reconcile(controller(), body, retry=retry, resume=resume)
-    except InvalidPolicy as exc:
-        raise kopf.PermanentError(str(exc)) from None
-    except RetryLater as exc:
-        # The reason leads kopf's retry line: logfilter logs an expected wait's
-        # (NameConflict, OldSweeperDeleting) at INFO, not ERROR.
-        message = f"{exc.reason}: {exc}" if exc.reason else str(exc)
-        raise kopf.TemporaryError(message, delay=exc.delay) from None
+POLICY_EVENT = "policy-event"  # the ApplyRequest kind of kopf's change handlers
+# How long a change handler waits for the sync that takes its request (back-pressure;
+# docs/architecture.md, "kopf's handlers wait for their sync").
+HANDLER_WAIT = 60.0
+
+
+def _request_apply(body, why: str, *, resume: bool = False) -> None:
+    """Enqueue the policy for its sync, which applies it, and wait until the sync has
+    taken the request (docs/architecture.md, the trigger table). The apply's failures
+    are the policy's condition and sync's retries, never kopf's."""
+    plain_body = plain(body)
+    request = ApplyRequest(why, kind=POLICY_EVENT, body=plain_body, generation=generation_of(plain_body),
+                           resume=resume, quiet=True)
+    controller().request_policy_apply(plain_body, request)
+    request.taken.wait(HANDLER_WAIT)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
-def on_create(body, retry, **_) -> None:
-    _run_reconcile(body, retry)
+def on_create(body, **_) -> None:
+    _request_apply(body, "the policy was created")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
-def on_resume(body, retry, patch, **_) -> None:
+def on_resume(body, patch, **_) -> None:
     # A diff base the previous version wrote (no uid) gets this policy's uid, once.
     if _diffbase_storage is not None:
         _diffbase_storage.bind_uid(body=body, patch=patch)
     # At a start: no apply while the policy's status records a DriftConflict.
-    _run_reconcile(body, retry, resume=True)
+    _request_apply(body, "the operator started", resume=True)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
-def on_update(body, retry, **_) -> None:
-    # not kopf's ``old``: BudgetChanged compares what was applied (reconcile._budget_change)
-    _run_reconcile(body, retry)
+def on_update(body, **_) -> None:
+    # not kopf's ``old``: BudgetChanged compares what was applied (docs/architecture.md)
+    _request_apply(body, "the policy was changed")
 
 
 # Watch-event handlers are async so they never queue behind the reconciles in

@@ -12,6 +12,53 @@ from stalledpolicy.controller.status import Problem, ReconcileOutcome
 
 
 @dataclass
+class DriftState:
+    """The drift revert budget and conflict of one policy; changed by drift_reverts only.
+
+    Reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on the
+    Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more reverts
+    until the sweeper has been left alone a while. ``conflict`` is the DriftConflict
+    message meanwhile (the SweeperInSync condition, kept in status, so a restarted
+    operator goes on not reverting)."""
+
+    reverts: list = field(default_factory=list)
+    conflict: str | None = None
+    last_seen: float | None = None
+    seen_generation: int = 0
+    # The policy generation applied when the conflict began: a newer generation
+    # applied (an edit of the policy) ends the conflict.
+    conflict_generation: int = 0
+    resume: bool = False  # the conflict is over: sync applies the spec again
+    # ended by the window, the spec not applied since: not in sync yet (the
+    # re-apply may fail); cleared by the next successful reconcile
+    reverting: bool = False
+
+
+@dataclass
+class ClaimState:
+    """One sweeper per queue (queue_claims.py, its only writer): whether a refresh of
+    this process has read (or failed to read) the queue yet, how many refreshes in a
+    row could not (Redis unreachable or refusing), how many in a row read it without
+    a problem, and whether the last found no Redis URL (its Secret or URL is wrong)."""
+
+    refreshed: bool = False
+    read_failures: int = 0
+    reads: int = 0
+    misconfigured: bool = False
+
+
+@dataclass
+class ReplayState:
+    """Replays by annotation (replay_serving.py, its only writer after creation)."""
+
+    served: list = field(default_factory=list)  # tokens served, oldest first (the last SERVED_HISTORY)
+    refused: str | None = None  # an invalid replay request, warned about once
+    # replays done whose record is not in status yet, oldest first, each with
+    # what it left undone; status shows the last, each is announced once it lands
+    unwritten: list[tuple[dict, str | None]] = field(default_factory=list)
+
+
+@dataclass
 class PolicyState:
     key: PolicyKey
     body: dict
@@ -31,51 +78,17 @@ class PolicyState:
     awaited_since: float = 0.0
     failures: int = 0
     logged_problem: Problem | None = None
-    # replay tokens served, oldest first (the last SERVED_HISTORY): never replayed again
-    served_tokens: list = field(default_factory=list)
-    refused_token: str | None = None  # an invalid replay request, warned about once
-    # replays done whose record is not in status yet, oldest first, each with
-    # what it left undone; status shows the last, each is announced once it lands
-    unwritten_replays: list[tuple[dict, str | None]] = field(default_factory=list)
-    # One reconcile (apply) of this policy at a time: kopf's handlers, the
-    # re-applies after drift or deletion, and the status loop's after a Secret change.
+    replay: ReplayState = field(default_factory=lambda: ReplayState())
+    # One reconcile (apply) of this policy at a time: sync's (tests call reconcile too).
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
-    # Failed re-applies outside kopf in a row: the status loop tries again, its delay growing with it.
-    reapply_failures: int = 0
-    # A policy generation newer than the one applied, as the last refresh found it,
-    # and the newest the status loop applied because no apply had: the next refresh
-    # applies such a generation, once (status_loop._unapplied_generation).
-    generation_unapplied: int = 0
-    generation_reapplied: int = 0
+    # The newest policy generation sync asked itself to apply (sync._request_new_generation): once each.
+    generation_requested: int = 0
     # The budgets (events.sweeper_budgets) of the sweeper Deployment as this process
-    # last applied it, under apply_lock: the old side of the next BudgetChanged. Not
-    # kopf's ``old``: that is the last spec kopf handled, and a reconcile applies the
-    # newest body seen, which may be a later one (or a re-apply got there first).
+    # last applied it, under apply_lock: the old side of the next BudgetChanged
+    # (not kopf's ``old``: docs/architecture.md).
     applied_budgets: dict | None = None
-    # Drift reverts of the last DRIFT_WINDOW seconds (wall-clock times, also recorded on
-    # the Deployment); past DRIFT_MAX_REVERTS another writer is fighting us: no more
-    # reverts until the sweeper has been left alone a while. ``drift_conflict`` is the
-    # DriftConflict message meanwhile (the SweeperInSync condition, kept in status, so
-    # a restarted operator goes on not reverting).
-    drift_reverts: list = field(default_factory=list)
-    drift_conflict: str | None = None
-    drift_last_seen: float | None = None
-    drift_seen_generation: int = 0
-    # The policy generation applied when the conflict began: a newer generation
-    # applied (an edit of the policy) ends the conflict.
-    drift_conflict_generation: int = 0
-    drift_resume: bool = False  # the conflict is over: the status loop applies the spec again
-    # ended by the window, the spec not applied since: not in sync yet (the
-    # re-apply may fail); cleared by the next successful reconcile
-    drift_reverting: bool = False
-    # One sweeper per queue (queue_claims.py): whether a refresh of this process has
-    # read (or failed to read) the queue yet, how many refreshes in a row could not
-    # (Redis unreachable or refusing), and how many in a row read it without a problem.
-    refreshed: bool = False
-    queue_failures: int = 0
-    queue_reads: int = 0
-    # The last refresh found no Redis URL for it (its Secret or URL is wrong).
-    misconfigured: bool = False
+    drift: DriftState = field(default_factory=lambda: DriftState())
+    claim: ClaimState = field(default_factory=lambda: ClaimState())
     # The Redis endpoint the queue figures in status were read from, as
     # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
     # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it

@@ -151,14 +151,14 @@ def sweeps(ctl, state) -> bool | None:
         deployment = own_sweeper(ctl, state)
         if deployment is None or not asks_for_pods(deployment):
             return False
-    if state.queue_failures >= CLAIM_LOST_AFTER:
+    if state.claim.read_failures >= CLAIM_LOST_AFTER:
         return False
-    if state.misconfigured and not _pods_available(ctl, state):
+    if state.claim.misconfigured and not _pods_available(ctl, state):
         # Its Secret or URL gives no Redis URL, and no pod of its sweeper runs (none
         # can start without one): holding the queue would leave it swept by no one.
         # Pods still running keep the URL they started with: they sweep on.
         return False
-    if not state.refreshed:
+    if not state.claim.refreshed:
         return None
     return True
 
@@ -167,13 +167,13 @@ def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
     """Count the refreshes in a row that could not read the queue (under the status
     lock); True when that may move the queue to or from another policy (the
     policy's first refresh, its claim lost or regained: ``sweeps``)."""
-    before = (state.refreshed, state.queue_failures >= CLAIM_LOST_AFTER, state.misconfigured)
-    state.refreshed = True
+    before = (state.claim.refreshed, state.claim.read_failures >= CLAIM_LOST_AFTER, state.claim.misconfigured)
+    state.claim.refreshed = True
     unreadable = problem is not None and problem.reason in UNREADABLE_REASONS
-    state.queue_failures = state.queue_failures + 1 if unreadable else 0
-    state.queue_reads = state.queue_reads + 1 if problem is None else 0
-    state.misconfigured = problem is not None and problem.reason in NO_URL_REASONS
-    return before != (True, state.queue_failures >= CLAIM_LOST_AFTER, state.misconfigured)
+    state.claim.read_failures = state.claim.read_failures + 1 if unreadable else 0
+    state.claim.reads = state.claim.reads + 1 if problem is None else 0
+    state.claim.misconfigured = problem is not None and problem.reason in NO_URL_REASONS
+    return before != (True, state.claim.read_failures >= CLAIM_LOST_AFTER, state.claim.misconfigured)
 
 
 _UNSET: Any = object()
@@ -218,7 +218,7 @@ def claim_of(ctl, body: Mapping[str, Any], _verdicts: dict | None = None) -> Cla
             # taking the queue at the same moment (both sweepers would start).
             sweeping = None
         if sweeping is False:
-            lapsed = lapsed or state.queue_failures >= CLAIM_LOST_AFTER
+            lapsed = lapsed or state.claim.read_failures >= CLAIM_LOST_AFTER
             continue
         if endpoint is _UNSET:
             endpoint, misconfigured = policy_endpoint(ctl, key[0], spec)
@@ -240,7 +240,7 @@ def _takes_over_next(ctl, state, verdicts: dict) -> bool:
     own claim depends only on policies older than it: no cycle). ``verdicts``
     memoizes the judgements of one top-level ``claim_of``."""
     outcome = state.outcome
-    if outcome is None or outcome.ok or outcome.reason != events.QUEUE_CLAIMED or state.queue_failures:
+    if outcome is None or outcome.ok or outcome.reason != events.QUEUE_CLAIMED or state.claim.read_failures:
         return False
     if state.key not in verdicts:
         verdicts[state.key] = claim_of(ctl, state.body, verdicts).verdict
@@ -271,8 +271,8 @@ def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
     # one has read the queue for as long: after an outage of a Redis both share,
     # the older one (its failures not yet refreshed away) would otherwise hand the
     # queue to whichever is read first, and both would sweep.
-    if (claim.verdict == FREE and not state.queue_failures
-            and (not claim.lapsed or state.queue_reads >= CLAIM_LOST_AFTER)):
+    if (claim.verdict == FREE and not state.claim.read_failures
+            and (not claim.lapsed or state.claim.reads >= CLAIM_LOST_AFTER)):
         return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
     if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
         return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"

@@ -1,13 +1,11 @@
 """Policy -> sweeper Deployment, level-based: read, check ownership, apply.
 
-Called by the kopf handlers for create, resume and update, and again when
-someone deletes or edits the sweeper (``reapply.reapply_after_deletion``,
-``drift.revert_drift``) or the referenced Secret changes (``reapply.reapply``,
-from the status loop). It never imports kopf: a spec the operator can never run
-raises ``InvalidPolicy`` (kopf: permanent, until the spec changes); a state that may
-fix itself (a Deployment of that name owned by someone else, an API refusal
-such as a 422) is recorded as the policy's condition and raises ``RetryLater``
-with a growing delay.
+The apply step of ``sync`` (sync.py), its only caller in the operator, whatever
+asked for the apply (docs/architecture.md, the trigger table). It never imports
+kopf: a spec the operator can never run raises ``InvalidPolicy`` (nothing is
+retried until the spec changes); a state that may fix itself (a Deployment of
+that name owned by someone else, an API refusal such as a 422) is recorded as
+the policy's condition and raises ``RetryLater`` (sync's one backoff).
 """
 
 from __future__ import annotations
@@ -30,16 +28,9 @@ from stalledpolicy.controller.apply import (
     read_deployment,
     scale_to_zero,
 )
-from stalledpolicy.controller.config import backoff
 from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
 from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
-from stalledpolicy.controller.retry import (
-    APPLY_FAILED_FIRST_RETRY,
-    NAME_CONFLICT_FIRST_RETRY,
-    OLD_SWEEPER_FIRST_RETRY,
-    InvalidPolicy,
-    RetryLater,
-)
+from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.controller.sweeper_image import default_sweeper_image, refuse_image, sweeper_image_allowed
 from stalledpolicy.policy.builder import (
@@ -49,7 +40,7 @@ from stalledpolicy.policy.builder import (
 )
 from stalledpolicy.policy.models import PolicyError, StalledPolicySpec
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 
@@ -80,19 +71,15 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
     return digest
 
 
-def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
-              resume: bool = False) -> ReconcileOutcome | None:
-    """Apply the policy's sweeper Deployment. One reconcile of a policy at a time
-    (kopf's handlers and the re-applies after drift, deletion or a Secret change).
+def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False) -> ReconcileOutcome | None:
+    """Apply the policy's sweeper Deployment, one reconcile of a policy at a time.
     None when there is nothing to do: the namespace is being deleted.
-    ``resume``: kopf's resume handler (an operator start), which applies nothing
+    ``resume``: an operator start (kopf's resume handler), which applies nothing
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
-    BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``:
-    that is the last spec kopf handled, and the body applied here may be a newer one
-    (with it, one change was told twice or with an old value the sweeper never had,
-    or not at all)."""
+    BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
+    (docs/architecture.md, "Not kopf's old")."""
     body = plain(body)
-    state = ctl.state(body)
+    state = ctl.state_for(body)
     with state.apply_lock:
         # The policy may have been edited while this waited for the lock, and the
         # edit applied meanwhile: never apply a generation older than the newest seen.
@@ -101,10 +88,10 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, retry: int = 0,
         newest = state.body
         if generation_of(newest) > generation_of(body):
             body = plain(newest)
-        return _reconcile(ctl, body, retry, resume)
+        return _reconcile(ctl, body, resume)
 
 
-def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) -> ReconcileOutcome | None:
+def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOutcome | None:
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
     generation = int(meta.get("generation") or 0)
@@ -116,20 +103,20 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
         raise InvalidPolicy(str(exc)) from None
 
     if spec.sweeper.image is not None and not sweeper_image_allowed(ctl, spec.sweeper.image):
-        refuse_image(ctl, body, generation, retry, spec.sweeper.image)
+        refuse_image(ctl, body, generation, spec.sweeper.image)
 
     deployment_name = sweeper_name(name)
     wanted = 0 if spec.suspend else int(spec.sweeper.replicas)
     try:
         existing = read_deployment(ctl.apps, namespace, deployment_name)
     except api_error_types() as exc:
-        _apply_failed(ctl, body, generation, retry,
+        _apply_failed(ctl, body, generation,
                       f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}", wanted)
     if existing is not None:
         ctl.observe_deployment(existing, read=True)
-    _wait_unless_ours(ctl, body, generation, retry, existing, deployment_name)
+    _wait_unless_ours(ctl, body, generation, existing, deployment_name)
 
-    claimed = _queue_claimed(ctl, body, generation, retry, existing, deployment_name)
+    claimed = _queue_claimed(ctl, body, generation, existing, deployment_name)
     if claimed is not None:
         return claimed
     if resume and existing is not None:
@@ -148,10 +135,10 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
             log.info("namespace is being deleted; the sweeper Deployment is not created again", extra={
                 "namespace": namespace, "policy": name, "deployment": deployment_name})
             return None
-        _apply_failed(ctl, body, generation, retry,
+        _apply_failed(ctl, body, generation,
                       with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
                                          f"{describe_api_error(exc)}"), wanted)
-    state = ctl.state(body)
+    state = ctl.state_for(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -183,13 +170,11 @@ def _reconcile(ctl: Controller, body: dict, retry: int, resume: bool = False) ->
 def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
     """What BudgetChanged says for the apply of ``deployment`` just made (under the
     apply lock), or None; the budgets it applied are remembered for the next one.
-    The old side is what the last apply of this process put on the sweeper, so each
-    change is told once, old -> new as the sweeper got them, by whichever reconcile
-    applied it: kopf's handler, or a re-apply that got to a newer spec first. With
-    none remembered (the first apply since the operator started), the Deployment as
-    read before this apply, if it was built from another generation of the policy:
-    an edit made while the operator was down is told once; budgets edited by hand
-    on the sweeper of this very generation are drift (DriftReverted), no budget edit.
+    The old side is what the last apply of this process put on the sweeper (not
+    kopf's ``old``: docs/architecture.md); with none remembered (the first apply
+    since the operator started), the Deployment as read before this apply, if it was
+    built from another generation of the policy. Budgets edited by hand on the
+    sweeper of this very generation are drift (DriftReverted), no budget edit.
     Creating the sweeper is no change."""
     applied = events.sweeper_budgets(deployment)
     before = state.applied_budgets
@@ -206,7 +191,7 @@ def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 
-def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
+def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
                       existing: Mapping[str, Any] | None, deployment_name: str) -> None:
     """Raises RetryLater (its condition recorded) when the Deployment of the sweeper's
     name is not this policy's: a deleted predecessor's, which the garbage collector
@@ -224,19 +209,17 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int, retry: int,
                    "policy's sweeper is created; if it stays, check that Deployment's finalizers "
                    f"(kubectl get deployment -n {namespace} {deployment_name} -o yaml) or delete it")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.OLD_SWEEPER_DELETING, message))
-        raise RetryLater(message, backoff(retry, OLD_SWEEPER_FIRST_RETRY, ctl.config.max_backoff),
-                         events.OLD_SWEEPER_DELETING)
+        raise RetryLater(message, events.OLD_SWEEPER_DELETING)
     clash = conflict_reason(existing, uid, name)
     if clash:
         message = (f"Deployment {namespace}/{deployment_name} already exists and {clash}; "
                    "the operator will not take it over: delete or rename that Deployment, "
                    "or give this policy another name")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.NAME_CONFLICT, message))
-        delay = backoff(retry, NAME_CONFLICT_FIRST_RETRY, ctl.config.max_backoff)
-        raise RetryLater(message, delay, events.NAME_CONFLICT)
+        raise RetryLater(message, events.NAME_CONFLICT)
 
 
-def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, message: str,
+def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
                   replicas: int | None = None) -> NoReturn:
     """The API refused (a 422 for requests above limits, a 403, ...): a condition and
     a Warning event (once per distinct message), and a retry with a growing delay.
@@ -244,30 +227,26 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, retry: int, mess
     apply is judged against (its own spec.replicas may be 0: never "0 of 0 available")."""
     ctl.record_outcome(body, ReconcileOutcome(generation, False, events.APPLY_FAILED, message,
                                               replicas=replicas))
-    raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff),
-                     events.APPLY_FAILED)
+    raise RetryLater(message, events.APPLY_FAILED)
 
 
 def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, existing: Mapping[str, Any],
                        wanted: int) -> ReconcileOutcome | None:
     """At an operator start (kopf's resume handler), a DriftConflict the policy's status
-    records (``Controller.state`` took it from SweeperInSync) means no apply: applying
+    records (``Controller.state_for`` took it from SweeperInSync) means no apply: applying
     would put the policy's spec back over the other writer's, a revert the conflict
     exists to stop, and one counted nowhere. The Deployment is taken as it is (its
     generation is the one "applied", so only a later change is drift, and that is not
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
-    state = ctl.state(body)
-    with state.lock:
-        conflict = state.drift_conflict and generation <= state.drift_conflict_generation
-    if not conflict:
-        return None  # none, or the policy was edited since it began: apply (that ends it)
+    state = ctl.state_for(body)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None
     template = ((existing.get("spec") or {}).get("template") or {}).get("metadata") or {}
     with state.lock:
-        state.drift_seen_generation = max(state.drift_seen_generation, deployment_generation or 0)
+        if not drift_reverts.conflict_holds_at_start(state, generation, deployment_generation):
+            return None  # none, or the policy was edited since it began: apply (that ends it)
     log.info("drift conflict recorded in the policy's status: the sweeper Deployment is not applied at start; "
              "the policy's spec is applied once the sweeper is left alone", extra={
                  "namespace": meta.get("namespace"), "policy": meta.get("name"),
@@ -281,7 +260,7 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
     return outcome
 
 
-def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
+def _queue_claimed(ctl: Controller, body: dict, generation: int,
                    existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
     """When an older policy the operator knows sweeps the same queue on the same Redis
     (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if
@@ -297,7 +276,7 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
         return None
     owner, owner_confirmed = claim.owner, True
     if claim.verdict == UNKNOWN:
-        current = ctl.state(body).outcome
+        current = ctl.state_for(body).outcome
         if current is not None and current.reason == events.QUEUE_CLAIMED and current.claimed_by is not None:
             owner = current.claimed_by  # held back before: stays so, by the same policy
         elif existing is not None and asks_for_pods(existing):
@@ -322,7 +301,7 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int, retry: int,
             try:
                 scale_to_zero(ctl.apps, namespace, deployment_name)
             except api_error_types() as exc:
-                _apply_failed(ctl, body, generation, retry,
+                _apply_failed(ctl, body, generation,
                               f"queue {queue} is claimed by {owner_text((namespace, name), owner)}, and scaling "
                               f"Deployment {namespace}/{deployment_name} to 0 failed: {describe_api_error(exc)}", 0)
             log.warning("queue claimed by an older policy: sweeper Deployment scaled to 0", extra={

@@ -3,7 +3,7 @@
 A refresh that has read the queue asks ``serve_requested_replay`` whether the
 annotation holds a token not served yet; if so the replay runs (or is found
 already served in Redis: replay.py) on a connection of its own, and its record
-waits in ``state.unwritten_replays`` until the status write that carries it
+waits in ``state.replay.unwritten`` until the status write that carries it
 lands; ``announce_replay`` then posts its event, so a write that fails never
 announces a replay that status does not show.
 """
@@ -33,6 +33,18 @@ from stalledpolicy.redis_url.connecting import connect, single_attempt
 log = logging.getLogger("stalledpolicy.operator")
 
 
+def wants_replay(state: PolicyState) -> bool:
+    """Whether the policy's annotation asks for a replay not served or refused yet."""
+    token = ((state.body.get("metadata") or {}).get("annotations") or {}).get(REPLAY_ANNOTATION)
+    return token is not None and token not in state.replay.served and token != state.replay.refused
+
+
+def take_written(state: PolicyState) -> list[tuple[dict, str | None]]:
+    """The replays the status just written carries (under the status lock): each to announce once."""
+    written, state.replay.unwritten = state.replay.unwritten, []
+    return written
+
+
 def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snapshot: Any, now: str, *,
                            read_snapshot: Callable[[], Any], replay_fn: Callable[..., Any] | None,
                            redis_timeout: float, clients: RedisClients, metrics: OperatorMetrics,
@@ -42,10 +54,10 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
     jobs: then it is ``read_snapshot()``'s (kept as given if that read fails)."""
     annotations = (state.body.get("metadata") or {}).get("annotations") or {}
     try:
-        request = requested_replay(annotations, [*state.served_tokens, state.refused_token or ""])
+        request = requested_replay(annotations, [*state.replay.served, state.replay.refused or ""])
     except InvalidReplayRequest as exc:
         token = annotations.get(REPLAY_ANNOTATION)
-        state.refused_token = token  # refused once; a new token asks again
+        state.replay.refused = token  # refused once; a new token asks again
         metrics.count_replay("refused")
         recorder.post(state.body, events.WARNING, events.REPLAY_FAILED, str(exc))
         log.warning(str(exc), extra={"namespace": state.key[0], "policy": state.key[1]})
@@ -76,15 +88,15 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
                 pass
     # Served from now on, whatever happens to the status write; kept in status
     # with the tokens served before it, so none of them replays again.
-    state.served_tokens = with_served(state.served_tokens, request.token)
-    record = {**record, "servedTokens": list(state.served_tokens)}
+    state.replay.served = with_served(state.replay.served, request.token)
+    record = {**record, "servedTokens": list(state.replay.served)}
     if served is None:
         # Counted by the run that moved the jobs only: a record served from
         # Redis (after a restart) was counted by the process that ran it.
         metrics.count_replay("done", int(record.get("replayed") or 0))
     # Kept beside any earlier one whose status write has not landed yet: each
     # replay is announced (its Replayed event) once status shows the last.
-    state.unwritten_replays.append((record, warning))
+    state.replay.unwritten.append((record, warning))
     try:
         snapshot = read_snapshot()
     except (redis.RedisError, OSError):

@@ -2,7 +2,7 @@
 
 kopf feeds it (every policy and sweeper Deployment event, every reconcile
 outcome); a ``Scheduler`` refreshes each policy's status on an interval, or
-at once after a change (``StatusLoop``, status_loop.py). The status subresource
+at once after a change (``sync``, sync.py; its status part ``StatusRefresh``, status_refresh.py). The status subresource
 has one writer, the status loop, and a per-policy lock, so the reconcile
 handlers and the status workers never write over each other's conditions.
 """
@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events
 from stalledpolicy.controller.apply import policy_owner
+from stalledpolicy.controller.apply_requests import ApplyRequest, PendingApplies
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import (
@@ -30,7 +31,7 @@ from stalledpolicy.controller.objects import (
     resource_version,
     snapshot,
 )
-from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.policy_state import PolicyState, ReplayState
 from stalledpolicy.controller.redis_clients import (
     PolicyKey,
     RedisClients,
@@ -40,15 +41,18 @@ from stalledpolicy.controller.redis_clients import (
 )
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
+from stalledpolicy.controller.replay_serving import wants_replay
+from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
-from stalledpolicy.controller.status import FALSE, SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
+from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_document import status_patch
-from stalledpolicy.controller.status_loop import StatusLoop
+from stalledpolicy.controller.status_refresh import StatusRefresh
+from stalledpolicy.controller.sync import sync as sync_policy
 
 log = logging.getLogger("stalledpolicy.operator")
 
 
-class Controller(StatusLoop):
+class Controller(StatusRefresh):
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
@@ -73,75 +77,104 @@ class Controller(StatusLoop):
         self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
         self.scheduler: Scheduler | None = None
-        # The key the status loop is refreshing on this thread: a re-apply it runs
-        # must not kick that key again (the scheduler would rerun it at once, and
-        # a refused re-apply would then be retried with no delay at all).
+        # The key this thread syncs: what the sync does must not kick that key again
+        # (the scheduler would rerun it at once; sync returns its own next delay).
         self._local = threading.local()
+        self.pending_applies = PendingApplies()  # what the triggers ask sync to apply
+        self.retries = Retries(config.max_backoff)  # the one retry policy (retry.py)
+        self.stopped = False
         self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
         self.metrics.count_policies(lambda: len(self.policies))
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
-        self.scheduler = Scheduler(self.refresh, workers=self.config.status_workers,
+        self.scheduler = Scheduler(self.sync, workers=self.config.status_workers,
                                    on_lag=self.metrics.loop_lag.observe)
 
     def stop(self) -> None:
+        self.stopped = True
         if self.scheduler is not None:
             self.scheduler.stop()
+        self.pending_applies.release_all()  # kopf's handlers waiting on them go
         self.clients.close_all()
 
+    def sync(self, key: PolicyKey) -> float | None:
+        """One sync of the policy ``key`` (sync.py); the delay before the next."""
+        self._local.syncing = key
+        try:
+            return sync_policy(self, key)
+        finally:
+            self._local.syncing = None
+
     def kick(self, key: PolicyKey) -> None:
-        if getattr(self._local, "refreshing", None) == key:
-            return  # the status loop's own re-apply: refresh() returns the next delay itself
+        """Enqueue ``key``: its sync runs now (or right after the one under way)."""
+        if getattr(self._local, "syncing", None) == key:
+            return  # from within its own sync, which returns its next delay itself
         if self.scheduler is not None:
             self.scheduler.kick(key)
 
+    def request_apply(self, key: PolicyKey, request: ApplyRequest) -> None:
+        """A trigger's request: pending until the next sync of ``key``, which is enqueued."""
+        if self.stopped:
+            request.taken.set()  # no sync will take it
+            return
+        self.pending_applies.add(key, request)
+        self.kick(key)
+
+    def request_policy_apply(self, body: Mapping[str, Any], request: ApplyRequest) -> None:
+        """``request_apply`` for the policy ``body`` (kopf's handlers): its state made
+        first, so that the sync finds the policy even before its watch event."""
+        state = self.state_for(body)
+        with state.lock:
+            self._take_body(state, snapshot(body))
+        if self.policies.get(state.key) is state:
+            self.request_apply(state.key, request)
+        else:
+            request.taken.set()  # a deleted policy's: nothing to apply
+
     # -- what kopf tells us --------------------------------------------------
-    def state(self, body: Mapping[str, Any]) -> PolicyState:
+    def state_for(self, body: Mapping[str, Any]) -> PolicyState:
+        """The state of the policy ``body``, made (and kept) when its uid is new under
+        its name. A policy deleted since (its uid retired) gets a state of its own,
+        never kept. When another uid holds the name, the one that came later keeps
+        it (``_came_after``, which may ask the API server, outside the lock)."""
         key = policy_key(body)
         uid = metadata_of(body).get("uid")
-        verdict = None  # (the state asked about, whether ``body`` came after its policy)
+        judged: tuple[PolicyState, bool] | None = None  # (the state judged, whether ``body`` came after it)
         while True:
             with self._lock:
                 state = self.policies.get(key)
                 if uid in self._retired_policies:
                     # A deleted policy of this name (kopf handles each uid in a stream of
-                    # its own, so its late events may come after its successor's): a
-                    # state of its own, never the successor's, and never kept.
+                    # its own, so its late events may come after its successor's).
                     return PolicyState(key=key, body=snapshot(body))
-                if state is not None and metadata_of(state.body).get("uid") != uid:
-                    if verdict is None or verdict[0] is not state:
-                        pass  # ask below, outside the lock (it may ask the API server)
-                    elif verdict[1]:
-                        self._retired_policies.add(metadata_of(state.body).get("uid"))
-                        state = None  # deleted and created again under the same name
-                    else:
+                if state is not None and metadata_of(state.body).get("uid") == uid:
+                    return state
+                if state is not None and judged is not None and judged[0] is state:
+                    if not judged[1]:
                         self._retired_policies.add(uid)
                         return PolicyState(key=key, body=snapshot(body))
+                    self._retired_policies.add(metadata_of(state.body).get("uid"))
+                    state = None  # deleted and created again under the same name
                 if state is None:
-                    first = snapshot(body)
-                    state = PolicyState(key=key, body=first)
-                    state.status = dict(first.get("status") or {})
-                    state.served_tokens = served_tokens(state.status.get("lastReplay"))
-                    in_sync = condition_of(state.status, SWEEPER_IN_SYNC) or {}
-                    if in_sync.get("status") == FALSE and in_sync.get("reason") == events.DRIFT_CONFLICT:
-                        # A conflict an earlier process declared: it lasts until the sweeper
-                        # has been left alone for a whole window from now.
-                        state.drift_conflict = in_sync.get("message") or events.DRIFT_CONFLICT
-                        state.drift_last_seen = self.clock()
-                        # the generation it was declared for (conditions carry the applied one)
-                        state.drift_conflict_generation = int(
-                            in_sync.get("observedGeneration") or generation_of(first) or 0)
-                    replaced = self.policies.get(key)
-                    if replaced is not None:
-                        self._unindex(replaced)
-                    self.policies[key] = state
-                    self._queues.setdefault(_queue_of(first), set()).add(key)
-                    return state
-                if metadata_of(state.body).get("uid") == uid:
-                    return state
-            verdict = (state, self._came_after(key, body, state.body))
+                    return self._keep_new_state(key, body)
+            judged = (state, self._came_after(key, body, state.body))
+
+    def _keep_new_state(self, key: PolicyKey, body: Mapping[str, Any]) -> PolicyState:
+        """A new policy's state, from the status it carries (under self._lock)."""
+        first = snapshot(body)
+        state = PolicyState(key=key, body=first)
+        state.status = dict(first.get("status") or {})
+        state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
+        drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
+                                           generation_of(first), self.clock())
+        replaced = self.policies.get(key)
+        if replaced is not None:
+            self._unindex(replaced)
+        self.policies[key] = state
+        self._queues.setdefault(_queue_of(first), set()).add(key)
+        return state
 
     def _came_after(self, key: PolicyKey, body: Mapping[str, Any], known: Mapping[str, Any]) -> bool:
         """Whether the policy ``body`` came after ``known``, another policy that held
@@ -169,16 +202,14 @@ class Controller(StatusLoop):
             self.forget(key, (body.get("metadata") or {}).get("uid"))
             self.kick_queue(queue, key)  # a policy it held back may take the queue over
             return
-        state = self.state(body)
+        state = self.state_for(body)
         with state.lock:
             before = generation_of(state.body)
             self._take_body(state, snapshot(body))
             respecified = generation_of(state.body) != before
-            annotations = (state.body.get("metadata") or {}).get("annotations") or {}
-            token = annotations.get(f"{GROUP}/replay")
-            wants_replay = token is not None and token not in state.served_tokens and token != state.refused_token
-        if wants_replay and state.outcome is not None:
-            self.kick(key)
+            replay_asked = wants_replay(state)
+        if (replay_asked or respecified) and state.outcome is not None:
+            self.kick(key)  # its sync serves the replay, or applies the new generation
         if respecified:
             self.kick_queue(queue, key)  # it may name another Redis now, or stop sweeping
 
@@ -250,6 +281,8 @@ class Controller(StatusLoop):
             # thread, would otherwise lose its first refresh (or its new client).
             if self.scheduler is not None:
                 self.scheduler.remove(key)
+            self.pending_applies.forget(key)
+            self.retries.forget(key)
             self.clients.drop(key)
 
     def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
@@ -281,12 +314,12 @@ class Controller(StatusLoop):
         """``announce`` False: a changed outcome is neither logged as a warning nor
         posted as an event (it says again what the policy's status already says)."""
         self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
-        state = self.state(body)
+        state = self.state_for(body)
         with state.lock:
             before = state.outcome
             state.outcome = outcome
             if outcome.ok:
-                state.drift_reverting = False  # the policy's spec is on the sweeper again
+                drift_reverts.applied(state)
             self._take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)

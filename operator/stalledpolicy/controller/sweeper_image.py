@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from stalledpolicy.controller import events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.apply import conflict_reason, read_deployment, scale_to_zero
-from stalledpolicy.controller.config import backoff, image_allowed
+from stalledpolicy.controller.config import image_allowed
 from stalledpolicy.controller.objects import asks_for_pods, sweeper_name
-from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY, InvalidPolicy, RetryLater
+from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports (status_loop) this module
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
     from stalledpolicy.controller.runtime import Controller
 
 
@@ -51,7 +51,7 @@ def _deployment_images(deployment: Mapping[str, Any]) -> list[str]:
             for c in pod.get(key) or [] if isinstance(c, Mapping)]
 
 
-def refuse_image(ctl: Controller, body: dict, generation: int, retry: int, image: str) -> NoReturn:
+def refuse_image(ctl: Controller, body: dict, generation: int, image: str) -> NoReturn:
     """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
     Redis URL from a Secret of the namespace, so an image of the policy author's
     choosing could read any Secret there. InvalidSpec, like any spec the operator
@@ -70,8 +70,7 @@ def refuse_image(ctl: Controller, body: dict, generation: int, retry: int, image
         message += (f"; Deployment {meta.get('namespace')}/{deployment_name} may still run a refused image, "
                     f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
-        raise RetryLater(message, backoff(retry, APPLY_FAILED_FIRST_RETRY, ctl.config.max_backoff),
-                         events.INVALID_SPEC) from None
+        raise RetryLater(message, events.INVALID_SPEC) from None
     ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
     raise InvalidPolicy(message)
 

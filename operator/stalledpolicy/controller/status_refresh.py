@@ -1,33 +1,28 @@
-"""The status loop: each policy's status refreshed on an interval, or at once
-after a change (``Controller.refresh``, run by the ``Scheduler``).
+"""The status part of ``sync`` (``StatusRefresh.refresh_status``, a part of ``Controller``).
 
 A refresh reads the queue, serves a replay the policy's annotation asks for,
 writes the status that differs from the one the API server holds (a JSON patch
-guarded by the policy's uid), posts the events of what changed, and re-applies
-the sweeper when the Secret it reads changed or a drift conflict is over.
-``StatusLoop`` is the part of ``Controller`` (runtime.py) that does it.
+guarded by the policy's uid), posts the events of what changed, and says why the
+sweeper must be applied again (the Secret it reads changed, a drift conflict is
+over, the queue's claim moved): sync applies it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, events
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events
 from stalledpolicy.controller.config import OperatorConfig, backoff
-from stalledpolicy.controller.drift_reverts import drift_conflict_over
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import generation_of, metadata_of, resource_version, snapshot, sweeper_name
+from stalledpolicy.controller.objects import metadata_of, resource_version, snapshot, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
-from stalledpolicy.controller.reapply import reapply
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
-from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay
-from stalledpolicy.controller.retry import APPLY_FAILED_FIRST_RETRY
+from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
     NO_URL_REASONS,
@@ -52,12 +47,12 @@ log = logging.getLogger("stalledpolicy.operator")
 RECHECKED_AT_INTERVAL = NO_URL_REASONS | {"InvalidSpec"}
 
 
-class StatusLoop:
-    """The status loop's methods of ``Controller``."""
+class StatusRefresh:
+    """The status refresh's methods of ``Controller``."""
 
-    # What the loop uses of ``Controller`` (runtime.py sets them). A mixin, not an
-    # object of its own: reapply, claim_of and drift_conflict_over take the whole
-    # Controller, and tests replace some of these after __init__ (read each refresh).
+    # What the refresh uses of ``Controller`` (runtime.py sets them). A mixin, not an
+    # object of its own: claim_of and drift_conflict_over take the whole Controller,
+    # and tests replace some of these after __init__ (read each refresh).
     config: OperatorConfig
     custom: Any  # kubernetes CustomObjectsApi
     recorder: Any  # events.EventRecorder
@@ -69,21 +64,19 @@ class StatusLoop:
     policies: dict[PolicyKey, PolicyState]
     deployments: dict[tuple[str, str], dict]
     clock: Callable[[], float]
-    _local: threading.local  # .refreshing: the key this thread refreshes (Controller.kick skips it)
     forget: Callable[..., None]
     kick_queue: Callable[..., None]
     secret_digest: Callable[[str, Mapping[str, Any]], str | None]
 
-    def refresh(self, key: PolicyKey) -> float | None:
-        state = self.policies.get(key)
-        if state is None:
-            return None
+    def refresh_status(self, state: PolicyState) -> tuple[float, str | None] | None:
+        """The status part of ``sync``: read the queue, serve a replay the policy asks
+        for, write the status that differs, post the events of what changed. Returns
+        the delay before the next refresh and why the sweeper must be applied again
+        (None: it need not), or None when the policy is gone."""
+        key = state.key
         posts = events.DeferredPosts()  # the events this refresh decides, posted after the lock
         with posts.flushed_to(self.recorder), state.lock:
-            if state.outcome is None:
-                return 1.0  # the reconcile handler has not run yet in this process
-            if state.drift_conflict:
-                state.drift_resume = drift_conflict_over(self, state, self.clock()) or state.drift_resume
+            drift_reverts.check_window(self, state, self.clock())
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state, posts)
             if self.policies.get(key) is not state:
@@ -91,11 +84,6 @@ class StatusLoop:
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
-            # An edit is applied whatever the Redis URL's state, as kopf's handler does.
-            unapplied = self._unapplied_generation(state) if why is None else None
-            if unapplied is not None:
-                why = (f"no kopf handler applied policy generation {unapplied} "
-                       f"(the sweeper Deployment has generation {state.outcome.generation}'s spec)")
             if problem is None:
                 state.failures = 0
                 delay = self.config.status_interval
@@ -112,37 +100,22 @@ class StatusLoop:
             self.kick_queue((state.body.get("spec") or {}).get("queue"), key)
         if why is None:
             why = claim_reconcile_reason(self, state)  # outside the status lock: it may read other policies' Secrets
-        if why is not None:
-            self._local.refreshing = key
-            try:
-                reapply(self, key, why, generation=unapplied)  # outside the status lock: it records its outcome
-            finally:
-                self._local.refreshing = None
-            if state.reapply_failures:
-                # Refused again: retry with a growing delay (kopf's own retries grow the same way).
-                return backoff(max(0, state.reapply_failures - 1), APPLY_FAILED_FIRST_RETRY,
-                               self.config.max_backoff)
-            return min(delay, 1.0)  # applied: show the new outcome in status soon
-        return delay
+        return delay, why
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
         """Why the sweeper must be applied again now (under the status lock), or None:
-        an earlier re-apply failed; a drift conflict is over (``state.drift_resume``:
-        the policy's spec goes back over what the other writer left); the Secret of
-        ``spec.redis.secretRef`` holds a new value (a rotated password reaches the
-        pods only through a new pod template). A Secret that is missing or holds no
-        valid URL rolls nothing: the running pods keep the last good one, the
-        condition says what is wrong. The one-sweeper-per-queue checks are
-        queue_claims.claim_reconcile_reason's, made by ``refresh`` after the lock
-        is released."""
-        if state.reapply_failures:
-            return "an earlier re-apply failed"
-        if state.drift_resume:
-            state.drift_resume = False
+        a drift conflict is over (``drift_reverts.take_resume``: the policy's spec goes back
+        over what the other writer left); the Secret of ``spec.redis.secretRef``
+        holds a new value (a rotated password reaches the pods only through a new
+        pod template). A Secret that is missing or holds no valid URL rolls
+        nothing: the running pods keep the last good one, the condition says what
+        is wrong. The one-sweeper-per-queue checks are
+        queue_claims.claim_reconcile_reason's, made after the lock is released."""
+        if drift_reverts.take_resume(state):
             return "the drift conflict is over: the sweeper was left alone"
         outcome = state.outcome
         if outcome is None or not outcome.ok:
-            return None  # kopf's handler retries its own failures
+            return None  # a failed apply is retried by sync's backoff
         if problem is not None and problem.reason in CONFIGURATION_REASONS:
             return None
         redis_spec = (state.body.get("spec") or {}).get("redis") or {}
@@ -154,35 +127,6 @@ class StatusLoop:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
                 f"(digest {outcome.secret_digest} -> {digest})")
-
-    def _unapplied_generation(self, state: PolicyState) -> int | None:
-        """The policy's generation when the status loop must apply it (under the
-        status lock), else None: it is newer than the one last applied, and was so
-        at the refresh before too. kopf may never call a handler for it: a reconcile
-        applies the newest body seen (our status write's answer may be newer than
-        kopf's event), but kopf records as handled the body its handler was called
-        with; an edit back to that body's spec is then no change to kopf, and the
-        sweeper would run the spec of the generation in between for good.
-        The first refresh that finds it only notes it: kopf's handler, on its way
-        in the usual case (the watch event, or our write's answer, came first), is
-        left to apply it; should both apply, the spec and budgets are the same.
-        Once per generation (``state.generation_reapplied``): an apply that records
-        nothing (the namespace being deleted) is not tried at every refresh; a
-        failed one is retried as any failed re-apply (``reapply_failures``). A
-        failed reconcile is left to its own retries (kopf's, the status loop's, the
-        queue claim's). An edit ends a drift conflict however it is applied
-        (drift.end_conflict_by_edit)."""
-        outcome = state.outcome
-        generation = generation_of(state.body)
-        if outcome is None or not outcome.ok or generation <= int(outcome.generation or 0):
-            return None
-        if generation <= state.generation_reapplied or (state.body.get("metadata") or {}).get("deletionTimestamp"):
-            return None  # tried once; or being deleted: the sweeper goes with it
-        if state.generation_unapplied != generation:
-            state.generation_unapplied = generation
-            return None
-        state.generation_reapplied = generation
-        return generation
 
     def _refresh_locked(self, state: PolicyState, posts: events.DeferredPosts) -> Problem | None:
         body, outcome = state.body, state.outcome
@@ -210,17 +154,16 @@ class StatusLoop:
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
-            last_replay=state.unwritten_replays[-1][0] if state.unwritten_replays else None, now=now,
-            drift_conflict=state.drift_conflict, drift_reverting=state.drift_reverting)
+            last_replay=state.replay.unwritten[-1][0] if state.replay.unwritten else None, now=now,
+            drift_conflict=state.drift.conflict, drift_reverting=state.drift.reverting)
         stored = previous if state.stored_status is None else state.stored_status
         patch = status_patch(stored, desired)
         if patch is not None:
             if not self._write_status(state, stored, patch):
                 return problem or Problem("StatusWriteFailed", "could not write status")
             state.status = state.stored_status = desired
-            for record, warning in state.unwritten_replays:
+            for record, warning in take_written(state):
                 announce_replay(posts, state, spec.get("queue"), record, warning)
-            state.unwritten_replays = []
             self._announce_changes(state, previous, desired, spec, posts)
         self._log_problem(state, problem)
         return problem
