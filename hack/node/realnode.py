@@ -251,7 +251,6 @@ class Node:
         self.procs: dict[str, subprocess.Popen] = {}
         self.plane: controlplane.ControlPlane | None = None
         self.sysctls = sysctls_before or read_sysctls()
-        self.netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
         self.cgroup_root = f"/stalledpolicy-{netns}"
         self.cni_network = netns
         # paths containerd (shim sockets, fifos) and the kubelet (device plugins) use whatever
@@ -474,10 +473,15 @@ state = "{d}/state"
             _kill(pid)
         if self.plane is not None:
             self.plane.stop(keep_logs_in=self.work / "logs" / "plane")
-        left.extend(sweep(self.work, self.netns, self.cgroup_root, self.cni_network, self.sysctls,
-                          netns_before=self.netns_before, fixed_dirs=self.fixed_dirs,
-                          cni_state_existed=self.cni_state_existed))
+        left.extend(self.sweep_after())
         return left
+
+    def sweep_after(self) -> list[str]:
+        """`sweep` with this node's names and the state recorded when it was made; a
+        process that did not start the node (run_tests.py) can call it after one that did."""
+        return sweep(self.work, self.netns, self.cgroup_root, self.cni_network, self.sysctls,
+                     fixed_dirs=self.fixed_dirs,
+                     cni_state_existed=self.cni_state_existed)
 
     def _stop(self, name: str) -> None:
         proc = self.procs.get(name)
@@ -506,7 +510,7 @@ def _kill(pid: int) -> None:
 
 
 def sweep(work: Path, netns: str, cgroup_root: str, cni_network: str, sysctls: dict[str, str], *,
-          netns_before: set[str], fixed_dirs: list[Path], cni_state_existed: bool) -> list[str]:
+          fixed_dirs: list[Path], cni_state_existed: bool) -> list[str]:
     """Remove what a stopped node left behind, and report each thing found. The kubelet's
     bind mount of its own root directory onto itself and the restored sysctls are
     expected and logged, not reported. Safe to call again (finds nothing)."""
@@ -521,11 +525,9 @@ def sweep(work: Path, netns: str, cgroup_root: str, cni_network: str, sysctls: d
         if point != str(work / "kubelet"):
             left.append(f"mount {point}: unmounted")
         subprocess.run(["umount", "-l", point], check=False)
-    if NETNS_DIR.is_dir():
-        for name in set(os.listdir(NETNS_DIR)) - netns_before - {netns}:
-            if name.startswith("cni-"):  # pod namespaces made by the CNI plugins
-                left.append(f"network namespace {name}: removed")
-                delete_namespace(name)
+    # the pods' network namespaces are mounted under work/netns (containerd's
+    # netns_mounts_under), so the unmounting above removed them: none is in NETNS_DIR,
+    # where other nodes' (other sessions') are left alone
     for controller in Path("/sys/fs/cgroup").iterdir():
         root = controller / cgroup_root.lstrip("/")
         if root.is_dir():
