@@ -9,14 +9,22 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: chart-crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast test-node setup system-packages control-plane node-binaries image bench bench-peers clean
 
+# On a host that can run a real node (root, network namespaces, cgroups,
+# overlayfs), the demo runs there: real pods (hack/node/demo.py). Elsewhere,
+# or with DEMO=podrunner, it says why and runs on the pod runner.
+DEMO ?= auto
 demo: setup control-plane
-	$(PY) -m stalledpolicy.devenv.demo up
+	@if [ "$(DEMO)" != podrunner ] && $(PY) hack/node/demo.py check; then \
+	    $(MAKE) --no-print-directory node-binaries image && $(PY) hack/node/demo.py up; \
+	else $(PY) -m stalledpolicy.devenv.demo up; fi
 
 demo-down:
+	@if [ -f .demo-node/state.json ]; then $(PY) hack/node/demo.py down; fi
 	$(PY) -m stalledpolicy.devenv.demo down
 
 demo-status:
-	$(PY) -m stalledpolicy.devenv.demo status
+	@if [ -f .demo-node/state.json ]; then $(PY) hack/node/demo.py status; \
+	else $(PY) -m stalledpolicy.devenv.demo status; fi
 
 # Two sessions: every test but the real node's (pyproject's addopts deselect
 # `node`), then the real node's, inside a network namespace of their own

@@ -335,7 +335,9 @@ state = "{d}/state"
   # oom_score_adj -998 fails every sandbox
   restrict_oom_score_adj = true
   disable_tcp_service = true
-  netns_mounts_under = "{self.work}/netns"
+  # the pods' network namespaces under the state directory, not /run/netns: teardown
+  # unmounts them with the rest, and other nodes' are never touched
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -453,7 +455,11 @@ state = "{d}/state"
         left: list[str] = []
         if self.plane is not None and "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
             try:
-                self.kubectl("delete", "deployments,replicasets", "--all", "-A", "--wait=false", check=False)
+                # the Deployments first, waiting for their ReplicaSets and pods to go: deleted
+                # alone, a pod is replaced by its ReplicaSet, and the replacement's sandbox
+                # could be made while the kubelet stops, then never torn down
+                self.kubectl("delete", "deployments", "--all", "-A", "--cascade=foreground", "--wait=true",
+                             "--timeout=90s", check=False, timeout=120)
                 self.kubectl("delete", "pod", "--all", "-A", "--grace-period=1", "--wait=true", "--timeout=90s",
                              check=False, timeout=120)
             except (subprocess.TimeoutExpired, NodeError) as exc:
@@ -525,9 +531,9 @@ def sweep(work: Path, netns: str, cgroup_root: str, cni_network: str, sysctls: d
         if point != str(work / "kubelet"):
             left.append(f"mount {point}: unmounted")
         subprocess.run(["umount", "-l", point], check=False)
-    # the pods' network namespaces are mounted under work/netns (containerd's
-    # netns_mounts_under), so the unmounting above removed them: none is in NETNS_DIR,
-    # where other nodes' (other sessions') are left alone
+    # the pods' network namespaces are mounted under the work directory (containerd's
+    # netns_mounts_under_state_dir), so the unmounting above removed them; NETNS_DIR,
+    # where other nodes' (other sessions') may be, is left alone
     for controller in Path("/sys/fs/cgroup").iterdir():
         root = controller / cgroup_root.lstrip("/")
         if root.is_dir():
