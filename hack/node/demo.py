@@ -20,7 +20,8 @@ Everything that talks to the node runs inside the namespace; the commands
 printed for you start with `nsenter --net=...` for the same reason.
 
 `down` sends the keeper SIGTERM: it tears the node down. Then the namespace
-is deleted and whatever was left is swept and reported. State: `.demo-node/`.
+is deleted and whatever was left is swept and reported. State: `.demo-node/`
+(or $STALLEDPOLICY_DEMO_NODE_DIR).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from stalledpolicy.devenv.controlplane import ensure_binaries, wait_crd_establis
 from stalledpolicy.devenv.redis_server import start_redis
 from stalledpolicy.policy.crd import CRD_NAME
 
-STATE_DIR = realnode.REPO / ".demo-node"
+STATE_DIR_ENV = "STALLEDPOLICY_DEMO_NODE_DIR"
+STATE_DIR = Path(os.environ.get(STATE_DIR_ENV) or realnode.REPO / ".demo-node")
 CHART = realnode.REPO / "charts" / "stalledpolicy-operator"
 RELEASE, RELEASE_NS = "demo", "stalledpolicy-system"
 READY_LINE, FAILED_LINE = "DEMO READY", "DEMO FAILED"
