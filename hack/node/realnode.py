@@ -537,6 +537,14 @@ def sweep(work: Path, netns: str, cgroup_root: str, cni_network: str, sysctls: d
     for controller in Path("/sys/fs/cgroup").iterdir():
         root = controller / cgroup_root.lstrip("/")
         if root.is_dir():
+            # a container whose shim was killed lives on, reparented: found by its cgroup
+            for procs in root.rglob("cgroup.procs"):
+                for pid in procs.read_text().split():
+                    left.append(f"process {pid} in cgroup {procs.parent} ({_cmdline(int(pid))}): killed")
+                    _kill(int(pid))
+            deadline = time.monotonic() + 10
+            while any(p.read_text().strip() for p in root.rglob("cgroup.procs")) and time.monotonic() < deadline:
+                time.sleep(0.2)  # killed a moment ago: gone once reaped
             dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
             for d in [*dirs, root]:
                 try:

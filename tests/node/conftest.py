@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -34,6 +35,16 @@ from run_tests import SYSCTLS_ENV, WORK_ENV  # noqa: E402
 from stalledpolicy.devenv.controlplane import ensure_binaries  # noqa: E402
 
 TEARDOWN_TEST = "test_teardown_stops_everything_and_leaves_nothing"
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def pytest_configure(config):
+    """SIGTERM (run_tests.py passes it on) ends the session as Ctrl-C does: pytest then
+    runs the fixtures' teardown, the node's included."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_collection_modifyitems(config, items):
