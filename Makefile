@@ -7,22 +7,38 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast setup system-packages control-plane image bench bench-peers clean
+.PHONY: crd chart-docs docs helm-docs demo demo-down demo-status lint test test-fast test-node setup system-packages control-plane node-binaries image bench bench-peers clean
 
+# On a host that can run a real node (root, network namespaces, cgroups,
+# overlayfs), the demo runs there: real pods (hack/node/demo.py). Elsewhere,
+# or with DEMO=podrunner, it says why and runs on the pod runner.
+DEMO ?= auto
 demo: setup control-plane
-	$(PY) -m stalledpolicy.devenv.demo up
+	@if [ "$(DEMO)" != podrunner ] && $(PY) hack/node/demo.py check; then \
+	    $(MAKE) --no-print-directory node-binaries image && $(PY) hack/node/demo.py up; \
+	else $(PY) -m stalledpolicy.devenv.demo up; fi
 
 demo-down:
+	@if [ -f .demo-node/state.json ]; then $(PY) hack/node/demo.py down; fi
 	$(PY) -m stalledpolicy.devenv.demo down
 
 demo-status:
-	$(PY) -m stalledpolicy.devenv.demo status
+	@if [ -f .demo-node/state.json ]; then $(PY) hack/node/demo.py status; \
+	else $(PY) -m stalledpolicy.devenv.demo status; fi
 
-test: setup control-plane helm-docs
+# Two sessions: every test but the real node's (pyproject's addopts deselect
+# `node`), then the real node's, inside a network namespace of their own
+# (hack/node/run_tests.py; root, netns, cgroups and overlayfs, else it fails).
+test: setup control-plane helm-docs node-binaries image
 	$(PY) -m pytest
+	$(PY) hack/node/run_tests.py
+
+# The real node's session alone (tests/node; docs/development.md).
+test-node: setup control-plane node-binaries image
+	$(PY) hack/node/run_tests.py
 
 test-fast: setup helm-docs
-	$(PY) -m pytest -m "not kube and not slow"
+	$(PY) -m pytest -m "not kube and not slow and not node"
 
 # The code checks (tests/unit/test_code_quality.py runs them too, so `make test`
 # and CI enforce them): ruff, mypy ([tool.mypy]) and the import layers (.importlinter).
@@ -44,6 +60,11 @@ $(STAMP): pyproject.toml
 
 control-plane: setup
 	@bash hack/control-plane/build.sh
+
+# kubelet and kube-scheduler for the real node (hack/node/build.sh; nothing
+# when up to date), beside the control plane's binaries.
+node-binaries: control-plane
+	@bash hack/node/build.sh >/dev/null
 
 # helm-docs, from its pinned Go module into ~/.cache/stalledpolicy/helm-docs/
 # (seconds; nothing when up to date): tests/unit/test_chart_docs.py needs it.

@@ -15,6 +15,12 @@
 - a watched namespace, a ServiceAccount (serviceAccount.create=false) or a PriorityClass
   that does not exist fails a real ``helm install`` at the render, naming the value and
   the fix, with nothing applied; ``helm template`` still renders them.
+
+These run on the control plane alone (no node): the operator runs here as a
+process with the chart's identity, and the pod runner plays the kubelet. The
+chart installed for real on a node, its operator and the sweepers as real pods
+of `make image`'s image, is tests/node/test_real_pods.py (`make test`'s second
+session).
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ The job stalls past its budget and shows in `kubectl get stalledpolicies` under
 DEAD; the budget is raised by a patch and the sweeper restarts with it; a
 replay annotation brings the job back to its lane, where the new budget
 recovers its next stall instead of dead-lettering it.
+
+Pod runner, not real pods: this is about the operator's and the sweeper's logic,
+which a pod runner shows in seconds. The same story on real pods of the image
+(the chart's operator, the kubelet's probes, Pod Security, a Redis outage) is
+tests/node/test_real_pods.py, in the real node's session of `make test`.
 """
 
 from __future__ import annotations

@@ -217,6 +217,18 @@ def credentials_problem() -> str | None:
                 "or set KUBECONFIG")
 
 
+def use_kubeconfig(path: str) -> None:
+    """Make ``path`` the kubeconfig of every later load without a file (ours, kopf's login).
+
+    The kubernetes client reads KUBECONFIG once, when imported, into its default. The
+    argument checks are pure so that nothing imports it before this runs (the Lease's
+    check once did); should anything still have, its default is set as well."""
+    os.environ["KUBECONFIG"] = path
+    kube_config = sys.modules.get("kubernetes.config.kube_config")
+    if kube_config is not None:
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
         print("stalledpolicy operator: give --namespace NS (repeatable) or --all-namespaces",
@@ -230,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"stalledpolicy operator: --kubeconfig {args.kubeconfig}: no such file",
                   file=sys.stderr)
             return EXIT_USAGE
-        os.environ["KUBECONFIG"] = args.kubeconfig
+        use_kubeconfig(args.kubeconfig)
     config = config_from_args(args)
     if config.lease_seconds < 3:
         # the leader is judged lost two thirds of it after a renewal: below 2 s a slow call would end it
