@@ -20,12 +20,14 @@ that is already up (``hack/control-plane/up.sh up``) instead of starting one.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries
 
@@ -135,3 +137,28 @@ def kube_namespace(kube_api) -> str:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     core.delete_namespace(name)
+
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "stalledpolicy-operator"
+
+
+class Helm:
+    """The control plane's helm binary, with its cache, config and data under ``home``;
+    a failed command fails the test with helm's output."""
+
+    def __init__(self, control_plane, home: Path) -> None:
+        self.binary = str(control_plane.binary("helm"))
+        self.env = control_plane.env()
+        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            self.env[name] = str(home / name.lower())
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True, timeout=400)
+        if check and done.returncode != 0:
+            pytest.fail(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
+        return done
+
+    def template(self, *args: str, namespace: str = "stalledpolicy-system") -> list[dict]:
+        out = self("template", "rel", str(CHART), "--namespace", namespace, *args).stdout
+        return [doc for doc in yaml.safe_load_all(out) if doc]

@@ -53,11 +53,10 @@ from tests.kube.operator_harness import (
     redis_secret,
     wait_for,
 )
+from tests.kube_fixtures import CHART, REPO, Helm
 
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "stalledpolicy-operator"
 CRD_SOURCE = REPO / "crds" / "stalledpolicies.yaml"
 TEST_SWEEPER_IMAGE = "stalledpolicy:chart-test"
 # What `helm template` must be told of a cluster that serves PodMonitors (helm install asks the
@@ -68,25 +67,6 @@ EVERY_OPTION = ["--set", "podMonitor.enabled=true", "--set", "networkPolicy.enab
 # helm lint has no --api-versions, so it cannot render the PodMonitors (the render tests
 # below and the server-side dry run cover them).
 EVERY_LINTABLE_OPTION = ["--set", "networkPolicy.enabled=true", "--set", "podDisruptionBudget.enabled=true"]
-
-
-class Helm:
-    def __init__(self, control_plane, home: Path) -> None:
-        self.binary = str(control_plane.binary("helm"))
-        self.env = control_plane.env()
-        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            self.env[name] = str(home / name.lower())
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True,
-                              timeout=300)
-        if check and done.returncode != 0:
-            pytest.fail(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
-        return done
-
-    def template(self, *args: str, namespace: str = "stalledpolicy-system") -> list[dict]:
-        out = self("template", "rel", str(CHART), "--namespace", namespace, *args).stdout
-        return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
 @pytest.fixture(scope="module")

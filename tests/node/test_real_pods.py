@@ -20,11 +20,9 @@ tests/kube with the pod runner, which is faster; these are what only a node show
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 import realnode
@@ -34,9 +32,8 @@ from stalledpolicy.devenv.redis_server import start_redis
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.policy.builder import READINESS_PATH, sweeper_name, sweeper_selector
 from tests.kube.operator_harness import condition, redis_secret, wait_for
+from tests.kube_fixtures import CHART, Helm
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "stalledpolicy-operator"
 RELEASE, RELEASE_NS = "spo", "stalledpolicy-system"
 PASSWORD = "node-s3cret-pw"
 LANE = "imports"
@@ -51,20 +48,6 @@ SECURITY_PROBE = (
     "try:\n    open('/x', 'w')\nexcept OSError:\n    w = 'read-only'\n"
     "print(os.getuid(), os.getgid(), f('CapEff'), f('NoNewPrivs'), f('Seccomp'), w)\n")
 CONFINED = "65532 65532 0000000000000000 1 2 read-only"
-
-
-class Helm:
-    def __init__(self, control_plane, home: Path) -> None:
-        self.binary = str(control_plane.binary("helm"))
-        self.env = control_plane.env()
-        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            self.env[name] = str(home / name.lower())
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True, timeout=400)
-        if check and done.returncode != 0:
-            pytest.fail(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
-        return done
 
 
 def restricted_namespace(control_plane, name: str) -> str:
