@@ -23,7 +23,8 @@ tests (tests/node/) share.
 
 Binaries: the control plane's (hack/control-plane/build.sh, or
 $STALLEDPOLICY_K8S_BIN), the node's (hack/node/build.sh), Debian's containerd,
-runc, containernetworking-plugins and iptables (`ensure_packages`).
+runc, containernetworking-plugins, iptables, and gcc with libc6-dev for the pause
+image (`ensure_packages`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 CNI_STATE = Path("/var/lib/cni")
 DEBIAN = {"containerd": "containerd", "runc": "runc", "/usr/lib/cni/bridge": "containernetworking-plugins",
-          "iptables": "iptables", "nsenter": "util-linux"}
+          "iptables": "iptables", "nsenter": "util-linux",
+          # the pause image's static binary (pause_image.py): gcc and the static libc
+          "gcc": "gcc", "/usr/lib/x86_64-linux-gnu/libc.a": "libc6-dev"}
 NETNS_ENV = "STALLEDPOLICY_NODE_NETNS"
 """Set by run_tests.py for the pytest session it starts inside the namespace: its name."""
 
