@@ -27,7 +27,12 @@ import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
 from pinger import Pinger  # noqa: E402
 
-from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
+from stalledpolicy.devenv.redis_server import SERVERS, start_redis  # noqa: E402
+from stalledpolicy.engine import Budgets, drain  # noqa: E402
+from stalledpolicy.keyspace import QueueKeys  # noqa: E402
+from stalledpolicy.sweeper.config import BATCH_DEFAULT, SweeperConfig  # noqa: E402
+from stalledpolicy.sweeper.loop import Sweeper  # noqa: E402
+from stalledpolicy.sweeper.metrics import SweeperMetrics  # noqa: E402
 
 QUEUE = "bench"
 BUDGET = 3
@@ -61,9 +66,10 @@ class SweepRun:
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
             nice: int = 0, sized: bool = False) -> SweepRun:
-    """``sized``: each call sized by time within ``batch`` (engine.CallSizer, as
-    the sweeper runs), else every call takes ``batch``."""
-    from stalledpolicy.engine import Budgets, CallSizer, drain
+    """``sized``: the sweeper as shipped, one pass of ``sweeper.loop.Sweeper`` with
+    ``batchSize`` = ``batch`` (each call sized by time, engine.CallSizer; its
+    per-call work included: metrics, health, the running totals), on its own
+    client; else ``engine.drain`` with every call taking ``batch``."""
 
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET)
@@ -80,7 +86,8 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
         pinger.__enter__()
     started = time.perf_counter()
     try:
-        result = drain(client, QUEUE, budgets, CallSizer(batch) if sized else batch, on_call=on_call)
+        result = _sweeper_pass(port, batch, on_call) if sized else drain(client, QUEUE, budgets, batch,
+                                                                          on_call=on_call)
     finally:
         elapsed = time.perf_counter() - started
         if ping:
@@ -112,9 +119,27 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     )
 
 
+def _sweeper_pass(port: int, batch: int, on_call):
+    """One pass of the shipped sweeper over QUEUE (no snapshot read), ``on_call``
+    told of each call after the sweeper's own per-call work; its result."""
+
+    config = SweeperConfig(redis_url=f"redis://127.0.0.1:{port}/0", queue=QUEUE, max_stalled=BUDGET,
+                           batch_size=batch, once=True)
+    sweeper = Sweeper(config, SweeperMetrics(QUEUE, ()))
+    own = sweeper._on_call
+
+    def counted(result, seconds: float) -> None:
+        own(result, seconds)
+        on_call(result, seconds)
+
+    sweeper._on_call = counted  # drain is handed the instance's attribute
+    if not sweeper.sweep_pass(snapshot=False):
+        raise AssertionError(f"the sweeper's pass failed: {sweeper.last_error}")
+    return sweeper.last_result
+
+
 def _add_expired(client, count: int, offset: int) -> None:
     """``count`` flat expired jobs (no mark yet, so all are recovered) with fresh ids."""
-    from stalledpolicy.keyspace import QueueKeys
 
     keys = QueueKeys(QUEUE)
     lapsed = echomq_seed.server_now_ms(client) - 60_000
@@ -134,8 +159,6 @@ HEALTHY_CASES = ((0, 1_000), (100_000, 1_000), (1_000_000, 1_000), (1_000_000, 1
 def healthy_scaling(client, cases=HEALTHY_CASES, batch: int = 100, reps: int = 5) -> list[dict]:
     """One drain of ``expired`` jobs among ``healthy`` leased ones, ``reps`` times each:
     the server's time for the whole drain (INFO commandstats evalsha usec), min and median."""
-    from stalledpolicy.engine import Budgets, drain
-    from stalledpolicy.keyspace import QueueKeys
 
     keys = QueueKeys(QUEUE)
     out = []
@@ -228,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.n or [100_000, 1_000_000]
     batches = args.batch or [BATCH_DEFAULT, 100, 1_000]
 
-    from stalledpolicy.devenv.redis_server import SERVERS, start_redis
 
     if args.nice:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by redis-server and the PING client

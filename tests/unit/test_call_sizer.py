@@ -31,26 +31,50 @@ def test_slow_calls_shrink_but_never_below_the_floor():
     for _ in range(5):
         sizer.observe(sizer.size, sizer.size * 4e-6)
     assert sizer.size == 250
-    sizer.observe(250, 0.004)  # the machine got loaded: 4 ms for the same call
+    # the machine got loaded: 4 ms for the same call, twice in a row
+    sizer.observe(250, 0.004)
+    sizer.observe(250, 0.004)
     assert sizer.size == 62
-    sizer.observe(62, 0.5)
+    for _ in range(3):
+        sizer.observe(sizer.size, 0.5)
     assert sizer.size == 25
 
 
-def test_a_call_that_ran_out_of_work_quickly_teaches_nothing():
+def test_one_stretched_call_does_not_shrink_the_next():
+    # a call the scheduler stretched (the host, not its size) says nothing of the
+    # next one: the median of the last calls' cost of a job sizes it
     sizer = CallSizer(1000, target_s=0.001, floor=25)
-    sizer.observe(3, 0.0001)
-    assert sizer.size == 25
-    sizer.observe(0, 0.0001)
-    assert sizer.size == 25
+    for _ in range(5):
+        sizer.observe(sizer.size, sizer.size * 4e-6)
+    assert sizer.size == 250
+    sizer.observe(250, 0.010)
+    assert sizer.size == 250
+    sizer.observe(250, 250 * 4e-6)
+    sizer.observe(250, 250 * 4e-6)
+    sizer.observe(250, 0.010)  # one in three, again
+    assert sizer.size == 250
 
 
-def test_a_short_slow_call_still_shrinks_the_next():
+def test_a_lasting_change_in_cost_is_followed_both_ways():
+    sizer = CallSizer(1000, target_s=0.001, floor=10)
+    for _ in range(5):
+        sizer.observe(sizer.size, sizer.size * 4e-6)
+    assert sizer.size == 250
+    for _ in range(3):
+        sizer.observe(sizer.size, sizer.size * 8e-6)  # jobs now cost twice as much
+    assert sizer.size == 125
+    for _ in range(3):
+        sizer.observe(sizer.size, sizer.size * 2e-6)  # and then half
+    assert sizer.size == 500
+
+
+def test_short_slow_calls_still_shrink_the_next():
     sizer = CallSizer(1000, target_s=0.001, floor=10)
     for _ in range(4):
         sizer.observe(sizer.size, sizer.size * 1e-6)
     assert sizer.size == 160
     sizer.observe(100, 0.01)  # fewer jobs than the limit, yet 10 ms
+    sizer.observe(100, 0.01)
     assert sizer.size == 10
 
 

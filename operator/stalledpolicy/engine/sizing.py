@@ -6,9 +6,18 @@ aims each call at ``target_s`` of Redis server time (the script measures its
 own; on Valkey, whose script clock stands still, the call's wall time, which
 bounds it), learning the cost of a job from the calls before, and never exceeds
 the user's ``batchSize`` (``cap``) nor goes below ``floor``.
+
+The cost of a job is the median of the last ``WINDOW`` calls' (their time over
+their jobs): on a shared host one call now and then is stretched by the
+scheduler, not by its size, and shrinking the next call for it only slowed the
+drain (docs/architecture.md, "Sizing a call"); two slow calls in a row do
+shrink the next one.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from statistics import median
 
 #: the server time a full call aims at
 CALL_TARGET_S = 0.001
@@ -16,6 +25,8 @@ CALL_TARGET_S = 0.001
 CALL_FLOOR = 25
 #: a call grows at most this many times over the one before
 GROWTH = 2
+#: the calls whose median cost of a job sizes the next call
+WINDOW = 3
 
 
 class CallSizer:
@@ -30,6 +41,7 @@ class CallSizer:
         self.target_s = target_s
         self.floor = max(1, min(floor, cap))
         self.size = self.floor
+        self._costs: deque[float] = deque(maxlen=WINDOW)
 
     def observe(self, taken: int, seconds: float) -> None:
         """A call of limit ``size`` took ``taken`` jobs in ``seconds`` of server time."""
@@ -37,7 +49,8 @@ class CallSizer:
             return
         if taken < self.size and seconds <= self.target_s:
             return  # the work ran out before the limit: nothing learnt about a larger call
-        ideal = self.target_s * taken / seconds
+        self._costs.append(seconds / taken)
+        ideal = self.target_s / median(self._costs)
         self.size = max(self.floor, min(self.cap, int(ideal), GROWTH * self.size))
 
     def __repr__(self) -> str:

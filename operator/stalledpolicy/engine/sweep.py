@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from stalledpolicy.engine.calls import as_text, check_budget, check_positive, merged_problems, run_script
@@ -86,26 +86,35 @@ class SweepResult:
         return self.recovered + self.dead_lettered + self.orphans + self.quarantined
 
     def merge(self, other: SweepResult) -> SweepResult:
-        lanes = {name: LaneCounts(c.recovered, c.dead_lettered) for name, c in self.lanes.items()}
+        """This result and ``other``'s together, as a new result (neither changes)."""
+        both = replace(self, lanes={name: LaneCounts(c.recovered, c.dead_lettered) for name, c in self.lanes.items()},
+                       problems=list(self.problems))
+        both.add(other)
+        return both
+
+    def add(self, other: SweepResult) -> None:
+        """Count ``other`` (a later call) into this result, in place: a drain adds
+        each call's result to its total without copying the total."""
         for name, counts in other.lanes.items():
-            mine = lanes.setdefault(name, LaneCounts())
-            mine.recovered += counts.recovered
-            mine.dead_lettered += counts.dead_lettered
-        return SweepResult(
-            recovered=self.recovered + other.recovered,
-            dead_lettered=self.dead_lettered + other.dead_lettered,
-            orphans=self.orphans + other.orphans,
-            quarantined=self.quarantined + other.quarantined,
-            lanes=lanes,
-            more=other.more,
-            calls=self.calls + other.calls,
-            problems=merged_problems(self.problems, other.problems),
-            held=self.held + other.held,
-            uncounted=self.uncounted + other.uncounted,
-            server_now_ms=other.server_now_ms if other.calls else self.server_now_ms,
-            next_at_ms=other.next_at_ms if other.calls else self.next_at_ms,
-            server_us=self.server_us + other.server_us,
-        )
+            mine = self.lanes.get(name)
+            if mine is None:
+                self.lanes[name] = LaneCounts(counts.recovered, counts.dead_lettered)
+            else:
+                mine.recovered += counts.recovered
+                mine.dead_lettered += counts.dead_lettered
+        self.recovered += other.recovered
+        self.dead_lettered += other.dead_lettered
+        self.orphans += other.orphans
+        self.quarantined += other.quarantined
+        self.more = other.more
+        self.calls += other.calls
+        if other.problems:
+            self.problems = merged_problems(self.problems, other.problems)
+        self.held += other.held
+        self.uncounted += other.uncounted
+        if other.calls:
+            self.server_now_ms, self.next_at_ms = other.server_now_ms, other.next_at_ms
+        self.server_us += other.server_us
 
     def seconds_to_next(self) -> float | None:
         """Seconds from the last call to the next lease to hold or count (0 when
@@ -145,38 +154,72 @@ def sweep_call(keys: QueueKeys, limit: int, budgets: Budgets, holds: Holds = Hol
     return key_names, args
 
 
+def lane_counts(text: str | bytes) -> dict[str, LaneCounts]:
+    """The reply's lanes (``<#group>:<group><recovered>,<dead_lettered>;`` each,
+    #group in bytes) by name, decoded as the client decodes: a client that
+    decodes replies (the sweeper's keeps a byte that is not UTF-8 as a lone
+    surrogate) hands over text, and each name stays as it gave it; bytes are
+    shown decoded, a byte that is not UTF-8 as U+FFFD, so two distinct lanes
+    can end up under one name: their counts add up rather than one lane's
+    replacing the other's (the totals must match the jobs moved)."""
+    decoded = isinstance(text, str)
+    # lengths count the script's bytes: text goes back to them (surrogateescape:
+    # the bytes such a client kept undecoded)
+    blob = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    lanes: dict[str, LaneCounts] = {}
+    at = 0
+    while at < len(blob):
+        colon = blob.index(b":", at)
+        start = colon + 1
+        end = start + int(blob[at:colon])
+        semicolon = blob.index(b";", end)
+        recovered, dead_lettered = blob[end:semicolon].split(b",")
+        name = blob[start:end].decode("utf-8", "surrogateescape") if decoded else as_text(blob[start:end])
+        counts = lanes.setdefault(name, LaneCounts())
+        counts.recovered += int(recovered)
+        counts.dead_lettered += int(dead_lettered)
+        at = semicolon + 1
+    return lanes
+
+
+class SweepCall:
+    """The sweep calls of one queue and its budgets: KEYS and ARGV built once,
+    each :meth:`run` sends them with its own limit (one bounded sweep call)."""
+
+    def __init__(self, queue: str, budgets: Budgets, holds: Holds = Holds()) -> None:
+        self.keys = QueueKeys(queue)
+        self.key_names, self._args = sweep_call(self.keys, 1, budgets, holds)
+
+    def run(self, client: Any, limit: int) -> SweepResult:
+        """One call over at most ``limit`` expired jobs (and at most ``limit``
+        leases held, and as many settled)."""
+        check_positive("batch size", limit)
+        args = list(self._args)
+        args[1] = limit
+        reply = run_script("sweep", client, self.keys, self.key_names, args)
+        (recovered, dead_lettered, orphans, quarantined, more, lanes, problems, held, uncounted, next_at, now,
+         took_us) = reply
+        return SweepResult(
+            recovered=int(recovered),
+            dead_lettered=int(dead_lettered),
+            orphans=int(orphans),
+            quarantined=int(quarantined),
+            lanes=lane_counts(lanes) if lanes else {},
+            more=bool(more),
+            calls=1,
+            problems=[as_text(p) for p in problems],
+            held=int(held),
+            uncounted=int(uncounted),
+            server_now_ms=int(now),
+            next_at_ms=None if int(next_at) < 0 else int(next_at),
+            server_us=int(took_us),
+        )
+
+
 def sweep_batch(client: Any, queue: str, budgets: Budgets, limit: int, holds: Holds = Holds()) -> SweepResult:
     """One bounded sweep call over at most ``limit`` expired jobs of ``queue``
     (and at most ``limit`` leases held, and as many settled)."""
-    check_positive("batch size", limit)
-    keys = QueueKeys(queue)
-    key_names, args = sweep_call(keys, limit, budgets, holds)
-    reply = run_script("sweep", client, keys, key_names, args)
-    (recovered, dead_lettered, orphans, quarantined, more, flat_lanes, problems, held, uncounted, next_at, now,
-     took_us) = reply
-    # Lane names are shown decoded (a byte that is not UTF-8 becomes U+FFFD), so
-    # two distinct lanes can end up under one name: their counts add up rather
-    # than one lane's replacing the other's (the totals must match the jobs moved).
-    lanes: dict[str, LaneCounts] = {}
-    for i in range(0, len(flat_lanes), 3):
-        counts = lanes.setdefault(as_text(flat_lanes[i]), LaneCounts())
-        counts.recovered += int(flat_lanes[i + 1])
-        counts.dead_lettered += int(flat_lanes[i + 2])
-    return SweepResult(
-        recovered=int(recovered),
-        dead_lettered=int(dead_lettered),
-        orphans=int(orphans),
-        quarantined=int(quarantined),
-        lanes=lanes,
-        more=bool(more),
-        calls=1,
-        problems=[as_text(p) for p in problems],
-        held=int(held),
-        uncounted=int(uncounted),
-        server_now_ms=int(now),
-        next_at_ms=None if int(next_at) < 0 else int(next_at),
-        server_us=int(took_us),
-    )
+    return SweepCall(queue, budgets, holds).run(client, limit)
 
 
 def drain(
@@ -196,17 +239,18 @@ def drain(
     atomic, so stopping never loses a job).
     """
     sizer = batch_size if isinstance(batch_size, CallSizer) else None
+    call = SweepCall(queue, budgets, holds)
     total = SweepResult()
     while not should_stop():
         started = time.perf_counter()
-        result = sweep_batch(client, queue, budgets, sizer.size if sizer else int(cast(int, batch_size)), holds)
+        result = call.run(client, sizer.size if sizer else int(cast(int, batch_size)))
         seconds = time.perf_counter() - started
         if sizer is not None:
             # Valkey freezes TIME within a script (server_us 0): the wall time then
             sizer.observe(result.moved, result.server_us / 1e6 if result.server_us > 0 else seconds)
         if on_call is not None:
             on_call(result, seconds)
-        total = total.merge(result)
+        total.add(result)
         if not result.more:
             break
     return total

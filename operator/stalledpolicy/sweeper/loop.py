@@ -171,7 +171,7 @@ class Sweeper(PassFailures):
     def _on_call(self, result: Any, seconds: float) -> None:
         self._calls_this_pass += 1
         self._url_answered = True
-        self.so_far = self.so_far.merge(result)
+        self.so_far.add(result)
         self.metrics.count_call(result, seconds)
         self.health.beat()
         self._redis_answered()  # a script call came back: a round trip

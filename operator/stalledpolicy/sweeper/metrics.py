@@ -110,9 +110,9 @@ class SweeperMetrics:
             "stalledpolicy_last_pass_timestamp_seconds", "Unix time of the last successful pass", registry=r)
         self.http_dropped = http_dropped_counter("stalledpolicy", r)
         # Series exist from the start, at 0, so dashboards and rate() see them.
-        for lane in (FLAT_LANE, *lanes, OTHER_LANES):
-            self.recovered.labels(queue, lane)
-            self.dead_lettered.labels(queue, lane)
+        #: each lane label's (recovered, dead-lettered) series, as count_call uses them
+        self._lane_series = {lane: (self.recovered.labels(queue, lane), self.dead_lettered.labels(queue, lane))
+                             for lane in (FLAT_LANE, *lanes, OTHER_LANES)}
         self.orphans.labels(queue)
         self.quarantined.labels(queue)
         self.leases_held.labels(queue)
@@ -121,15 +121,30 @@ class SweeperMetrics:
         self.key_problems.labels(queue).set(0)
 
     def count_call(self, result: Any, seconds: float) -> None:
-        """Add one script call's result (an ``engine.SweepResult``)."""
+        """Add one script call's result (an ``engine.SweepResult``). Its lanes are
+        summed by label first (every lane not configured is one label): one
+        increment per label and counter, not per lane (a call between calls of a
+        drain: Redis waits for it)."""
         self.call_duration.observe(seconds)
-        q = self.queue
-        for lane, counts in per_lane(result).items():
+        by_label: dict[str, list[int]] = {}
+        for lane, (recovered, dead_lettered) in per_lane(result).items():
             label = lane if lane in self.lanes else OTHER_LANES
-            if counts[0]:
-                self.recovered.labels(q, label).inc(counts[0])
-            if counts[1]:
-                self.dead_lettered.labels(q, label).inc(counts[1])
+            sums = by_label.get(label)
+            if sums is None:
+                by_label[label] = [recovered, dead_lettered]
+            else:
+                sums[0] += recovered
+                sums[1] += dead_lettered
+        for label, (recovered, dead_lettered) in by_label.items():
+            series = self._lane_series.get(label)
+            if series is None:
+                series = self._lane_series[label] = (self.recovered.labels(self.queue, label),
+                                                     self.dead_lettered.labels(self.queue, label))
+            if recovered:
+                series[0].inc(recovered)
+            if dead_lettered:
+                series[1].inc(dead_lettered)
+        q = self.queue
         if result.orphans:
             self.orphans.labels(q).inc(result.orphans)
         if result.quarantined:
