@@ -27,6 +27,8 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
+import redis
+
 LINE = re.compile(r'^(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
 
 
@@ -130,8 +132,6 @@ def lapses(events: list) -> list[dict]:
 
 
 def trial(ns: argparse.Namespace) -> None:
-    import redis
-
     enq: dict[str, str] = {}
     claims: dict[str, list[tuple[int, int]]] = defaultdict(list)
     end = None

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dockerarchive  # noqa: E402
 import imagerecipe  # noqa: E402
+import verify  # noqa: E402
 
 REPO = imagerecipe.REPO
 # Bump when what the base or the build does changes, so that caches and images
@@ -461,8 +462,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = build(args)
         if not args.no_verify:
-            import verify
-
             verify.verify(out, log=log, containerd=args.containerd)
     except (BuildError, imagerecipe.RecipeError, dockerarchive.ArchiveError) as exc:
         log(f"error: {exc}")

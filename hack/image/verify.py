@@ -33,7 +33,9 @@ Usage: verify.py [TARBALL]   (default: build/image/stalledpolicy-operator-<versi
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,9 +254,6 @@ def run_checks(path: Path, archive: dockerarchive.Archive, recipe: imagerecipe.R
 
 def containerd_check(path: Path, reference: str, userspec: str, version: str, log) -> list[str]:
     """Import the tarball into a throwaway containerd and run it with runc."""
-    import os
-    import shutil
-
     for tool in ("containerd", "ctr", "runc"):
         if shutil.which(tool) is None:
             return [f"--containerd: {tool} is not installed (apt-get install containerd)"]

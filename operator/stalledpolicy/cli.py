@@ -11,7 +11,10 @@ import argparse
 import importlib
 import re
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import cast
+
+from stalledpolicy.redis_url.redaction import redact_urls
 
 # command -> module exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -38,8 +41,6 @@ class _Parser(argparse.ArgumentParser):
     of argparse's "expected one argument" (it reads ``-5s`` as an option)."""
 
     def error(self, message: str):
-        from stalledpolicy.redis_url.redaction import redact_urls
-
         super().error(redact_urls(message))
 
     def parse_known_args(self, args=None, namespace=None):
@@ -67,8 +68,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def distribution_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed

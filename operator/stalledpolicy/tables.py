@@ -1,4 +1,4 @@
-"""Plain-text tables and ages for terminal output (stdlib only).
+"""Plain-text tables and ages for terminal output (the standard library and URL redaction only).
 
 Cell text often comes from programs we do not own (a worker's ``last_error``),
 so every cell is made printable first: a newline or an ANSI escape sequence in
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+
+from stalledpolicy.redis_url.redaction import redact_value
 
 EMPTY = "-"
 ELLIPSIS = "…"
@@ -59,8 +61,6 @@ def shown(text: str, limit: int, *, quoted: bool = False, keep: int | None = Non
     else its first ``keep`` (default ``limit``), ``...`` and its length;
     ``quoted`` puts the text (or the part shown) in repr quotes. A URL in it is
     redacted first: cut before its ``@``, a password could no longer be found."""
-    from stalledpolicy.redis_url.redaction import redact_value
-
     text = redact_value(text)
     if len(text) <= limit:
         return repr(text) if quoted else text

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
+import datetime
+import ipaddress
 import json
 import os
 import shutil
@@ -139,18 +141,15 @@ def generate_pki(directory: Path) -> Pki:
     in-cluster names), client certificates for the admin (``system:masters``)
     and the controller manager, a front-proxy CA and client certificate, and the
     service-account signing key pair."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    try:  # deferred, these four: cryptography is in the test extra only, its absence said as below
+        from cryptography import x509  # deferred: see above
+        from cryptography.hazmat.primitives import hashes, serialization  # deferred: see above
+        from cryptography.hazmat.primitives.asymmetric import ec  # deferred: see above
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # deferred: see above
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ControlPlaneError(
             "the control plane needs the 'cryptography' package: pip install -e '.[test]'"
         ) from exc
-    import datetime
-    import ipaddress
-
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
     now = datetime.datetime.now(datetime.UTC)
@@ -601,7 +600,7 @@ class ControlPlane:
     # -- clients ---------------------------------------------------------------------
     def api_client(self, kubeconfig: Path | None = None):
         """A ``kubernetes.client.ApiClient``: admin unless another kubeconfig is given."""
-        from kubernetes import config
+        from kubernetes import config  # deferred: the kubernetes client takes 0.3 s to import; up/down/env use none
 
         return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
 
@@ -624,7 +623,7 @@ class ControlPlane:
 
     def service_account_token(self, namespace: str, name: str, *, seconds: int = 3600) -> str:
         """A token for an existing ServiceAccount, from the TokenRequest API."""
-        from kubernetes import client
+        from kubernetes import client  # deferred: as in api_client
 
         with self.api_client() as api:
             request = client.AuthenticationV1TokenRequest(

@@ -45,10 +45,13 @@ import redis
 import yaml
 
 from stalledpolicy.devenv.consumers import COMPLETE, DIE, ConsumerPool, Handler, die_on
+from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries, wait_crd_established
 from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.devenv.ports import free_port
+from stalledpolicy.devenv.redis_server import redis_server_binary
 from stalledpolicy.engine import queue_snapshot
 from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.policy.crd import CRD_NAME, crd_path
 
 REPO = Path(__file__).resolve().parents[3]
 STATE_DIR_ENV = "STALLEDPOLICY_DEMO_DIR"
@@ -370,10 +373,6 @@ def _tail(path: str, lines: int = 20) -> str:
 
 
 def _start_redis(state: DemoState) -> Proc:
-    import redis
-
-    from stalledpolicy.devenv.redis_server import redis_server_binary
-
     workdir = state.dir / "redis"
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -402,9 +401,6 @@ def _python_child_env() -> dict[str, str]:
 
 
 def up(state_dir: Path) -> int:
-    from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError, ensure_binaries, wait_crd_established
-    from stalledpolicy.policy.crd import CRD_NAME, crd_path
-
     previous = DemoState.load(state_dir)
     if previous is not None:
         if all(p.alive() for p in previous.processes.values()) and _plane_running(previous):
@@ -493,8 +489,6 @@ def up(state_dir: Path) -> int:
 
 
 def _plane_running(state: DemoState) -> bool:
-    from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError
-
     try:
         return ControlPlane.attach(Path(state.plane_dir)).running()
     except (ControlPlaneError, OSError, KeyError):
@@ -508,10 +502,6 @@ def _policies(state: DemoState) -> list[dict]:
 
 def _wait_for_dead_column(state: DemoState, timeout: float = 60.0) -> None:
     """Until the status shows what Redis holds: the morgue of every swept queue."""
-    import redis
-
-    from stalledpolicy.keyspace import QueueKeys
-
     client = redis.Redis.from_url(state.redis_url, decode_responses=True)
     deadline = time.monotonic() + timeout
     try:
@@ -616,8 +606,6 @@ def status(state_dir: Path) -> int:
 
 
 def down(state_dir: Path, quiet: bool = False) -> int:
-    from stalledpolicy.devenv.controlplane import ControlPlane, ControlPlaneError
-
     state = DemoState.load(state_dir)
     if state is None:
         # An `up` that died before recording itself may still have left a control plane.

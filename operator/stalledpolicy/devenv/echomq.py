@@ -456,8 +456,6 @@ def _read_atomic(client: Any, k: QueueKeys) -> QueueState:
 
 
 def _read_chunked(client: Any, k: QueueKeys, chunk: int = 2_000) -> QueueState:
-    from redis.exceptions import ResponseError as WrongType
-
     s, row_pattern, lane_pattern = _patterns(k)
 
     def members(key: str) -> list[str]:
@@ -478,7 +476,7 @@ def _read_chunked(client: Any, k: QueueKeys, chunk: int = 2_000) -> QueueState:
             pipe.hmget(key, "state", "group", "attempts", "stalled")
         for key, fields in zip(keys, pipe.execute(raise_on_error=False)):
             job_id = key[len(s.row):]
-            if isinstance(fields, WrongType):
+            if isinstance(fields, ResponseError):  # WRONGTYPE: the key is no hash
                 rows[job_id] = _row(job_id, _text(client.type(key)), [])
             else:
                 rows[job_id] = _row(job_id, "hash", fields)

@@ -40,6 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from stalledpolicy import logs
 from stalledpolicy.devenv.ports import free_port
 
 log = logging.getLogger("stalledpolicy.podrunner")
@@ -135,8 +139,6 @@ class LocalPod:
 class PodRunner:
     def __init__(self, api_client, namespace: str, *, log_dir: Path | None = None,
                  poll_interval: float = 0.5, selector: str = MANAGED_SELECTOR) -> None:
-        from kubernetes import client
-
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
         self.selector = selector
@@ -189,8 +191,6 @@ class PodRunner:
                         log_path=self.log_dir / f"{name}.log")
 
     def _read_secret(self, name: str):
-        from kubernetes.client.exceptions import ApiException
-
         try:
             return self.core.read_namespaced_secret(name, self.namespace).data or {}
         except ApiException as exc:
@@ -289,8 +289,6 @@ class PodRunner:
                 "state": state,
             }],
         }
-        from kubernetes.client.exceptions import ApiException
-
         try:
             self.core.patch_namespaced_pod_status(local.name, self.namespace, {"status": status})
         except ApiException as exc:
@@ -338,11 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-interval", type=float, default=0.5)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
-
-    from kubernetes import config
-
-    from stalledpolicy import logs
-
     logs.configure(args.log_format, "info")
     api = config.new_client_from_config(config_file=args.kubeconfig)
     runner = PodRunner(api, args.namespace, log_dir=Path(args.log_dir) if args.log_dir else None,

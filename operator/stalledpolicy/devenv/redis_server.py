@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.cluster import ClusterNode
 
 from stalledpolicy.devenv.ports import free_port
 
@@ -153,10 +154,7 @@ class RedisCluster:
         return f"redis://127.0.0.1:{self.nodes[0].port}/0"
 
     def client(self, **kwargs) -> redis.RedisCluster:
-        from redis.cluster import ClusterNode
-        from redis.cluster import RedisCluster as Client
-
-        return Client(startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], **kwargs)
+        return redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], **kwargs)
 
     def stop(self) -> None:
         for node in self.nodes:

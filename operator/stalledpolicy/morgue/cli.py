@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
+from stalledpolicy.lazy import lazy_module
 from stalledpolicy.morgue.arguments import UsageError, add_arguments, change_selection, resolve_settings
 from stalledpolicy.morgue.change import ChangeRun, run_change
 from stalledpolicy.morgue.exit_codes import (
@@ -43,6 +44,13 @@ from stalledpolicy.redis_url.errors import (
 from stalledpolicy.redis_url.redaction import redact_url, scrub
 from stalledpolicy.streams import ReaderMayLeave
 
+if TYPE_CHECKING:
+    import redis
+else:
+    # deferred: every stalledpolicy command imports this module (for its arguments), only a morgue
+    # command that runs pays for redis-py (0.1 s)
+    redis = lazy_module("redis")
+
 __all__ = ["add_arguments", "run"]
 
 CONNECT_TIMEOUT_S = 5.0
@@ -63,15 +71,12 @@ def open_client(url: str, *, changing: bool = False) -> Any:
     ``\\udcNN``) and encodes it back to the same byte, so such a job can be
     listed, replayed and purged by the id the preview pinned (``errors="replace"``
     would turn it into another id, not in the morgue)."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
     # A read gets one quick retry on a dropped connection (an on-call engineer
     # facing an outage wants exit 3 now, not after a backoff schedule), none
     # after a timeout (a server that did not answer in time will not answer
     # the same question sooner); a change is never sent twice.
-    retry = single_attempt() if changing else Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    retry = single_attempt() if changing else redis.retry.Retry(
+        redis.backoff.NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     return connect(url, retry=retry, decode_responses=True,
                    encoding_errors="surrogateescape",
                    socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
@@ -82,9 +87,7 @@ def _timeout_s(url: str, exc: BaseException) -> float:
     connecting") or waiting for an answer; the URL's own setting wins, as in redis-py.
     A TLS handshake is "connecting" to redis-py but waits the answer's timeout
     (the socket's timeout is set before the handshake)."""
-    from redis.connection import parse_url
-
-    options = parse_url(url)  # checked by check_redis_url before any connection
+    options = redis.connection.parse_url(url)  # checked by check_redis_url before any connection
     if "connect" in str(exc).lower() and not is_tls_handshake_timeout(exc):
         return float(options.get("socket_connect_timeout", CONNECT_TIMEOUT_S))
     return float(options.get("socket_timeout", SOCKET_TIMEOUT_S))
@@ -109,8 +112,6 @@ def may_have_run(exc: BaseException) -> bool:
     run: no answer came in time, or the connection was lost while waiting for
     it. A connection that could not be made (redis-py says "connecting"),
     refused credentials or a server still loading its data ran nothing."""
-    import redis
-
     if isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)):
         return False
     if not isinstance(exc, (redis.TimeoutError, redis.ConnectionError, TimeoutError, ConnectionError)):
@@ -121,8 +122,6 @@ def may_have_run(exc: BaseException) -> bool:
 def _report_outcome_unknown(err: IO[str], prog: str, args: argparse.Namespace, where: str, url: str,
                             exc: BaseException, run: ChangeRun) -> None:
     """A real replay or purge call went unanswered (EXIT_OUTCOME_UNKNOWN)."""
-    import redis
-
     verb = args.morgue_action
     past = PAST_TENSE[verb]
     if isinstance(exc, TimeoutError | redis.TimeoutError):
@@ -141,8 +140,6 @@ def _report_outcome_unknown(err: IO[str], prog: str, args: argparse.Namespace, w
 
 def _report_unreachable(err: IO[str], prog: str, where: str, url: str, exc: BaseException, *,
                         connected: bool) -> None:
-    import redis
-
     reason = scrub(str(exc), url) or type(exc).__name__
     # a scheme that does not match the server's TLS fails as the connection is made
     mismatch = not_redis_problem(exc) or (None if connected else tls_mismatch_problem(exc, url, _timeout_s(url, exc)))
@@ -220,9 +217,7 @@ def _run(args: argparse.Namespace, stdin: IO[str], out: IO[str], err: IO[str]) -
 def _run_action(args: argparse.Namespace, prog: str, url: str, where: str, changing: bool,
                 selection: dict[str, Any] | None, run: ChangeRun, out: IO[str], err: IO[str],
                 stdin: IO[str]) -> int:
-    import redis
-
-    from stalledpolicy import engine
+    from stalledpolicy import engine  # deferred: it imports redis-py (see the top of this module)
 
     client = None
 

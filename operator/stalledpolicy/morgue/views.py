@@ -176,7 +176,7 @@ def _last_error_width(out: IO[str], other_columns: int) -> int:
 def unknown_queue_note(client: Any, queue: str) -> str | None:
     """For an empty morgue: a note when no key of ``queue`` exists on this database
     at all (a mistyped --queue or database looks like an empty morgue), else None."""
-    import redis
+    import redis  # deferred: every command imports this module (through morgue.cli), few talk to Redis
 
     try:
         if client.exists(*QueueKeys(queue).fixed_keys()):

@@ -154,6 +154,7 @@ def build_sweeper_deployment(
     the pods. Used as given, never read from the Secret here. Ignored for an inline URL.
     """
     if scripts_digest is None:
+        # deferred: stalledpolicy.lua imports redis-py; every command imports this module (through controller/)
         from stalledpolicy.lua import scripts_digest as current_digest
 
         scripts_digest = current_digest()

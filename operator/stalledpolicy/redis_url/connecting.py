@@ -3,15 +3,22 @@
 :func:`connect` tells a cluster from a single server (:func:`cluster_mode`:
 INFO, else HELLO); :func:`single_attempt` is the retry of a client whose
 scripts change data; :func:`server_databases` asks a server how many databases
-it has. redis-py is imported inside the functions: commands that never talk
-to Redis stay light.
+it has. redis-py is imported on first use (``lazy``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stalledpolicy.lazy import lazy_module
 from stalledpolicy.redis_url.errors import ClusterDatabases, is_missing_database
+
+if TYPE_CHECKING:
+    import redis
+else:
+    # deferred: every stalledpolicy command imports this module, only those that talk to Redis pay for
+    # redis-py (0.1 s)
+    redis = lazy_module("redis")
 
 
 def single_attempt() -> Any:
@@ -23,10 +30,7 @@ def single_attempt() -> Any:
     reports them as jobs someone else moved, and the first answer is lost. A
     connection the server closed while idle costs no attempt: the pool
     replaces it when it hands it out."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return Retry(NoBackoff(), 0)
+    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
 
 
 def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, retry_on_cluster: bool | None = None,
@@ -43,9 +47,6 @@ def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, retry_o
     a single attempt (the caller's cluster client keeps its own, as the
     sweeper's does). ``cluster_factory(url, **options)`` makes the cluster client
     (``RedisCluster.from_url`` unless given)."""
-    import redis
-    from redis.cluster import RedisCluster
-
     plain_options = dict(client_options)
     if retry is not None:
         plain_options["retry"] = retry
@@ -60,7 +61,7 @@ def connect(url: str, *, retry: Any = None, cluster_factory: Any = None, retry_o
         cluster_options = dict(client_options)
         if retry is not None and (retry_on_cluster if retry_on_cluster is not None else retry.get_retries() == 0):
             cluster_options["retry"] = retry
-        return (cluster_factory or RedisCluster.from_url)(url, **cluster_options)
+        return (cluster_factory or redis.RedisCluster.from_url)(url, **cluster_options)
     return client
 
 
@@ -82,9 +83,6 @@ def cluster_mode(client: Any) -> bool:
     cluster for a single server would fail later, queue by queue, with MOVED.
     A database the server lacks (or any database but 0 on a cluster) is
     refused as the connection is made: that ``ResponseError`` is raised as is."""
-    import redis
-    from redis.exceptions import NoPermissionError
-
     try:
         return str(client.info("cluster").get("cluster_enabled", 0)) == "1"
     except redis.ResponseError as exc:
@@ -93,15 +91,13 @@ def cluster_mode(client: Any) -> bool:
         # refused (the ACL), unknown (renamed away) or not served (a proxy): ask HELLO
     mode = _hello_mode(client)
     if mode is None:
-        raise NoPermissionError(CLUSTER_MODE_UNKNOWN)
+        raise redis.exceptions.NoPermissionError(CLUSTER_MODE_UNKNOWN)
     return mode == "cluster"
 
 
 def _hello_mode(client: Any) -> str | None:
     """The ``mode`` of the server's HELLO answer ("cluster", "standalone",
     "sentinel"), or None when HELLO is refused or does not say."""
-    import redis
-
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
@@ -129,8 +125,6 @@ def server_databases(url: str, **client_options: Any) -> int | None:
     """How many databases the server of ``url`` has (``CONFIG GET databases``,
     asked on database 0), or None when it does not say (CONFIG refused by the
     ACL or a managed server, no answer). One short-lived connection."""
-    import redis
-
     pool = redis.ConnectionPool.from_url(url, **{**client_options, "decode_responses": True})
     pool.connection_kwargs["db"] = 0  # the URL's database is the one that is missing
     client = redis.Redis(connection_pool=pool)

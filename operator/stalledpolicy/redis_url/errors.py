@@ -3,11 +3,26 @@
 Classifies errors (credentials wanted or refused, a database the server lacks,
 a read-only replica, a URL scheme that does not match the server's TLS, a
 cluster slot being migrated, Redis unreachable) and says what to fix without
-any part of the URL (:func:`refusal_in_our_words`). redis-py is imported
-inside the functions.
+any part of the URL (:func:`refusal_in_our_words`). redis-py is imported on
+first use (``lazy``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stalledpolicy.lazy import lazy_module
+from stalledpolicy.redis_url.validation import url_database
+
+if TYPE_CHECKING:
+    import ssl
+
+    import redis
+else:
+    # deferred: every stalledpolicy command imports this module, only those that talk to Redis pay for
+    # redis-py (0.1 s)
+    redis = lazy_module("redis")
+    ssl = lazy_module("ssl")  # deferred with redis-py: only its errors are read with it
 
 
 def _says(exc: BaseException, refusals: tuple[str, ...]) -> bool:
@@ -27,8 +42,6 @@ CREDENTIALS_ADVICE = ("put them in the URL, redis://user:password@host:port/db (
 
 def is_credentials_refusal(exc: BaseException) -> bool:
     """The server wants credentials, or refuses the URL's."""
-    import redis
-
     return isinstance(exc, redis.AuthenticationError) or _says(exc, _AUTH_REFUSALS)
 
 
@@ -41,9 +54,7 @@ READ_ONLY_ADVICE = "point the URL at the primary (the server that takes writes)"
 def is_read_only_refusal(exc: BaseException) -> bool:
     """A replica refused a write: reachable, but the URL names a replica (or a
     failover has just demoted the server)."""
-    from redis.exceptions import ReadOnlyError
-
-    return isinstance(exc, ReadOnlyError) or _says(exc, _READ_ONLY_REFUSALS)
+    return isinstance(exc, redis.ReadOnlyError) or _says(exc, _READ_ONLY_REFUSALS)
 
 
 def is_missing_database(exc: BaseException) -> bool:
@@ -67,8 +78,6 @@ def missing_database_problem(url: str, databases: int | None = None,
     """A phrase to follow the URL (``url`` already checked by :func:`check_redis_url`);
     ``databases``: the server's own count, when known (:func:`server_databases`);
     ``exc``: the server's refusal, when at hand (it tells a cluster node's)."""
-    from stalledpolicy.redis_url.validation import url_database
-
     db = url_database(url)
     if isinstance(databases, ClusterDatabases) or (exc is not None and is_cluster_database(exc)):
         return (f"names database {db}, but the server is a Redis Cluster node and a Redis Cluster has only "
@@ -116,10 +125,6 @@ def tls_mismatch_problem(exc: BaseException, url: str, timeout_s: float | None =
     the server (rediss:// to a server without TLS, redis:// to a TLS-only one):
     what was seen and the question to ask, in our words, without any part of
     the URL; else None. ``timeout_s``: the wait a handshake timeout ran out, to name it."""
-    import ssl
-
-    import redis
-
     if not isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         return None  # an error reply, a refusal: the server spoke our protocol
     chain = _chain(exc)
@@ -144,9 +149,7 @@ NOT_REDIS_PROBLEM = ("the server at this host and port does not answer in Redis'
 def not_redis_problem(exc: BaseException) -> str | None:
     """NOT_REDIS_PROBLEM when ``exc`` is redis-py's reading of an answer that is
     not Redis's protocol ("Protocol Error: b'HTTP/1.1 400 ..."), else None."""
-    from redis.exceptions import InvalidResponse
-
-    return NOT_REDIS_PROBLEM if any(isinstance(link, InvalidResponse) for link in _chain(exc)) else None
+    return NOT_REDIS_PROBLEM if any(isinstance(link, redis.InvalidResponse) for link in _chain(exc)) else None
 
 
 def refusal_in_our_words(exc: BaseException, url: str, *, connected: bool = False) -> str | None:
@@ -177,12 +180,10 @@ def is_slot_migrating(exc: BaseException) -> bool:
     following the redirections ('TTL exhausted'). Every script (the sweep's and
     the morgue's) reads before it writes, so such a call changed nothing. The
     one test the sweeper and the morgue CLI share."""
-    from redis.exceptions import ClusterError, TryAgainError
-
     text = str(exc)
-    return (isinstance(exc, TryAgainError) or text.startswith("TRYAGAIN")
+    return (isinstance(exc, redis.exceptions.TryAgainError) or text.startswith("TRYAGAIN")
             or any(words in text for words in _SLOT_MIGRATING_IN_A_SCRIPT)
-            or (isinstance(exc, ClusterError) and "TTL exhausted" in text))
+            or (isinstance(exc, redis.exceptions.ClusterError) and "TTL exhausted" in text))
 
 
 # A command inside a script refused because the slot is being migrated, in
@@ -196,24 +197,14 @@ _SLOT_MIGRATING_IN_A_SCRIPT = (
 def unreachable_errors() -> tuple[type[BaseException], ...]:
     """Errors meaning "Redis cannot serve us now" (an outage, wrong credentials,
     a cluster mid-failover), as opposed to "this call is wrong"."""
-    import redis
-    from redis.exceptions import (
-        ClusterDownError,
-        InvalidResponse,
-        MasterDownError,
-        ReadOnlyError,
-        RedisClusterException,
-        TryAgainError,
-    )
-
     return (
         redis.ConnectionError,  # also AuthenticationError, BusyLoadingError
         redis.TimeoutError,
-        InvalidResponse,  # not Redis's protocol: another service on that port (not_redis_problem)
-        ClusterDownError,
-        TryAgainError,
-        MasterDownError,
-        ReadOnlyError,
-        RedisClusterException,
+        redis.InvalidResponse,  # not Redis's protocol: another service on that port (not_redis_problem)
+        redis.exceptions.ClusterDownError,
+        redis.exceptions.TryAgainError,
+        redis.exceptions.MasterDownError,
+        redis.ReadOnlyError,
+        redis.RedisClusterException,
         OSError,
     )

@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from stalledpolicy.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import redis
+else:
+    # deferred: every stalledpolicy command imports this module, only those that check a URL (and then
+    # talk to Redis) pay for redis-py (0.1 s)
+    redis = lazy_module("redis")
 
 SCHEMES = ("redis://", "rediss://", "unix://")
 NETWORK_SCHEMES = ("redis://", "rediss://")
@@ -99,9 +108,7 @@ def url_database(url: str) -> int:
     """The database a URL connects to, read as redis-py reads it: ``?db=``
     wins over the path (``redis://h/0?db=3`` is database 3); 0 when neither
     names one. Raises ValueError for a URL redis-py cannot read."""
-    from redis.connection import parse_url
-
-    return int(parse_url(url.strip()).get("db", 0))
+    return int(redis.connection.parse_url(url.strip()).get("db", 0))
 
 
 def _check_host_and_path(parts: Any, write: str) -> str | None:
@@ -133,19 +140,18 @@ def _check_host_and_path(parts: Any, write: str) -> str | None:
 
 
 def _check_query(url: str) -> str | None:
-    from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
-
+    parsers = redis.connection.URL_QUERY_ARGUMENT_PARSERS
     try:
-        options = parse_url(url)
+        options = redis.connection.parse_url(url)
     except ValueError as exc:
         # "Invalid value for 'db' in connection URL.": the name is one of
         # redis-py's own options (so no secret); the value is never taken.
         named = re.search(r"'([a-z_]+)'", str(exc))
-        name = named.group(1) if named and named.group(1) in URL_QUERY_ARGUMENT_PARSERS else None
+        name = named.group(1) if named and named.group(1) in parsers else None
         if name is None:
             return "has a query option redis-py cannot read; check the options after '?'"
         kinds: dict[object, str] = {int: "a whole number", float: "a number"}
-        kind = kinds.get(URL_QUERY_ARGUMENT_PARSERS[name], "a value redis-py accepts")
+        kind = kinds.get(parsers[name], "a value redis-py accepts")
         return f"has query option {name} with a value that is not {kind}"
     if not 0 <= options.get("db", 0) <= _DB_MAX:
         return f"has a database number outside 0..{_DB_MAX}; use a database number such as db=0"
@@ -157,8 +163,6 @@ def _check_query(url: str) -> str | None:
 
 
 def _check_connection_options(url: str) -> str | None:
-    import redis
-
     try:
         redis.ConnectionPool.from_url(url).make_connection()
     except TypeError:

@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from stalledpolicy.listen import listening_socket
 from stalledpolicy.logs import configure
 from stalledpolicy.redis_url.redaction import redact_value
 from stalledpolicy.streams import discard
@@ -140,8 +141,6 @@ def _address_problem(address: str) -> str | None:
     """Why the metrics server could not listen on ``address``, whatever the port
     (it listens on a free one, closed at once), or None. For the modes that serve
     no metrics (--once, --metrics-port 0): the same address is refused with the same words."""
-    from stalledpolicy.listen import listening_socket
-
     try:
         listening_socket(address, 0).close()
     except OSError as exc:
@@ -161,9 +160,11 @@ def _fatal(config, problem: str) -> int:
 
 
 def _serve(config) -> int:
+    # deferred, these three: they import redis-py and prometheus_client, which every stalledpolicy
+    # command would pay for (this module gives the parser its arguments), --help and usage errors included
     from stalledpolicy.engine import NO_HOLDS, Holds
-    from stalledpolicy.sweeper.loop import Sweeper, result_summary
-    from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics
+    from stalledpolicy.sweeper.loop import Sweeper, result_summary  # deferred: see above
+    from stalledpolicy.sweeper.metrics import StatusServer, SweeperMetrics  # deferred: see above
 
     metrics = SweeperMetrics(config.queue, tuple(config.lanes))
     # --once holds no lease: no pass of its own would come to count the lapse
