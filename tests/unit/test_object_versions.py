@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+from stalledpolicy.controller import status_cache
 from tests.unit.test_operator_parts import FakeApps, api_error, fake_controller, policy_body
 
 
@@ -131,8 +132,6 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
     """Our status write returned W; the watch then shows V1 (kopf's annotation
     patch, sent before the write), then W. kopf's handler for V1 runs after
     that: V1 is older than W, though it was never the body we knew."""
-    import time
-
     from stalledpolicy.controller.status import ReconcileOutcome
 
     ctl = fake_controller(FakeApps())
@@ -142,17 +141,15 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
     written["status"] = {"deadLetters": 1}
     annotated = policy("u-1", "v1")  # no status yet: the write came after it
     annotated["metadata"]["annotations"] = {"kopf.zalando.org/last-handled-configuration": "{}"}
-    with state.lock:  # as StatusLoop._write_status leaves it
-        state.seen_versions.append("v0")
-        state.body, state.stored_status = copy.deepcopy(written), dict(written["status"])
-        state.awaited_version, state.awaited_since = "w", time.monotonic()
+    with state.lock:  # as the status refresh's write leaves it
+        status_cache.written(state, dict(written["status"]), copy.deepcopy(written), "u-1")
     ctl.observe_policy(annotated, "MODIFIED")
     assert state.body["metadata"]["resourceVersion"] == "w"
     ctl.observe_policy(written, "MODIFIED")  # the watch catches up with our write
-    assert state.awaited_version is None
+    assert state.status_cache.awaited_version is None
     ctl.record_outcome(annotated, ReconcileOutcome(1, True, "Applied", "applied"))  # kopf's handler body
     assert state.body["metadata"]["resourceVersion"] == "w", "an older body replaced the one known"
-    assert state.stored_status == {"deadLetters": 1}
+    assert state.status_cache.stored == {"deadLetters": 1}
 
 
 def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_refresh():

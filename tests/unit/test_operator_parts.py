@@ -24,6 +24,7 @@ from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigErro
 from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
 from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
+from stalledpolicy.controller.status import ReconcileOutcome
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
 from stalledpolicy.engine import ReplayResult
 
@@ -465,8 +466,12 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
             resolve_url("ns", {"secretRef": {"name": "creds"}}, ctl.secrets)
         except RedisConfigError as exc:
             outcome["secret"] = exc
-        state = ctl.state_for({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
-        outcome["status written"] = ctl._write_status(state, {}, {"pending": 1})
+        # a refresh of a policy applied before: it reads the Secret, then writes the status
+        body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "generation": 1},
+                "spec": {"queue": "emails", "redis": {"secretRef": {"name": "creds"}}}}
+        ctl.observe_policy(body, "ADDED")
+        ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied"))
+        outcome["next sync"] = ctl.sync(("ns", "p"))
 
     worker = threading.Thread(target=calls, daemon=True)
     worker.start()
@@ -475,7 +480,8 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
     assert not worker.is_alive(), "an API call without a deadline is still waiting"
     assert outcome["secret"].reason == "SecretUnreadable"
     assert "ns/creds" in outcome["secret"].message and "did not answer" in outcome["secret"].message
-    assert outcome["status written"] is False
+    assert outcome["next sync"] is not None, "the policy is still known: its next sync is scheduled"
+    assert ctl.policies[("ns", "p")].status == {}, "no status written: the API server never answered"
 
 
 # -- settings: at least a second ---------------------------------------------------------

@@ -81,7 +81,7 @@ def test_a_status_loop_reapply_never_applies_the_generation_an_edit_replaced():
     assert apps.stored["spec"]["replicas"] == 3
     assert state.outcome.generation == 2
     ctl.sync(KEY)
-    assert state.status["observedGeneration"] == 2
+    assert state.status_cache.status["observedGeneration"] == 2
 
 
 def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_one_applied():

@@ -52,7 +52,7 @@ class Cluster:
         self.generation += 1
         body = policy_body(spec, generation=self.generation)
         if KEY in self.ctl.policies:  # the status the API server holds, as a watch event has it
-            body["status"] = dict(self.ctl.policies[KEY].stored_status or {})
+            body["status"] = dict(self.ctl.policies[KEY].status_cache.stored or {})
         self.ctl.observe_policy(body, "MODIFIED")
         reconcile(self.ctl, body)
 

@@ -59,25 +59,38 @@ class ReplayState:
 
 
 @dataclass
-class PolicyState:
-    key: PolicyKey
-    body: dict
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    outcome: ReconcileOutcome | None = None
+class StatusCache:
+    """The policy's status as this process knows it (status_cache.py, its only writer,
+    under the policy's ``lock``)."""
+
     status: dict | None = None  # as last written (or first seen)
     # as the API server holds it, as far as we know: what we wrote, or what a
     # newer watch event shows (someone else's edit); the status patch is made
     # against it, so a status edited or wiped by hand is written back
-    stored_status: dict | None = None
+    stored: dict | None = None
     # resourceVersions of this policy seen and since replaced (newest last): a body
-    # carrying one of them is older than ``body``.
+    # carrying one of them is older than ``PolicyState.body``.
     seen_versions: deque = field(default_factory=lambda: deque(maxlen=SEEN_VERSIONS))
     # The version our last status write made, until the watch delivers it: the
     # watch events before it are older than the body that write returned.
     awaited_version: str | None = None
     awaited_since: float = 0.0
-    failures: int = 0
+    failures: int = 0  # refreshes in a row that found a problem
     logged_problem: Problem | None = None
+    # The Redis endpoint the queue figures in status were read from, as
+    # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
+    # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it
+    # cannot be resolved now); None until the first refresh of this process.
+    redis_endpoint: tuple | None = None
+
+
+@dataclass
+class PolicyState:
+    key: PolicyKey
+    body: dict
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    outcome: ReconcileOutcome | None = None
+    status_cache: StatusCache = field(default_factory=lambda: StatusCache())
     replay: ReplayState = field(default_factory=lambda: ReplayState())
     # One reconcile (apply) of this policy at a time: sync's (tests call reconcile too).
     apply_lock: threading.RLock = field(default_factory=threading.RLock)
@@ -89,8 +102,8 @@ class PolicyState:
     applied_budgets: dict | None = None
     drift: DriftState = field(default_factory=lambda: DriftState())
     claim: ClaimState = field(default_factory=lambda: ClaimState())
-    # The Redis endpoint the queue figures in status were read from, as
-    # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
-    # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it
-    # cannot be resolved now); None until the first refresh of this process.
-    redis_endpoint: tuple | None = None
+
+    @property
+    def status(self) -> dict | None:
+        """The policy's status as last written (or first seen); read only: status_cache.py writes it."""
+        return self.status_cache.status

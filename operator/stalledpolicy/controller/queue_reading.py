@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
@@ -94,10 +93,11 @@ def failure_reason(exc: BaseException) -> str:
     return "RedisCredentialsRefused" if is_credentials_refusal(exc) else "RedisUnreachable"
 
 
-def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader,
-                     hosts: HostResolver) -> bool:
-    """Whether the policy names another Redis than the one its status figures were
-    read from (under the status lock): another server or database (host, port,
+def endpoint_changed(known: tuple | None, namespace: str, spec: Mapping[str, Any], secrets: SecretReader,
+                     hosts: HostResolver) -> tuple[bool, tuple | None]:
+    """(changed, endpoint): whether the policy names another Redis than ``known``, the
+    one its status figures were read from (StatusCache.redis_endpoint), and the
+    endpoint to remember for the next judgement. Another server or database (host, port,
     database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
     names: new credentials for the same server are no change), or another
     spec.redis whose URL cannot be resolved now. The same spec.redis with a Secret
@@ -113,16 +113,14 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
     redis_spec = spec.get("redis") or {}
     described = json.dumps(redis_spec, sort_keys=True, default=str)
     try:
-        url = resolve_url(state.key[0], redis_spec, secrets)
+        url = resolve_url(namespace, redis_spec, secrets)
         endpoint = redis_endpoint(url)
     except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
         endpoint = None
     if endpoint is not None:
-        endpoint = as_seen_from(state.key[0], endpoint)
-    known = state.redis_endpoint
+        endpoint = as_seen_from(namespace, endpoint)
     if known is None:
-        state.redis_endpoint = (described, endpoint)
-        return False
+        return False, (described, endpoint)
     if endpoint is not None and known[1] is not None:
         same = same_server(endpoint, known[1], hosts)
         if same is None:
@@ -138,10 +136,8 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
             # and drops them then if this is another Redis. Meanwhile the old
             # figures may show a little longer, and at most one reading of the
             # new Redis is compared with the old one's (one DeadLettered at worst).
-            return False
+            return False, known
         changed = not same
     else:
         changed = described != known[0]
-    if changed or endpoint is not None:
-        state.redis_endpoint = (described, endpoint)
-    return changed
+    return changed, ((described, endpoint) if changed or endpoint is not None else known)

@@ -15,20 +15,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events
+from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.apply_requests import ApplyRequest, PendingApplies
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import (
-    WRITE_ECHO_TIMEOUT,
     RetiredUids,
     created_before,
     generation_of,
     metadata_of,
     newer_deployment,
     policy_key,
-    resource_version,
     snapshot,
 )
 from stalledpolicy.controller.policy_state import PolicyState, ReplayState
@@ -45,7 +43,6 @@ from stalledpolicy.controller.replay_serving import wants_replay
 from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
-from stalledpolicy.controller.status_document import status_patch
 from stalledpolicy.controller.status_refresh import StatusRefresh
 from stalledpolicy.controller.sync import sync as sync_policy
 
@@ -127,7 +124,7 @@ class Controller(StatusRefresh):
         first, so that the sync finds the policy even before its watch event."""
         state = self.state_for(body)
         with state.lock:
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
         if self.policies.get(state.key) is state:
             self.request_apply(state.key, request)
         else:
@@ -164,10 +161,10 @@ class Controller(StatusRefresh):
     def _keep_new_state(self, key: PolicyKey, body: Mapping[str, Any]) -> PolicyState:
         """A new policy's state, from the status it carries (under self._lock)."""
         first = snapshot(body)
-        state = PolicyState(key=key, body=first)
-        state.status = dict(first.get("status") or {})
-        state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
-        drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
+        state = PolicyState(key=key, body=first, status_cache=status_cache.first_seen(first))
+        status = state.status_cache.status or {}
+        state.replay = ReplayState(served=served_tokens(status.get("lastReplay")))
+        drift_reverts.conflict_from_status(state, condition_of(status, SWEEPER_IN_SYNC),
                                            generation_of(first), self.clock())
         replaced = self.policies.get(key)
         if replaced is not None:
@@ -205,7 +202,7 @@ class Controller(StatusRefresh):
         state = self.state_for(body)
         with state.lock:
             before = generation_of(state.body)
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
             respecified = generation_of(state.body) != before
             replay_asked = wants_replay(state)
         if (replay_asked or respecified) and state.outcome is not None:
@@ -234,35 +231,6 @@ class Controller(StatusRefresh):
             for state in self.queue_policies(queue):
                 if state.key != but:
                     self.kick(state.key)
-
-    def _take_body(self, state: PolicyState, fresh: dict) -> bool:
-        """Make ``fresh`` (this policy, same uid) the body we know, unless it is older
-        (under ``state.lock``). A version seen before and since replaced is older (kopf's
-        handler body, a watch event sent again). While a status write of ours waits for
-        the watch to deliver its version, the watch events before it are older than the
-        body the write returned: their status would pass for the one the server holds
-        and the whole status would be written again, the same. Equality of versions only."""
-        version = resource_version(fresh)
-        current = resource_version(state.body)
-        if state.awaited_version is not None:
-            caught_up = (version == state.awaited_version
-                         or generation_of(fresh) > generation_of(state.body)  # a spec change after our write
-                         or status_patch(fresh.get("status") or {}, state.stored_status or {}) is None
-                         or time.monotonic() - state.awaited_since > WRITE_ECHO_TIMEOUT)
-            if not caught_up:
-                # older than our write, and so for good: kopf's handler may bring
-                # it back after the watch has caught up
-                if version != current:
-                    state.seen_versions.append(version)
-                return False
-            state.awaited_version = None
-        if version != current and version in state.seen_versions:
-            return False
-        if version != current:
-            state.seen_versions.append(current)
-        state.body = fresh
-        state.stored_status = dict(fresh.get("status") or {})
-        return True
 
     def forget(self, key: PolicyKey, uid: str | None = None) -> None:
         """Drop a deleted policy; with ``uid``, only if the name still belongs to
@@ -320,7 +288,7 @@ class Controller(StatusRefresh):
             state.outcome = outcome
             if outcome.ok:
                 drift_reverts.applied(state)
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)
         if before is None or changed or (before.suspended, before.replicas) != (outcome.suspended, outcome.replicas):

@@ -10,14 +10,13 @@ over, the queue's claim moved): sync applies it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import metadata_of, resource_version, snapshot, sweeper_name
+from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
@@ -38,7 +37,6 @@ from stalledpolicy.controller.status_document import (
     desired_status,
     status_json_patch,
     status_patch,
-    without_queue_figures,
 )
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -84,18 +82,14 @@ class StatusRefresh:
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
-            if problem is None:
-                state.failures = 0
-                delay = self.config.status_interval
-            elif problem.reason in RECHECKED_AT_INTERVAL:
+            failures = status_cache.count_refresh(state, problem)
+            if problem is None or problem.reason in RECHECKED_AT_INTERVAL:
                 # Fixed by a user (a Secret created, a URL corrected), not by waiting:
                 # looked at again every interval (a Secret read, at most a
                 # connection), not after a backoff of up to max_backoff.
-                state.failures += 1
                 delay = self.config.status_interval
             else:
-                state.failures += 1
-                delay = backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
+                delay = backoff(failures - 1, self.config.status_interval, self.config.max_backoff)
         if queue_moves:
             self.kick_queue((state.body.get("spec") or {}).get("queue"), key)
         if why is None:
@@ -134,10 +128,9 @@ class StatusRefresh:
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
-        if endpoint_changed(state, spec, self.secrets, self.redis_hosts):
-            # Another Redis: the figures in status are the old one's. Dropped until the
-            # new one is read, and no DeadLettered for its morgue's first reading.
-            state.status = without_queue_figures(state.status)
+        changed, endpoint = endpoint_changed(state.status_cache.redis_endpoint, namespace, spec, self.secrets,
+                                             self.redis_hosts)
+        status_cache.endpoint_read(state, endpoint, changed)
         client, snapshot, problem, url = read_queue(state.key, spec, secrets=self.secrets, clients=self.clients,
                                                     snapshot_fn=self.snapshot_fn)
         now = utc_now()
@@ -149,26 +142,28 @@ class StatusRefresh:
                 replay_fn=self.replay_fn, redis_timeout=self.config.redis_timeout,
                 clients=self.clients, metrics=self.metrics, recorder=posts)
 
-        previous = state.status or {}
+        previous = state.status_cache.status or {}
         desired = desired_status(
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
             last_replay=state.replay.unwritten[-1][0] if state.replay.unwritten else None, now=now,
             drift_conflict=state.drift.conflict, drift_reverting=state.drift.reverting)
-        stored = previous if state.stored_status is None else state.stored_status
+        stored = previous if state.status_cache.stored is None else state.status_cache.stored
         patch = status_patch(stored, desired)
         if patch is not None:
-            if not self._write_status(state, stored, patch):
+            if not self._write_status(state, stored, patch, desired):
                 return problem or Problem("StatusWriteFailed", "could not write status")
-            state.status = state.stored_status = desired
             for record, warning in take_written(state):
                 announce_replay(posts, state, spec.get("queue"), record, warning)
             self._announce_changes(state, previous, desired, spec, posts)
         self._log_problem(state, problem)
         return problem
 
-    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict) -> bool:
+    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict,
+                      desired: dict) -> bool:
+        """Patch the status from ``stored`` to ``desired`` (``patch``, the difference);
+        False when it was not written."""
         from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         namespace, name = state.key
@@ -177,14 +172,7 @@ class StatusRefresh:
             written = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
                 field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
-            if isinstance(written, Mapping) and metadata_of(written).get("uid") == uid and resource_version(written):
-                # The policy as our write left it, newer than anything the watch has
-                # shown: the watch events until its own (kopf's annotation patch, sent
-                # just before the write, arrives after it) are older (_take_body).
-                if resource_version(written) != resource_version(state.body):
-                    state.seen_versions.append(resource_version(state.body))
-                state.body = snapshot(written)
-                state.awaited_version, state.awaited_since = resource_version(written), time.monotonic()
+            status_cache.written(state, desired, written, uid)
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -221,7 +209,7 @@ class StatusRefresh:
                      extra={"namespace": namespace, "policy": name, "uid": uid})
             self.forget(state.key, uid)
             return True
-        state.stored_status = dict(current.get("status") or {})
+        status_cache.read_back(state, current.get("status"))
         return False
 
     def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec,
@@ -251,11 +239,10 @@ class StatusRefresh:
 
     def _log_problem(self, state: PolicyState, problem: Problem | None) -> None:
         """Log a problem when it appears or changes, and its end; never every retry."""
-        if problem == state.logged_problem:
+        if not status_cache.problem_changed(state, problem):
             return
         extra = {"namespace": state.key[0], "policy": state.key[1]}
         if problem is None:
             log.info("queue readable again", extra=extra)
         else:
             log.warning(problem.message, extra={**extra, "reason": problem.reason})
-        state.logged_problem = problem
