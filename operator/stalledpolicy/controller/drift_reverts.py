@@ -203,11 +203,11 @@ def conflict_holds_at_start(state, generation: int, deployment_generation: int |
     return True
 
 
-def check_window(ctl: Controller, state, now: float) -> None:
+def check_window(state, now: float) -> None:
     """The status refresh's look at the conflict (under the status lock): ends it once
     the window is over (``drift_conflict_over``), and the next apply is asked for."""
     if state.drift.conflict:
-        state.drift.resume = drift_conflict_over(ctl, state, now) or state.drift.resume
+        state.drift.resume = drift_conflict_over(state, now) or state.drift.resume
 
 
 def take_resume(state) -> bool:
@@ -221,7 +221,7 @@ def applied(state) -> None:
     state.drift.reverting = False
 
 
-def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
+def drift_conflict_over(state, now: float) -> bool:
     """The status loop's check (under the policy's status lock): True, and the
     conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
     the caller applies the policy's spec again (what the other writer left is

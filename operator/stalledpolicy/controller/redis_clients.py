@@ -165,6 +165,20 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
     return check_url(value, f"the value of key {key!r} in Secret {namespace}/{name}")
 
 
+def secret_digest(secrets: SecretReader, namespace: str, ref: Mapping[str, Any]) -> str | None:
+    """A digest of the value the sweeper reads from ``spec.redis.secretRef`` (the
+    Secret read again once ``secrets``' cache has expired): a new one rolls the
+    sweeper, a label or annotation on the Secret does not. None when that value is
+    no usable Redis URL now (Secret missing or unreadable, key missing, not a Redis
+    URL): the caller keeps what the pods have."""
+    try:
+        url = resolve_url(namespace, {"secretRef": dict(ref)}, secrets)
+        secret = secrets.get(namespace, ref["name"])  # cached by resolve_url's read
+    except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
+        return None
+    return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url, getattr(secret, "uid", None))
+
+
 def connect(url: str, timeout: float):
     """The operator's decoded client for ``url`` (a RedisCluster on a cluster node).
 

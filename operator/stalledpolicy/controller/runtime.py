@@ -34,8 +34,7 @@ from stalledpolicy.controller.redis_clients import (
     PolicyKey,
     RedisClients,
     SecretReader,
-    resolve_url,
-    secret_value_digest,
+    secret_digest,
 )
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
@@ -49,7 +48,7 @@ from stalledpolicy.controller.sync import sync as sync_policy
 log = logging.getLogger("stalledpolicy.operator")
 
 
-class Controller(StatusRefresh):
+class Controller:
     def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
@@ -315,18 +314,16 @@ class Controller(StatusRefresh):
         self.kick(state.key)
 
     def secret_digest(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
-        """A digest of the value the sweeper reads from ``spec.redis.secretRef``
-        (the Secret read again once the reader's cache has expired): a new one
-        rolls the sweeper, a label or annotation on the Secret does not. None
-        when that value is no usable Redis URL now (Secret missing or unreadable,
-        key missing, not a Redis URL): the caller keeps what the pods have."""
-        try:
-            url = resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
-            secret = self.secrets.get(namespace, ref["name"])  # cached by resolve_url's read
-        except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
-            return None
-        return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url,
-                                   getattr(secret, "uid", None))
+        """redis_clients.secret_digest, with this Controller's Secret reader."""
+        return secret_digest(self.secrets, namespace, ref)
+
+    def status_refresh(self) -> StatusRefresh:
+        """The status refresh (status_refresh.py), given this Controller's parts as they are now."""
+        return StatusRefresh(
+            config=self.config, custom=self.custom, recorder=self.recorder, secrets=self.secrets,
+            clients=self.clients, redis_hosts=self.redis_hosts, metrics=self.metrics,
+            snapshot_fn=self.snapshot_fn, replay_fn=self.replay_fn, deployments=self.deployments,
+            clock=self.clock, is_current=lambda state: self.policies.get(state.key) is state, forget=self.forget)
 
 
 def _queue_of(body: Mapping[str, Any]) -> str:

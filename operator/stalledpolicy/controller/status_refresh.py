@@ -1,26 +1,28 @@
-"""The status part of ``sync`` (``StatusRefresh.refresh_status``, a part of ``Controller``).
+"""The status part of ``sync`` (``StatusRefresh.refresh``).
 
 A refresh reads the queue, serves a replay the policy's annotation asks for,
 writes the status that differs from the one the API server holds (a JSON patch
 guarded by the policy's uid), posts the events of what changed, and says why the
 sweeper must be applied again (the Secret it reads changed, a drift conflict is
-over, the queue's claim moved): sync applies it.
+over): sync applies it. It is given what it uses; docs/architecture.md, "The loop".
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
+from stalledpolicy.controller.queue_claims import note_queue_read
 from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
-from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
+from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader, secret_digest
+from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
@@ -45,39 +47,45 @@ log = logging.getLogger("stalledpolicy.operator")
 RECHECKED_AT_INTERVAL = NO_URL_REASONS | {"InvalidSpec"}
 
 
-class StatusRefresh:
-    """The status refresh's methods of ``Controller``."""
+class Refreshed(NamedTuple):
+    """What a refresh tells sync: the delay before the next refresh, why the sweeper
+    must be applied again (None: it need not), and whether the refresh may have
+    moved the policy's queue to or from another policy (queue_claims.note_queue_read)."""
 
-    # What the refresh uses of ``Controller`` (runtime.py sets them). A mixin, not an
-    # object of its own: claim_of and drift_conflict_over take the whole Controller,
-    # and tests replace some of these after __init__ (read each refresh).
+    delay: float
+    why: str | None
+    queue_moves: bool
+
+
+@dataclass(frozen=True)
+class StatusRefresh:
+    """The status refresh, given what it uses (Controller.status_refresh makes one per sync)."""
+
     config: OperatorConfig
-    custom: Any  # kubernetes CustomObjectsApi
+    custom: Any  # kubernetes CustomObjectsApi: the status writes
     recorder: Any  # events.EventRecorder
     secrets: SecretReader
     clients: RedisClients
+    redis_hosts: HostResolver
     metrics: OperatorMetrics
-    snapshot_fn: Callable[..., Any]
+    snapshot_fn: Callable[..., Any]  # engine.queue_snapshot
     replay_fn: Callable[..., Any] | None
-    policies: dict[PolicyKey, PolicyState]
-    deployments: dict[tuple[str, str], dict]
-    clock: Callable[[], float]
-    forget: Callable[..., None]
-    kick_queue: Callable[..., None]
-    secret_digest: Callable[[str, Mapping[str, Any]], str | None]
+    deployments: Mapping[tuple[str, str], dict]  # the sweeper Deployments last seen
+    clock: Callable[[], float]  # the drift budget's wall clock
+    is_current: Callable[[PolicyState], bool]  # the state is still its policy's (not forgotten)
+    forget: Callable[[PolicyKey, str | None], None]  # a policy found deleted
 
-    def refresh_status(self, state: PolicyState) -> tuple[float, str | None] | None:
+    def refresh(self, state: PolicyState) -> Refreshed | None:
         """The status part of ``sync``: read the queue, serve a replay the policy asks
-        for, write the status that differs, post the events of what changed. Returns
-        the delay before the next refresh and why the sweeper must be applied again
-        (None: it need not), or None when the policy is gone."""
-        key = state.key
+        for, write the status that differs, post the events of what changed. None
+        when the policy is gone. The one-sweeper-per-queue reasons to apply are
+        sync's to ask (queue_claims.claim_reconcile_reason), after this."""
         posts = events.DeferredPosts()  # the events this refresh decides, posted after the lock
         with posts.flushed_to(self.recorder), state.lock:
-            drift_reverts.check_window(self, state, self.clock())
+            drift_reverts.check_window(state, self.clock())
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state, posts)
-            if self.policies.get(key) is not state:
+            if not self.is_current(state):
                 return None
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
@@ -90,11 +98,7 @@ class StatusRefresh:
                 delay = self.config.status_interval
             else:
                 delay = backoff(failures - 1, self.config.status_interval, self.config.max_backoff)
-        if queue_moves:
-            self.kick_queue((state.body.get("spec") or {}).get("queue"), key)
-        if why is None:
-            why = claim_reconcile_reason(self, state)  # outside the status lock: it may read other policies' Secrets
-        return delay, why
+        return Refreshed(delay, why, queue_moves)
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
         """Why the sweeper must be applied again now (under the status lock), or None:
@@ -116,7 +120,7 @@ class StatusRefresh:
         ref = redis_spec.get("secretRef") or {}
         if not ref.get("name") or redis_spec.get("url"):
             return None
-        digest = self.secret_digest(state.key[0], ref)
+        digest = secret_digest(self.secrets, state.key[0], ref)
         if digest is None or digest == outcome.secret_digest:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "

@@ -2,7 +2,7 @@
 
 The ``Scheduler`` runs it for a policy key when a trigger enqueued the key (an
 ``ApplyRequest``, or a kick) and after the delay it returned. A sync applies the
-pending requests (``reconcile``), refreshes the status (``refresh_status``),
+pending requests (``reconcile``), refreshes the status (``StatusRefresh``),
 applies again at once when the refresh found a reason, and returns the delay
 before the next sync: the status interval, or sooner when a failed apply's retry
 is due (``Retries``, the one retry policy). docs/architecture.md has the trigger
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.objects import generation_of, is_deleting
 from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.queue_claims import claim_reconcile_reason
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
@@ -45,10 +46,14 @@ def sync(ctl: Controller, key: PolicyKey) -> float | None:
         # no apply asked for yet in this process (kopf's handler enqueues the key)
         # or none recorded (the namespace is being deleted)
         return _retry_wait(ctl, key)
-    refreshed = ctl.refresh_status(state)
+    refreshed = ctl.status_refresh().refresh(state)
     if refreshed is None:
         return None
-    delay, why = refreshed
+    delay, why, queue_moves = refreshed
+    if queue_moves:
+        ctl.kick_queue((state.body.get("spec") or {}).get("queue"), key)
+    if why is None:
+        why = claim_reconcile_reason(ctl, state)  # outside the status lock: it may read other policies' Secrets
     if why is not None:
         # Found by the refresh, no event: a retry of it waits for the backoff.
         ctl.pending_applies.add(key, ApplyRequest(why, kind=FOUND_BY_REFRESH), fresh=False)
