@@ -153,10 +153,10 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
 
 
 def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_refresh():
-    """forget() of the deleted policy and the first reconcile of its successor
-    (same name, another thread): the successor's first refresh is not cancelled
+    """forget() of the deleted policy and the first apply request of its successor
+    (same name, another thread): the successor's first sync is not cancelled
     by the predecessor's removal from the scheduler."""
-    from stalledpolicy.controller.status import ReconcileOutcome
+    from stalledpolicy.controller.apply_requests import ApplyRequest
     from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 
     ctl = fake_controller(FakeApps())
@@ -175,13 +175,13 @@ def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_ref
             self.due.add(key)
 
         def remove(self, key):
-            # the successor's reconcile, on its own thread, gets this far first
+            # the successor's create handler, on its own thread, gets this far first
             successor.append(run_until_done_or_blocked(
-                lambda: ctl.record_outcome(new, ReconcileOutcome(1, True, "Applied", "applied")), registry))
+                lambda: ctl.request_policy_apply(new, ApplyRequest("the policy was created")), registry))
             self.due.discard(key)
 
     ctl.scheduler = Scheduler()
     ctl.forget(("ns", "p"), "u-1")
     successor[0].join(10)
     assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
-    assert ("ns", "p") in ctl.scheduler.due, "the successor's first refresh was cancelled"
+    assert ("ns", "p") in ctl.scheduler.due, "the successor's first sync was cancelled"

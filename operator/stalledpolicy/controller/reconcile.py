@@ -29,6 +29,7 @@ from stalledpolicy.controller.apply import (
     scale_to_zero,
 )
 from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
+from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
@@ -79,7 +80,7 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False)
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
     body = plain(body)
-    state = ctl.state_for(body)
+    state = ctl.get_or_create_state(body)  # sync's is known; a test's may not be observed yet
     with state.apply_lock:
         # The policy may have been edited while this waited for the lock, and the
         # edit applied meanwhile: never apply a generation older than the newest seen.
@@ -88,10 +89,10 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False)
         newest = state.body
         if generation_of(newest) > generation_of(body):
             body = plain(newest)
-        return _reconcile(ctl, body, resume)
+        return _reconcile(ctl, state, body, resume)
 
 
-def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOutcome | None:
+def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = False) -> ReconcileOutcome | None:
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
     generation = int(meta.get("generation") or 0)
@@ -116,11 +117,11 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
         ctl.observe_deployment(existing, read=True)
     _wait_unless_ours(ctl, body, generation, existing, deployment_name)
 
-    claimed = _queue_claimed(ctl, body, generation, existing, deployment_name)
+    claimed = _queue_claimed(ctl, state, body, generation, existing, deployment_name)
     if claimed is not None:
         return claimed
     if resume and existing is not None:
-        held = _hold_for_conflict(ctl, body, generation, spec, existing, wanted)
+        held = _hold_for_conflict(ctl, state, body, generation, spec, existing, wanted)
         if held is not None:
             return held
 
@@ -138,7 +139,6 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
         _apply_failed(ctl, body, generation,
                       with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
                                          f"{describe_api_error(exc)}"), wanted)
-    state = ctl.state_for(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -167,7 +167,7 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
     return outcome
 
 
-def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
+def _budget_change(state: PolicyState, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
     """What BudgetChanged says for the apply of ``deployment`` just made (under the
     apply lock), or None; the budgets it applied are remembered for the next one.
     The old side is what the last apply of this process put on the sweeper (not
@@ -230,16 +230,15 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
     raise RetryLater(message, events.APPLY_FAILED)
 
 
-def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, existing: Mapping[str, Any],
-                       wanted: int) -> ReconcileOutcome | None:
+def _hold_for_conflict(ctl: Controller, state: PolicyState, body: dict, generation: int, spec,
+                       existing: Mapping[str, Any], wanted: int) -> ReconcileOutcome | None:
     """At an operator start (kopf's resume handler), a DriftConflict the policy's status
-    records (``Controller.state_for`` took it from SweeperInSync) means no apply: applying
+    records (``Controller._keep_new_state`` took it from SweeperInSync) means no apply: applying
     would put the policy's spec back over the other writer's, a revert the conflict
     exists to stop, and one counted nowhere. The Deployment is taken as it is (its
     generation is the one "applied", so only a later change is drift, and that is not
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
-    state = ctl.state_for(body)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None
@@ -260,7 +259,7 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
     return outcome
 
 
-def _queue_claimed(ctl: Controller, body: dict, generation: int,
+def _queue_claimed(ctl: Controller, state: PolicyState, body: dict, generation: int,
                    existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
     """When an older policy the operator knows sweeps the same queue on the same Redis
     (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if
@@ -276,7 +275,7 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int,
         return None
     owner, owner_confirmed = claim.owner, True
     if claim.verdict == UNKNOWN:
-        current = ctl.state_for(body).outcome
+        current = state.outcome
         if current is not None and current.reason == events.QUEUE_CLAIMED and current.claimed_by is not None:
             owner = current.claimed_by  # held back before: stays so, by the same policy
         elif existing is not None and asks_for_pods(existing):

@@ -121,7 +121,7 @@ class Controller:
     def request_policy_apply(self, body: Mapping[str, Any], request: ApplyRequest) -> None:
         """``request_apply`` for the policy ``body`` (kopf's handlers): its state made
         first, so that the sync finds the policy even before its watch event."""
-        state = self.state_for(body)
+        state = self.get_or_create_state(body)
         with state.lock:
             status_cache.take_body(state, snapshot(body))
         if self.policies.get(state.key) is state:
@@ -130,9 +130,17 @@ class Controller:
             request.taken.set()  # a deleted policy's: nothing to apply
 
     # -- what kopf tells us --------------------------------------------------
-    def state_for(self, body: Mapping[str, Any]) -> PolicyState:
+    def known_state(self, body: Mapping[str, Any]) -> PolicyState | None:
+        """The state of the policy ``body`` (its name and uid) if it is known; memory only."""
+        state = self.policies.get(policy_key(body))
+        if state is None or metadata_of(state.body).get("uid") != metadata_of(body).get("uid"):
+            return None
+        return state
+
+    def get_or_create_state(self, body: Mapping[str, Any]) -> PolicyState:
         """The state of the policy ``body``, made (and kept) when its uid is new under
-        its name. A policy deleted since (its uid retired) gets a state of its own,
+        its name: for the events that may show a policy first (its watch event, kopf's
+        handlers). A policy deleted since (its uid retired) gets a state of its own,
         never kept. When another uid holds the name, the one that came later keeps
         it (``_came_after``, which may ask the API server, outside the lock)."""
         key = policy_key(body)
@@ -198,7 +206,7 @@ class Controller:
             self.forget(key, (body.get("metadata") or {}).get("uid"))
             self.kick_queue(queue, key)  # a policy it held back may take the queue over
             return
-        state = self.state_for(body)
+        state = self.get_or_create_state(body)
         with state.lock:
             before = generation_of(state.body)
             status_cache.take_body(state, snapshot(body))
@@ -278,10 +286,13 @@ class Controller:
         return None
 
     def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome, *, announce: bool = True) -> None:
-        """``announce`` False: a changed outcome is neither logged as a warning nor
-        posted as an event (it says again what the policy's status already says)."""
+        """The outcome of an apply of the known policy ``body``. ``announce`` False: a
+        changed outcome is neither logged as a warning nor posted as an event (it says
+        again what the policy's status already says)."""
         self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
-        state = self.state_for(body)
+        state = self.known_state(body)
+        if state is None:
+            return  # deleted meanwhile (or another policy holds its name now): recorded nowhere
         with state.lock:
             before = state.outcome
             state.outcome = outcome
