@@ -1024,18 +1024,16 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
     monkeypatch.undo()
     assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
 
-    # A re-apply waiting on the apply lock while the policy is deleted.
+    # A re-apply whose policy is deleted as its sync takes it.
     ctl.observe_policy(body, "ADDED")
     rec.reconcile(ctl, body)
-    state = ctl.policies[("ns", "p")]
-    state.apply_lock.acquire()
-    ctl.pending_applies.add(("ns", "p"), ApplyRequest("test"))
-    worker = threading.Thread(target=ctl.sync, args=(("ns", "p"),))
-    worker.start()
-    time.sleep(0.2)
-    ctl.forget(("ns", "p"))
-    state.apply_lock.release()
-    worker.join(5)
+
+    def deleted_now():
+        ctl.forget(("ns", "p"))
+        return body
+
+    ctl.pending_applies.add(("ns", "p"), ApplyRequest("test", check=deleted_now))
+    ctl.sync(("ns", "p"))
     assert ("ns", "p") not in ctl.policies, "a forgotten policy's state came back"
 
 

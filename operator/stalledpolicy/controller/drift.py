@@ -68,7 +68,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any])
     forced: the fields the operator owns come back; fields it never set stay), at
     most DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds (wall-clock times: they
     outlive the process). The budget is checked, and a revert counted, by the
-    request's check and done, which sync runs under the policy's apply lock."""
+    request's check and done, which the policy's sync runs."""
     state = ctl.policies.get(key)
     if state is None:
         return

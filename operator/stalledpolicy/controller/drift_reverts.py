@@ -75,7 +75,7 @@ def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
 def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float],
                     applied_generation: int) -> None:
     """Write the revert times on the sweeper Deployment (a merge patch of one
-    annotation, under the policy's apply_lock) just after our apply made
+    annotation, in the policy's sync) just after our apply made
     ``applied_generation``. A Deployment's annotations are part of its generation
     (the API server copies them to its ReplicaSets): the one this write makes is
     ours, like an apply's, never drift to revert, when it is the very next one; a
@@ -105,8 +105,8 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
 
 def drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float,
                    posts: events.DeferredPosts) -> bool:
-    """Whether the policy's budget allows another revert (under its apply_lock and
-    its status lock; a revert that happens is counted by the caller); False (a
+    """Whether the policy's budget allows another revert (in its sync, under its
+    status lock; a revert that happens is counted by the caller); False (a
     DriftConflict Warning and the policy's SweeperInSync condition, once per
     conflict) when another writer keeps changing the sweeper. The reverts counted
     are this process's and those recorded on the Deployment (an earlier process's)."""
@@ -151,7 +151,7 @@ def _applied_generation(state) -> int:
 
 
 def end_conflict_by_edit(state, generation: int) -> bool:
-    """A reconcile that applied ``generation`` of the policy (under its apply_lock):
+    """A reconcile that applied ``generation`` of the policy (in its sync):
     True, and the conflict ended with its revert budget refilled, when that is an
     edit made since the conflict began (the README: "an edit of the policy applies
     it at once"; so SweeperInSync turns True and Ready follows). The caller clears
@@ -237,7 +237,7 @@ def drift_conflict_over(state, now: float) -> bool:
 
 def count_revert(ctl: Controller, state, deployment_name: str, seen: int, applied_generation: int, now: float,
                   while_down: bool = False) -> None:
-    """An apply of ours (under the policy's apply_lock) reverted generation ``seen``
+    """An apply of ours (in the policy's sync) reverted generation ``seen``
     of the sweeper: one revert of the budget, recorded on the Deployment, counted
     in the metric and told in a DriftReverted event."""
     state.drift.reverts.append(now)
@@ -251,7 +251,7 @@ def count_revert(ctl: Controller, state, deployment_name: str, seen: int, applie
 
 def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], wanted: Mapping[str, Any],
                           applied: Mapping[str, Any], now: float) -> bool:
-    """kopf's resume apply at an operator start (under the policy's apply_lock, its
+    """kopf's resume apply at an operator start (in the policy's sync, its
     outcome recorded): True, and counted as a revert (with those an earlier process
     recorded on the Deployment), when it changed a sweeper that still carried the
     digest of the very Deployment it applied (``wanted``): what it put back, someone

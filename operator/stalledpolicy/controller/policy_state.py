@@ -92,12 +92,10 @@ class PolicyState:
     outcome: ReconcileOutcome | None = None
     status_cache: StatusCache = field(default_factory=lambda: StatusCache())
     replay: ReplayState = field(default_factory=lambda: ReplayState())
-    # One reconcile (apply) of this policy at a time: sync's (tests call reconcile too).
-    apply_lock: threading.RLock = field(default_factory=threading.RLock)
     # The newest policy generation sync asked itself to apply (sync._request_new_generation): once each.
     generation_requested: int = 0
     # The budgets (events.sweeper_budgets) of the sweeper Deployment as this process
-    # last applied it, under apply_lock: the old side of the next BudgetChanged
+    # last applied it (in its sync): the old side of the next BudgetChanged
     # (not kopf's ``old``: docs/architecture.md).
     applied_budgets: dict | None = None
     drift: DriftState = field(default_factory=lambda: DriftState())

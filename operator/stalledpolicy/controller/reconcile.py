@@ -72,24 +72,27 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
     return digest
 
 
-def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False) -> ReconcileOutcome | None:
-    """Apply the policy's sweeper Deployment, one reconcile of a policy at a time.
-    None when there is nothing to do: the namespace is being deleted.
+def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False,
+              state: PolicyState | None = None) -> ReconcileOutcome | None:
+    """Apply the policy's sweeper Deployment (sync's step; the scheduler runs one sync
+    of a policy at a time). None when there is nothing to do: the namespace is being
+    deleted. ``state``: the policy's, known (sync's); without it (a test), found or
+    made (``Controller.get_or_create_state``).
     ``resume``: an operator start (kopf's resume handler), which applies nothing
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
     body = plain(body)
-    state = ctl.get_or_create_state(body)  # sync's is known; a test's may not be observed yet
-    with state.apply_lock:
-        # The policy may have been edited while this waited for the lock, and the
-        # edit applied meanwhile: never apply a generation older than the newest seen.
-        # (state.body is replaced whole, never changed in place: read without waiting
-        # for the status lock, which a refresh holds through a whole replay.)
-        newest = state.body
-        if generation_of(newest) > generation_of(body):
-            body = plain(newest)
-        return _reconcile(ctl, state, body, resume)
+    if state is None:
+        state = ctl.get_or_create_state(body)
+    # A request may carry an older body than the newest seen (kopf's handler of an
+    # earlier edit): never apply a generation older than the newest seen.
+    # (state.body is replaced whole, never changed in place: read without the status
+    # lock, which another thread's watch event may hold.)
+    newest = state.body
+    if generation_of(newest) > generation_of(body):
+        body = plain(newest)
+    return _reconcile(ctl, state, body, resume)
 
 
 def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = False) -> ReconcileOutcome | None:
@@ -168,10 +171,10 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = F
 
 
 def _budget_change(state: PolicyState, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
-    """What BudgetChanged says for the apply of ``deployment`` just made (under the
-    apply lock), or None; the budgets it applied are remembered for the next one.
-    The old side is what the last apply of this process put on the sweeper (not
-    kopf's ``old``: docs/architecture.md); with none remembered (the first apply
+    """What BudgetChanged says for the apply of ``deployment`` just made, or None; the
+    budgets it applied are remembered for the next one. The old side is what the
+    last apply of this process put on the sweeper (not kopf's ``old``:
+    docs/architecture.md); with none remembered (the first apply
     since the operator started), the Deployment as read before this apply, if it was
     built from another generation of the policy. Budgets edited by hand on the
     sweeper of this very generation are drift (DriftReverted), no budget edit.

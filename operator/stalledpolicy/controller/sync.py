@@ -87,8 +87,8 @@ def _request_new_generation(ctl: Controller, state: PolicyState) -> None:
 
 
 def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
-    """Apply the pending requests of ``state``'s policy when they are due (under its
-    apply lock): True when an apply was made. A request sync could not apply is
+    """Apply the pending requests of ``state``'s policy when they are due: True when
+    an apply was made. A request sync could not apply is
     put back, due after the key's backoff."""
     key = state.key
     pending = ctl.pending_applies
@@ -104,32 +104,31 @@ def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
 
 def _apply(ctl: Controller, state: PolicyState, requests: list[ApplyRequest]) -> bool:
     key = state.key
-    with state.apply_lock:
-        if ctl.policies.get(key) is not state:
+    if ctl.policies.get(key) is not state:
+        return False
+    try:
+        chosen = [(request, body) for request in requests
+                  if (body := _body_to_apply(ctl, state, request)) is not None]
+        if not chosen:
             return False
-        try:
-            chosen = [(request, body) for request in requests
-                      if (body := _body_to_apply(ctl, state, request)) is not None]
-            if not chosen:
-                return False
-            body = max((body for _, body in chosen), key=generation_of)
-            resume = any(request.resume for request, _ in chosen)
-            for request, _ in chosen:
-                if not request.quiet and not ctl.retries.failures(key):  # once per streak of failures
-                    log.info("applying the sweeper Deployment", extra={
-                        "namespace": key[0], "policy": key[1], "why": request.why})
-            outcome = reconcile(ctl, body, resume=resume)
-        except InvalidPolicy:
-            ctl.retries.succeeded(key)  # nothing to retry until the spec changes
-            return True
-        except RetryLater as exc:
-            ctl.retries.failed(key, exc.first_delay)
-            ctl.pending_applies.put_back(key, requests)
-            return True
-        ctl.retries.succeeded(key)
+        body = max((body for _, body in chosen), key=generation_of)
+        resume = any(request.resume for request, _ in chosen)
         for request, _ in chosen:
-            if request.done is not None:
-                request.done(outcome)
+            if not request.quiet and not ctl.retries.failures(key):  # once per streak of failures
+                log.info("applying the sweeper Deployment", extra={
+                    "namespace": key[0], "policy": key[1], "why": request.why})
+        outcome = reconcile(ctl, body, resume=resume, state=state)
+    except InvalidPolicy:
+        ctl.retries.succeeded(key)  # nothing to retry until the spec changes
+        return True
+    except RetryLater as exc:
+        ctl.retries.failed(key, exc.first_delay)
+        ctl.pending_applies.put_back(key, requests)
+        return True
+    ctl.retries.succeeded(key)
+    for request, _ in chosen:
+        if request.done is not None:
+            request.done(outcome)
     return True
 
 
