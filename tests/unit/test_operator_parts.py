@@ -20,6 +20,7 @@ from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.events import budget_change_message, build_event, dead_letter_growth_message
 from stalledpolicy.controller.logfilter import KopfRecordFilter
 from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.reconcile import reconcile as reconcile_policy
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
 from stalledpolicy.controller.retry import Retries
@@ -1441,6 +1442,37 @@ def test_a_missing_secret_is_looked_at_again_every_interval_not_after_a_growing_
     delays = [ctl.sync(("ns", "p")) for _ in range(5)]
     assert delays == [10] * 5
     assert condition_of(ctl.policies[("ns", "p")].status, "Ready")["reason"] == "SecretNotFound"
+
+
+def test_an_unreachable_redis_is_read_again_after_the_status_interval_doubled_per_failure():
+    """An outage of Redis: the next refresh waits the status interval doubled per
+    failed refresh, up to max_backoff; a missing Secret in between is looked at the
+    next interval, and a read that succeeds brings the interval back."""
+    import redis
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    ctl = fake_controller(apps, secrets, config=OperatorConfig(sweeper_image="img:1", status_interval=10,
+                                                               max_backoff=45))
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile_policy(ctl, body)
+    readable = ctl.snapshot_fn
+
+    def down(*_args, **_kwargs):
+        raise redis.ConnectionError("Connection refused")
+
+    ctl.snapshot_fn = down
+    assert [ctl.sync(("ns", "p")) for _ in range(4)] == [10, 20, 40, 45]
+    saved = secrets.pop(("ns", "creds"))
+    ctl.secrets.forget("ns", "creds")
+    assert ctl.sync(("ns", "p")) == 10, "a missing Secret is looked at every interval"
+    secrets[("ns", "creds")] = saved
+    assert ctl.sync(("ns", "p")) == 45, "the outage goes on: its backoff too"
+    ctl.snapshot_fn = readable
+    assert [ctl.sync(("ns", "p")) for _ in range(2)] == [10, 10]
+    ctl.snapshot_fn = down
+    assert ctl.sync(("ns", "p")) == 10, "a new outage backs off from the start"
 
 
 def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():

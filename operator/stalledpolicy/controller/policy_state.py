@@ -75,7 +75,6 @@ class StatusCache:
     # watch events before it are older than the body that write returned.
     awaited_version: str | None = None
     awaited_since: float = 0.0
-    failures: int = 0  # refreshes in a row that found a problem
     logged_problem: Problem | None = None
     # The Redis endpoint the queue figures in status were read from, as
     # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host

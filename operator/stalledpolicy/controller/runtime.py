@@ -77,7 +77,8 @@ class Controller:
         # (the scheduler would rerun it at once; sync returns its own next delay).
         self._local = threading.local()
         self.pending_applies = PendingApplies()  # what the triggers ask sync to apply
-        self.retries = Retries(config.max_backoff)  # the one retry policy (retry.py)
+        self.retries = Retries(config.max_backoff)  # the applies' (the one retry policy: retry.py)
+        self.read_retries = Retries(config.max_backoff)  # the status refreshes' that found a problem
         self.stopped = False
         self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
@@ -258,6 +259,7 @@ class Controller:
                 self.scheduler.remove(key)
             self.pending_applies.forget(key)
             self.retries.forget(key)
+            self.read_retries.forget(key)
             self.clients.drop(key)
 
     def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
@@ -334,7 +336,8 @@ class Controller:
             config=self.config, custom=self.custom, recorder=self.recorder, secrets=self.secrets,
             clients=self.clients, redis_hosts=self.redis_hosts, metrics=self.metrics,
             snapshot_fn=self.snapshot_fn, replay_fn=self.replay_fn, deployments=self.deployments,
-            clock=self.clock, is_current=lambda state: self.policies.get(state.key) is state, forget=self.forget)
+            clock=self.clock, is_current=lambda state: self.policies.get(state.key) is state, forget=self.forget,
+            retries=self.read_retries)
 
 
 def _queue_of(body: Mapping[str, Any]) -> str:

@@ -1,7 +1,6 @@
 """The only writer of a policy's ``StatusCache`` (policy_state.py), each function
 called under the policy's ``lock``: which body of the policy is the newest, the
-status as written and as the API server holds it, the refresh's failures and the
-problem logged, the Redis endpoint the queue figures came from.
+status as written and as the API server holds it, the problem logged, the Redis endpoint the queue figures came from.
 docs/architecture.md, "A policy's state"."""
 
 from __future__ import annotations
@@ -78,13 +77,6 @@ def endpoint_read(state: PolicyState, endpoint: tuple | None, changed: bool) -> 
     cache.redis_endpoint = endpoint
     if changed:
         cache.status = without_queue_figures(cache.status)
-
-
-def count_refresh(state: PolicyState, problem: Problem | None) -> int:
-    """The refreshes in a row that found a problem, this one counted (0: none)."""
-    cache = state.status_cache
-    cache.failures = 0 if problem is None else cache.failures + 1
-    return cache.failures
 
 
 def problem_changed(state: PolicyState, problem: Problem | None) -> bool:

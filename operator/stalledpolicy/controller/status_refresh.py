@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
-from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
@@ -24,6 +24,7 @@ from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, r
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader, secret_digest
 from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
+from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
     NO_URL_REASONS,
@@ -74,6 +75,9 @@ class StatusRefresh:
     clock: Callable[[], float]  # the drift budget's wall clock
     is_current: Callable[[PolicyState], bool]  # the state is still its policy's (not forgotten)
     forget: Callable[[PolicyKey, str | None], None]  # a policy found deleted
+    # the refreshes in a row that found a problem: the next waits the status interval
+    # doubled per failure, up to max_backoff (Controller.read_retries)
+    retries: Retries
 
     def refresh(self, state: PolicyState) -> Refreshed | None:
         """The status part of ``sync``: read the queue, serve a replay the policy asks
@@ -90,14 +94,16 @@ class StatusRefresh:
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
-            failures = status_cache.count_refresh(state, problem)
-            if problem is None or problem.reason in RECHECKED_AT_INTERVAL:
-                # Fixed by a user (a Secret created, a URL corrected), not by waiting:
-                # looked at again every interval (a Secret read, at most a
-                # connection), not after a backoff of up to max_backoff.
-                delay = self.config.status_interval
+            delay = self.config.status_interval
+            if problem is None:
+                self.retries.succeeded(state.key)
             else:
-                delay = backoff(failures - 1, self.config.status_interval, self.config.max_backoff)
+                backoff = self.retries.failed(state.key, self.config.status_interval)
+                # A problem a user fixes (a Secret created, a URL corrected), not
+                # waiting, is looked at again every interval (a Secret read, at most a
+                # connection), not after a backoff of up to max_backoff.
+                if problem.reason not in RECHECKED_AT_INTERVAL:
+                    delay = backoff
         return Refreshed(delay, why, queue_moves)
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
