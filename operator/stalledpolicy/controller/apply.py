@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
-from stalledpolicy.policy.builder import CONTAINER_NAME, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, sweeper_labels
+from stalledpolicy.policy.builder import (
+    APPLIED_DIGEST_ANNOTATION,
+    CONTAINER_NAME,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POLICY_LABEL,
+    sweeper_labels,
+)
 from stalledpolicy.sweeper.config import ENV_PREFIX
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -133,6 +140,39 @@ def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]
             ops += [{"op": "test", "path": f"{base}/{field}", "value": container[field]},
                     {"op": "remove", "path": f"{base}/{field}"}]
     return ops if len(ops) > 1 else []
+
+
+def already_applied(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    """Whether applying ``desired`` would change nothing on ``existing`` (the Deployment
+    as just read): it carries the applied digest of ``desired`` (a cheap no: an edit,
+    a rotated Secret, another operator version), every field of ``desired`` with its
+    value (another writer's change or removal since our apply shows here; fields only
+    the API server or others set are not looked at), and nothing another writer
+    added that the sweeper would run with (``foreign_settings_patch``).
+    docs/architecture.md, "No apply that would change nothing"."""
+    if existing is None:
+        return False
+    digest = ((desired.get("metadata") or {}).get("annotations") or {}).get(APPLIED_DIGEST_ANNOTATION)
+    if digest is None or ((existing.get("metadata") or {}).get("annotations") or {}).get(
+            APPLIED_DIGEST_ANNOTATION) != digest:
+        return False
+    return _holds(existing, desired) and not foreign_settings_patch(existing, desired)
+
+
+def _holds(live: Any, wanted: Any) -> bool:
+    """Whether ``live`` has every field of ``wanted`` with its value. Lists of named
+    items (containers, env, ports, volumes) are matched by name, as server-side apply
+    merges them; other lists must be equal item by item."""
+    if isinstance(wanted, Mapping):
+        return isinstance(live, Mapping) and all(k in live and _holds(live[k], v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        if not isinstance(live, list):
+            return False
+        if wanted and all(isinstance(item, Mapping) and "name" in item for item in wanted):
+            named = {item.get("name"): item for item in live if isinstance(item, Mapping)}
+            return all(item["name"] in named and _holds(named[item["name"]], item) for item in wanted)
+        return len(live) == len(wanted) and all(_holds(a, b) for a, b in zip(live, wanted))
+    return type(live) is type(wanted) and live == wanted
 
 
 def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:

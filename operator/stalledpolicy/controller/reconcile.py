@@ -22,6 +22,7 @@ from stalledpolicy.controller.api_errors import (
     with_policy_fields,
 )
 from stalledpolicy.controller.apply import (
+    already_applied,
     apply_deployment,
     conflict_reason,
     earlier_policy_uid,
@@ -131,7 +132,9 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = F
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
     try:
-        applied = apply_deployment(ctl.apps, deployment)
+        # No request when it would change nothing: at an operator start too, where a
+        # change made while no operator ran shows as not applied (and is counted below).
+        applied = existing if already_applied(existing, deployment) else apply_deployment(ctl.apps, deployment)
     except api_error_types() as exc:
         if namespace_terminating(exc):
             # The namespace deletion took the sweeper before its policy: nothing
