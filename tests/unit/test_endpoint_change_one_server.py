@@ -1,5 +1,5 @@
 """Whether a policy names another Redis (its status figures dropped) is judged as
-the one-sweeper-per-queue claims judge it (redis_hosts.same_server): a Secret
+the one-sweeper-per-queue claims judge it (same_redis_server.same_server): a Secret
 that spells its Redis host another way (``redis`` to
 ``redis.<namespace>.svc.cluster.local``, or the Service's IP) names the same
 server, and keeps the figures. A fake DNS (no real lookups)."""
@@ -12,9 +12,9 @@ import pytest
 
 from stalledpolicy.controller import status_cache
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_reading import endpoint_changed
+from stalledpolicy.controller.queue_figures import endpoint_changed
 from stalledpolicy.controller.redis_clients import SecretReader
-from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.same_redis_server import HostResolver
 from tests.unit.test_operator_parts import b64
 from tests.unit.test_redis_endpoint_change import FIGURES, KEY, Cluster
 from tests.unit.test_same_redis_server import FakeDns, FlakyDns, SlowDns, wait_for_lookups

@@ -19,7 +19,7 @@ from stalledpolicy.controller.apply import conflict_reason, policy_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.events import budget_change_message, build_event, dead_letter_growth_message
 from stalledpolicy.controller.logfilter import KopfRecordFilter
-from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.queue_figures import safe_error
 from stalledpolicy.controller.reconcile import reconcile as reconcile_policy
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
@@ -1483,7 +1483,7 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
     policy names the URL, the question stands."""
     import redis
 
-    from stalledpolicy.controller.queue_reading import read_queue
+    from stalledpolicy.controller.queue_figures import read_queue
 
     closed = redis.ConnectionError("Connection closed by server.")
     replies = []

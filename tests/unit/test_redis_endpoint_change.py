@@ -7,7 +7,7 @@ from __future__ import annotations
 import redis
 
 from stalledpolicy.controller.reconcile import reconcile
-from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.status_document import REMOVED, status_json_patch, status_patch
 from stalledpolicy.engine import QueueSnapshot
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body

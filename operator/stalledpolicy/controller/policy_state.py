@@ -78,7 +78,7 @@ class StatusCache:
     logged_problem: Problem | None = None
     # The Redis endpoint the queue figures in status were read from, as
     # (spec.redis as JSON, (host, port, database) of the resolved URL, a short host
-    # taken in the policy's namespace (redis_hosts.as_seen_from), or None when it
+    # taken in the policy's namespace (same_redis_server.as_seen_from), or None when it
     # cannot be resolved now); None until the first refresh of this process.
     redis_endpoint: tuple | None = None
 

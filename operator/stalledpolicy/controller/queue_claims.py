@@ -1,6 +1,6 @@
 """One sweeper per queue: two policies the operator watches that name the same
 queue on the same Redis (server, port, database; one server may be named two
-ways: redis_hosts.py) would run two sweepers with two budgets over one queue.
+ways: same_redis_server.py) would run two sweepers with two budgets over one queue.
 They race, so neither budget holds. Of the policies of a queue and Redis that
 sweep, the oldest (``metadata.creationTimestamp``, then name, then namespace)
 keeps the queue; each newer one is ``QueueClaimed``: no sweeper is created for
@@ -42,7 +42,7 @@ from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
-from stalledpolicy.controller.redis_hosts import Endpoint, as_seen_from, same_server
+from stalledpolicy.controller.same_redis_server import Endpoint, as_seen_from, same_server
 from stalledpolicy.controller.status import NO_URL_REASONS, Problem
 from stalledpolicy.redis_url.validation import url_database
 

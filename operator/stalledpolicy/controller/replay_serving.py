@@ -17,7 +17,7 @@ from typing import Any
 from stalledpolicy.controller import REPLAY_ANNOTATION, events
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_reading import failure_reason, safe_error
+from stalledpolicy.controller.queue_figures import failure_reason, safe_error
 from stalledpolicy.controller.redis_clients import RedisClients
 from stalledpolicy.controller.replay import (
     InvalidReplayRequest,

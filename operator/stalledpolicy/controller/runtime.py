@@ -36,10 +36,10 @@ from stalledpolicy.controller.redis_clients import (
     SecretReader,
     secret_digest,
 )
-from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.replay_serving import wants_replay
 from stalledpolicy.controller.retry import Retries
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
 from stalledpolicy.controller.status_refresh import StatusRefresh

@@ -70,7 +70,7 @@ def read_back(state: PolicyState, stored: Mapping[str, Any] | None) -> None:
 
 
 def endpoint_read(state: PolicyState, endpoint: tuple | None, changed: bool) -> None:
-    """The Redis endpoint judged by this refresh (queue_reading.endpoint_changed);
+    """The Redis endpoint judged by this refresh (queue_figures.endpoint_changed);
     ``changed``: another Redis, whose figures are not the ones in status (dropped
     until it is read, so no DeadLettered for its morgue's first reading)."""
     cache = state.status_cache

@@ -20,11 +20,11 @@ from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import note_queue_read
-from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
+from stalledpolicy.controller.queue_figures import endpoint_changed, lanes_of, read_queue
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader, secret_digest
-from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
 from stalledpolicy.controller.retry import Retries
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
     NO_URL_REASONS,

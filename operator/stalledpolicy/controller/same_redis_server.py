@@ -1,6 +1,6 @@
 """Whether two Redis endpoints are one server named two ways (one sweeper per
 queue, queue_claims.py; whether a policy's status figures came from another
-Redis, queue_reading.endpoint_changed): ``redis.prod.svc`` and
+Redis, queue_figures.endpoint_changed): ``redis.prod.svc`` and
 ``redis.prod.svc.cluster.local`` or the Service's IP, ``localhost`` and
 ``127.0.0.1``. The URL's scheme is no part
 of an endpoint: a port speaks TLS or not, never both.

@@ -1,10 +1,10 @@
-"""Reading a policy's queue for its status (the status loop's first step).
+"""The queue's figures for a policy's status (the status refresh's first step).
 
 ``read_queue`` gives the queue's snapshot, or the ``Problem`` that says why it
 could not be read, in words that never show the URL's password;
 ``endpoint_changed`` tells whether the policy names another Redis than the one
 its status figures came from (those figures must then be dropped), with the
-judgement of the one-sweeper-per-queue claims (redis_hosts.same_server): one
+judgement of the one-sweeper-per-queue claims (same_redis_server.same_server): one
 server named two ways is no change.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url
-from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
+from stalledpolicy.controller.same_redis_server import HostResolver, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
 from stalledpolicy.keyspace import InvalidQueueName
 from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
