@@ -226,7 +226,7 @@ def use_kubeconfig(path: str) -> None:
     os.environ["KUBECONFIG"] = path
     kube_config = sys.modules.get("kubernetes.config.kube_config")
     if kube_config is not None:
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
+        vars(kube_config)["KUBE_CONFIG_DEFAULT_LOCATION"] = path
 
 
 def run(args: argparse.Namespace) -> int:

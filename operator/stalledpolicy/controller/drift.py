@@ -97,7 +97,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any])
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
-            count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)
+            count_revert(ctl, state, str(meta.get("name") or ""), seen, outcome.deployment_generation, now)
 
     ctl.request_apply(key, ApplyRequest("the sweeper Deployment changed outside the policy", kind=DRIFT_REVERT,
                                         quiet=True, check=check, done=counted))

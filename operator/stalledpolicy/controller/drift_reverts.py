@@ -171,7 +171,7 @@ def clear_recorded_reverts(ctl: Controller, state, applied: Mapping[str, Any]) -
     budget), if the one just applied (``applied``, the API server's answer) has it."""
     meta = applied.get("metadata") or {}
     if DRIFT_REVERTS_ANNOTATION in (meta.get("annotations") or {}):
-        _record_reverts(ctl, state, meta.get("name"), [], int(meta.get("generation") or 0))
+        _record_reverts(ctl, state, str(meta.get("name") or ""), [], int(meta.get("generation") or 0))
 
 
 def _end_drift_conflict(state) -> None:
@@ -271,5 +271,5 @@ def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], w
     log.info("sweeper Deployment changed outside the policy while the operator was not running; re-applied",
              extra={"namespace": state.key[0], "policy": state.key[1], "deployment": meta.get("name"),
                     "generation": seen})
-    count_revert(ctl, state, meta.get("name"), seen, made, now, while_down=True)
+    count_revert(ctl, state, str(meta.get("name") or ""), seen, made, now, while_down=True)
     return True

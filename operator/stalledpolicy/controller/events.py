@@ -131,7 +131,7 @@ def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict | None:
         return None
     env = {item.get("name"): item.get("value") for item in container.get("env") or [] if isinstance(item, Mapping)}
     try:
-        max_stalled = int(env[ENV_MAX_STALLED])
+        max_stalled = int(str(env[ENV_MAX_STALLED]))
         lanes = parse_lane_budgets(env.get(ENV_LANES) or "")
     except (KeyError, TypeError, ValueError):
         return None
@@ -390,7 +390,7 @@ class NullRecorder:
     """Collects events in memory (tests, dry runs)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, str, str, str]] = []
+        self.events: list[tuple[str | None, str, str, str]] = []
 
     def post(self, policy: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append(((policy.get("metadata") or {}).get("name"), type_, reason, message))

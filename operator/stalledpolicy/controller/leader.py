@@ -128,7 +128,7 @@ class LeaseElector:
                 self.held = False
                 return False
             stamp = _stamp(now)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {"holderIdentity": self.me, "leaseDurationSeconds": int(round(self.duration)),
                              "renewTime": stamp}}
@@ -137,9 +137,9 @@ class LeaseElector:
                 self.api.create_namespaced_lease(self.namespace, body)
             else:
                 body["metadata"]["resourceVersion"] = lease.metadata.resource_version
-                acquired = _time(spec.get("acquireTime")) or now
+                acquired = _time((spec or {}).get("acquireTime")) or now
                 body["spec"]["acquireTime"] = stamp if action == "take" else _stamp(acquired)
-                transitions = int(spec.get("leaseTransitions") or 0)
+                transitions = int((spec or {}).get("leaseTransitions") or 0)
                 body["spec"]["leaseTransitions"] = transitions + (1 if action == "take" else 0)
                 self.api.replace_namespaced_lease(self.name, self.namespace, body)
         except ApiException as exc:

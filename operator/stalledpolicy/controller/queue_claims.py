@@ -264,7 +264,7 @@ def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
     claim = claim_of(ctl, state.body)
     queue = (state.body.get("spec") or {}).get("queue")
     if outcome.ok:
-        if claim.verdict != CLAIMED:
+        if claim.verdict != CLAIMED or claim.owner is None:  # CLAIMED names its owner
             return None
         return f"queue {queue} is claimed by the older StalledPolicy {claim.owner[0]}/{claim.owner[1]}"
     # From an older policy that lost its claim to unreadable reads, only once this
@@ -274,7 +274,7 @@ def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
     if (claim.verdict == FREE and not state.claim.read_failures
             and (not claim.lapsed or state.claim.reads >= CLAIM_LOST_AFTER)):
         return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
-    if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
+    if claim.verdict == CLAIMED and claim.owner is not None and claim.owner != outcome.claimed_by:
         return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"
     deployment = ctl.deployments.get((state.key[0], sweeper_name(state.key[1])))
     if deployment is not None and asks_for_pods(deployment):

@@ -77,7 +77,7 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
         # A wrong URL is fixed by editing the Secret: read it again next time.
         secrets.forget(key[0], ref["name"])
     where = redact_url(url) if url else "Redis"
-    detail = safe_error(exc, url, connected=bool(url) and clients.answered(url))
+    detail = safe_error(exc, url, connected=bool(url and clients.answered(url)))
     if url and not ref.get("name") and is_credentials_refusal(exc):
         # CREDENTIALS_ADVICE says "put them in the URL": spec.redis.url refuses them.
         detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "

@@ -29,7 +29,14 @@ from stalledpolicy.controller.apply import (
     read_deployment,
     scale_to_zero,
 )
-from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
+from stalledpolicy.controller.objects import (
+    asks_for_pods,
+    generation_of,
+    metadata_of,
+    plain,
+    policy_key,
+    sweeper_name,
+)
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
@@ -83,23 +90,22 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False,
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
-    body = plain(body)
+    chosen: dict = plain(body)
     if state is None:
-        state = ctl.get_or_create_state(body)
+        state = ctl.get_or_create_state(chosen)
     # A request may carry an older body than the newest seen (kopf's handler of an
     # earlier edit): never apply a generation older than the newest seen.
     # (state.body is replaced whole, never changed in place: read without the status
     # lock, which another thread's watch event may hold.)
     newest = state.body
-    if generation_of(newest) > generation_of(body):
-        body = plain(newest)
-    return _reconcile(ctl, state, body, resume)
+    if generation_of(newest) > generation_of(chosen):
+        chosen = plain(newest)
+    return _reconcile(ctl, state, chosen, resume)
 
 
 def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = False) -> ReconcileOutcome | None:
-    meta = body.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    generation = int(meta.get("generation") or 0)
+    namespace, name = policy_key(body)
+    generation = generation_of(body)
 
     try:
         spec = StalledPolicySpec.from_k8s(body.get("spec"))
@@ -134,7 +140,10 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = F
     try:
         # No request when it would change nothing: at an operator start too, where a
         # change made while no operator ran shows as not applied (and is counted below).
-        applied = existing if already_applied(existing, deployment) else apply_deployment(ctl.apps, deployment)
+        if existing is not None and already_applied(existing, deployment):
+            applied = existing
+        else:
+            applied = apply_deployment(ctl.apps, deployment)
     except api_error_types() as exc:
         if namespace_terminating(exc):
             # The namespace deletion took the sweeper before its policy: nothing
@@ -202,10 +211,10 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
     """Raises RetryLater (its condition recorded) when the Deployment of the sweeper's
     name is not this policy's: a deleted predecessor's, which the garbage collector
     deletes (OldSweeperDeleting), or anyone else's (NameConflict)."""
-    meta = body.get("metadata") or {}
-    namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+    namespace, name = policy_key(body)
+    uid = str(metadata_of(body).get("uid") or "")
     earlier = earlier_policy_uid(existing, name, uid)
-    if earlier is not None:
+    if earlier is not None and existing is not None:
         # Deleted and created again under the same name (kubectl delete + apply,
         # replace --force): the old sweeper goes with its owner. Its deletion
         # (reapply_after_deletion) or this retry applies ours.
@@ -296,9 +305,8 @@ def _queue_claimed(ctl: Controller, state: PolicyState, body: dict, generation: 
                 ctl.record_outcome(body, outcome, announce=False)
                 return outcome
             owner_confirmed = False  # the older policy is named, not recorded as the holder
-    meta = body.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    queue = (body.get("spec") or {}).get("queue")
+    namespace, name = policy_key(body)
+    queue = str((body.get("spec") or {}).get("queue") or "")
     note = ""
     if existing is not None:
         note = f" (its Deployment {deployment_name} is scaled to 0 replicas)"
@@ -315,6 +323,6 @@ def _queue_claimed(ctl: Controller, state: PolicyState, body: dict, generation: 
     message = claimed_message((namespace, name), queue, owner, note, owner_confirmed=owner_confirmed,
                               misconfigured=claim.misconfigured)
     outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, message, replicas=0,
-                               claimed_by=tuple(owner) if owner and owner_confirmed else None)
+                               claimed_by=owner if owner and owner_confirmed else None)
     ctl.record_outcome(body, outcome)
     return outcome

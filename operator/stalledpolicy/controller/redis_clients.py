@@ -60,7 +60,7 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
 class SecretData(dict):
     """A Secret's ``data``, with the Secret's ``uid`` (None when unknown)."""
 
-    def __init__(self, data: Mapping[str, str], uid: str | None = None) -> None:
+    def __init__(self, data: Mapping[str, Any], uid: str | None = None) -> None:
         super().__init__(data)
         self.uid = uid
 

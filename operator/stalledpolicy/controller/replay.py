@@ -105,7 +105,9 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     asked (:func:`replay_warning`) or None."""
     record_key = QueueKeys(queue).sweeper_last_replay
     if replay_fn is None:
-        from stalledpolicy.engine import morgue_replay as replay_fn  # deferred: the engine imports redis-py
+        from stalledpolicy.engine import morgue_replay  # deferred: the engine imports redis-py
+
+        replay_fn = morgue_replay
     # lane null when none (dropped when written): never an earlier replay's lane
     record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now, "lane": request.lane}
     moved: list[int] = []  # jobs moved after each completed script call

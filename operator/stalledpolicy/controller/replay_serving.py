@@ -45,7 +45,7 @@ def take_written(state: PolicyState) -> list[tuple[dict, str | None]]:
     return written
 
 
-def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snapshot: Any, now: str, *,
+def serve_requested_replay(state: PolicyState, url: str, queue: str, snapshot: Any, now: str, *,
                            read_snapshot: Callable[[], Any], replay_fn: Callable[..., Any] | None,
                            redis_timeout: float, clients: RedisClients, metrics: OperatorMetrics,
                            recorder: Any) -> tuple[Problem | None, Any]:
@@ -113,7 +113,7 @@ def _replay_client(url: str, timeout: float):
                    socket_connect_timeout=timeout)
 
 
-def announce_replay(recorder: Any, state: PolicyState, queue: str | None, record: dict,
+def announce_replay(recorder: Any, state: PolicyState, queue: str, record: dict,
                     warning: str | None) -> None:
     """Log and post the replay whose record status now shows, and what it left undone."""
     message = replay_message(queue, record)

@@ -61,8 +61,10 @@ class Controller:
         self.clients = clients
         self.redis_hosts = HostResolver()  # one Redis named two ways is one Redis (queue_claims)
         if snapshot_fn is None:
-            from stalledpolicy.engine import queue_snapshot as snapshot_fn  # deferred: the engine imports redis-py
-        self.snapshot_fn = snapshot_fn
+            from stalledpolicy.engine import queue_snapshot  # deferred: the engine imports redis-py
+
+            snapshot_fn = queue_snapshot
+        self.snapshot_fn: Callable[..., Any] = snapshot_fn
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
         self.deployments: dict[tuple[str, str], dict] = {}
@@ -72,7 +74,7 @@ class Controller:
         self._retired_policies = RetiredUids()
         self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
-        self.scheduler: Scheduler | None = None
+        self.scheduler: Scheduler[PolicyKey] | None = None
         # The key this thread syncs: what the sync does must not kick that key again
         # (the scheduler would rerun it at once; sync returns its own next delay).
         self._local = threading.local()

@@ -76,7 +76,7 @@ def ip_literal(host: str) -> str | None:
 
 def lookup_addresses(host: str) -> Iterable[str]:
     """The addresses a TCP client connecting to ``host`` would try."""
-    return [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 
 
 @dataclass
@@ -177,9 +177,9 @@ def same_server(mine: Endpoint, theirs: Endpoint, hosts: HostResolver) -> bool |
         return False
     if mine[0] == theirs[0]:
         return True
-    answers = [hosts.addresses(mine[0]), hosts.addresses(theirs[0])]
-    if None in answers:
+    ours, others = hosts.addresses(mine[0]), hosts.addresses(theirs[0])
+    if ours is None or others is None:
         return False  # a name that does not resolve: the names differ
-    if PENDING in answers:
-        return None
-    return not answers[0].isdisjoint(answers[1])
+    if not isinstance(ours, frozenset) or not isinstance(others, frozenset):
+        return None  # PENDING
+    return not ours.isdisjoint(others)

@@ -134,7 +134,9 @@ class StatusRefresh:
 
     def _refresh_locked(self, state: PolicyState, posts: events.DeferredPosts) -> Problem | None:
         body, outcome = state.body, state.outcome
+        assert outcome is not None, "sync refreshes a policy applied (or held) by this process only"
         spec = body.get("spec") or {}
+        queue = str(spec.get("queue") or "")
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
@@ -147,7 +149,7 @@ class StatusRefresh:
 
         if client is not None and problem is None:
             problem, snapshot = serve_requested_replay(
-                state, url, spec.get("queue"), snapshot, now,
+                state, url, queue, snapshot, now,
                 read_snapshot=lambda: self.snapshot_fn(client, spec.get("queue"), lanes_of(spec)),
                 replay_fn=self.replay_fn, redis_timeout=self.config.redis_timeout,
                 clients=self.clients, metrics=self.metrics, recorder=posts)
@@ -165,7 +167,7 @@ class StatusRefresh:
             if not self._write_status(state, stored, patch, desired):
                 return problem or Problem("StatusWriteFailed", "could not write status")
             for record, warning in take_written(state):
-                announce_replay(posts, state, spec.get("queue"), record, warning)
+                announce_replay(posts, state, queue, record, warning)
             self._announce_changes(state, previous, desired, spec, posts)
         self._log_problem(state, problem)
         return problem

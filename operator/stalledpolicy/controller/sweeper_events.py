@@ -72,7 +72,7 @@ def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
     state = ctl.policies.get(key)
     if state is None or state.outcome is None or state.outcome.reason != events.OLD_SWEEPER_DELETING:
         return None
-    if earlier_policy_uid(deployment, key[1], (state.body.get("metadata") or {}).get("uid")) is None:
+    if earlier_policy_uid(deployment, key[1], str((state.body.get("metadata") or {}).get("uid") or "")) is None:
         return None
     return key
 

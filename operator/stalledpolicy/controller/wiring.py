@@ -58,7 +58,7 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
     def read_secret(namespace: str, name: str):
         try:
             secret = core.read_namespaced_secret(name, namespace)
-            return SecretData(secret.data or {}, secret.metadata.uid)
+            return SecretData(secret.data or {}, secret.metadata.uid if secret.metadata else None)
         except ApiException as exc:
             if exc.status == 404:
                 return None
