@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 
 from stalledpolicy.controller import status_cache
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from tests.unit.test_operator_parts import FakeApps, api_error, fake_controller, policy_body
 
 
@@ -156,7 +157,6 @@ def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_ref
     """forget() of the deleted policy and the first apply request of its successor
     (same name, another thread): the successor's first sync is not cancelled
     by the predecessor's removal from the scheduler."""
-    from stalledpolicy.controller.apply_requests import ApplyRequest
     from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 
     ctl = fake_controller(FakeApps())

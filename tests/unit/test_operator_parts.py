@@ -1448,7 +1448,7 @@ def test_an_unreachable_redis_is_read_again_after_the_status_interval_doubled_pe
     """An outage of Redis: the next refresh waits the status interval doubled per
     failed refresh, up to max_backoff; a missing Secret in between is looked at the
     next interval, and a read that succeeds brings the interval back."""
-    import redis
+    import redis  # here, as in this file's other tests: the file loads no redis-py for the rest
 
     apps = FakeApps()
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}

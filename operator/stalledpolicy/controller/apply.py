@@ -35,7 +35,8 @@ JSON_PATCH_CONTENT_TYPE = "application/json-patch+json"
 def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref
+            found: Mapping[str, Any] = ref
+            return found
     return None
 
 
@@ -89,11 +90,12 @@ def earlier_policy_uid(existing: Mapping[str, Any] | None, policy_name: str, pol
     return uid if uid and uid != policy_uid else None
 
 
-def _json(response) -> dict:
-    return json.loads(response.data)
+def _json(response: Any) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(response.data)
+    return decoded
 
 
-def read_deployment(apps, namespace: str, name: str) -> dict | None:
+def read_deployment(apps: Any, namespace: str, name: str) -> dict[str, Any] | None:
     from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
     try:
@@ -113,7 +115,7 @@ def _sweeper_container(deployment: Mapping[str, Any]) -> tuple[int, Mapping[str,
     return None
 
 
-def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict]:
+def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
     """JSON patch operations that take out of the stored sweeper container what
     another writer added and the sweeper would run with: ``args`` (flags win over
     the environment), ``envFrom`` (it may bring any variable) and
@@ -127,7 +129,7 @@ def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]
         return []
     index, container = found
     base = f"/spec/template/spec/containers/{index}"
-    ops: list[dict] = [{"op": "test", "path": f"{base}/name", "value": CONTAINER_NAME}]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": CONTAINER_NAME}]
     ours = {entry.get("name") for entry in wanted[1].get("env") or []}
     env = container.get("env") or []
     for position in reversed(range(len(env))):  # from the end: the indexes before stay valid
@@ -175,7 +177,7 @@ def _holds(live: Any, wanted: Any) -> bool:
     return type(live) is type(wanted) and live == wanted
 
 
-def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
+def apply_deployment(apps: Any, deployment: Mapping[str, Any]) -> dict[str, Any]:
     """Server-side apply ``deployment``, then take out what another writer added
     that the sweeper would run with (:func:`foreign_settings_patch`); returns the
     object as stored."""
@@ -199,7 +201,7 @@ def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
     return _json(response)
 
 
-def scale_to_zero(apps, namespace: str, name: str) -> None:
+def scale_to_zero(apps: Any, namespace: str, name: str) -> None:
     """Scale a sweeper Deployment of ours to 0 replicas (kept: the operator may not delete it)."""
     apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": 0}},
                                      field_manager=FIELD_MANAGER,

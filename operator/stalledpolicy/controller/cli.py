@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listen_failure(exc: BaseException):
+def _listen_failure(exc: BaseException) -> BaseException | None:
     """The ListenFailed of a startup handler behind kopf's ActivityError, or None."""
     # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.main import ListenFailed

@@ -127,7 +127,7 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             if self._binding.copied(body, full_key, stored_uid):
                 self._binding.report(body, full_key, stored_uid)
                 return None
-            return decoded
+            return cast(kopf.BodyEssence, decoded)
         return None
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
@@ -184,7 +184,7 @@ class UidProgressStorage(kopf.AnnotationsProgressStorage):
             if self._binding.copied(body, full_key, stored_uid):
                 self._binding.report(body, full_key, stored_uid)
                 return None
-            return decoded
+            return cast(kopf.ProgressRecord, decoded)
         return None
 
     def store(self, *, key: kopf.HandlerId, record: kopf.ProgressRecord, body: kopf.Body,

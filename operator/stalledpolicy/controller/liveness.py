@@ -52,7 +52,7 @@ class LivenessServer:
     async def start(self) -> LivenessServer:
         import aiohttp.web  # deferred: only a liveness endpoint needs aiohttp
 
-        async def healthy(_request):
+        async def healthy(_request: Any) -> Any:  # an aiohttp request and response
             reason = self._not_ready()
             if reason is not None:
                 return aiohttp.web.json_response({"ready": False, "reason": reason}, status=503)

@@ -37,7 +37,7 @@ def lanes_of(spec: Mapping[str, Any]) -> list[str]:
 
 
 def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader, clients: RedisClients,
-               snapshot_fn: Callable[..., Any]):
+               snapshot_fn: Callable[..., Any]) -> tuple[Any, Any, Problem | None, str | None]:
     """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
     import redis  # deferred: redis-py loads only once a Redis is used
 
@@ -93,8 +93,8 @@ def failure_reason(exc: BaseException) -> str:
     return "RedisCredentialsRefused" if is_credentials_refusal(exc) else "RedisUnreachable"
 
 
-def endpoint_changed(known: tuple | None, namespace: str, spec: Mapping[str, Any], secrets: SecretReader,
-                     hosts: HostResolver) -> tuple[bool, tuple | None]:
+def endpoint_changed(known: tuple[Any, ...] | None, namespace: str, spec: Mapping[str, Any], secrets: SecretReader,
+                     hosts: HostResolver) -> tuple[bool, tuple[Any, ...] | None]:
     """(changed, endpoint): whether the policy names another Redis than ``known``, the
     one its status figures were read from (StatusCache.redis_endpoint), and the
     endpoint to remember for the next judgement. Another server or database (host, port,

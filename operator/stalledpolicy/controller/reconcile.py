@@ -56,8 +56,8 @@ if TYPE_CHECKING:  # for the annotations only: runtime imports this module (thro
 log = logging.getLogger("stalledpolicy.operator")
 
 
-def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
-          secret_digest: str | None = None) -> dict:
+def build(body: Mapping[str, Any], spec: StalledPolicySpec, sweeper_image: str | None,
+          secret_digest: str | None = None) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
@@ -65,7 +65,8 @@ def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
         secret_digest=secret_digest)
 
 
-def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
+def _secret_digest(ctl: Controller, namespace: str, spec: StalledPolicySpec,
+                   existing: Mapping[str, Any] | None) -> str | None:
     """The digest of the policy's Secret value for the pod template. When that value
     is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
     not a Redis URL), the digest the running pods have, so neither a passing error
@@ -90,7 +91,7 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False,
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
-    chosen: dict = plain(body)
+    chosen: dict[str, Any] = plain(body)
     if state is None:
         state = ctl.get_or_create_state(chosen)
     # A request may carry an older body than the newest seen (kopf's handler of an
@@ -103,7 +104,8 @@ def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False,
     return _reconcile(ctl, state, chosen, resume)
 
 
-def _reconcile(ctl: Controller, state: PolicyState, body: dict, resume: bool = False) -> ReconcileOutcome | None:
+def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
+               resume: bool = False) -> ReconcileOutcome | None:
     namespace, name = policy_key(body)
     generation = generation_of(body)
 
@@ -206,7 +208,7 @@ def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 
-def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
+def _wait_unless_ours(ctl: Controller, body: dict[str, Any], generation: int,
                       existing: Mapping[str, Any] | None, deployment_name: str) -> None:
     """Raises RetryLater (its condition recorded) when the Deployment of the sweeper's
     name is not this policy's: a deleted predecessor's, which the garbage collector
@@ -234,7 +236,7 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
         raise RetryLater(message, events.NAME_CONFLICT)
 
 
-def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
+def _apply_failed(ctl: Controller, body: dict[str, Any], generation: int, message: str,
                   replicas: int | None = None) -> NoReturn:
     """The API refused (a 422 for requests above limits, a 403, ...): a condition and
     a Warning event (once per distinct message), and a retry with a growing delay.
@@ -245,8 +247,8 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
     raise RetryLater(message, events.APPLY_FAILED)
 
 
-def _hold_for_conflict(ctl: Controller, state: PolicyState, body: dict, generation: int, spec,
-                       existing: Mapping[str, Any], wanted: int) -> ReconcileOutcome | None:
+def _hold_for_conflict(ctl: Controller, state: PolicyState, body: dict[str, Any], generation: int,
+                       spec: StalledPolicySpec, existing: Mapping[str, Any], wanted: int) -> ReconcileOutcome | None:
     """At an operator start (kopf's resume handler), a DriftConflict the policy's status
     records (``Controller._keep_new_state`` took it from SweeperInSync) means no apply: applying
     would put the policy's spec back over the other writer's, a revert the conflict
@@ -274,7 +276,7 @@ def _hold_for_conflict(ctl: Controller, state: PolicyState, body: dict, generati
     return outcome
 
 
-def _queue_claimed(ctl: Controller, state: PolicyState, body: dict, generation: int,
+def _queue_claimed(ctl: Controller, state: PolicyState, body: dict[str, Any], generation: int,
                    existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
     """When an older policy the operator knows sweeps the same queue on the same Redis
     (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if

@@ -57,7 +57,7 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     return validation.stored_url(base64.b64decode(secret_data[key]).decode("utf-8"))
 
 
-class SecretData(dict):
+class SecretData(dict[str, Any]):
     """A Secret's ``data``, with the Secret's ``uid`` (None when unknown)."""
 
     def __init__(self, data: Mapping[str, Any], uid: str | None = None) -> None:
@@ -179,7 +179,7 @@ def secret_digest(secrets: SecretReader, namespace: str, ref: Mapping[str, Any])
     return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url, getattr(secret, "uid", None))
 
 
-def connect(url: str, timeout: float):
+def connect(url: str, timeout: float) -> Any:  # a redis-py client
     """The operator's decoded client for ``url`` (a RedisCluster on a cluster node).
 
     A database the server lacks (``/16`` on a server with 16) is the URL's
@@ -223,7 +223,7 @@ class RedisClients:
         with self._lock:
             return url_digest(url) in self._answered
 
-    def client(self, policy: PolicyKey, url: str):
+    def client(self, policy: PolicyKey, url: str) -> Any:  # a redis-py client
         digest = url_digest(url)
         with self._lock:
             stale = self._policy_digest.get(policy)

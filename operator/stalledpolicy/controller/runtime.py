@@ -1,10 +1,9 @@
 """The operator's memory: the ``Controller``.
 
-kopf feeds it (every policy and sweeper Deployment event, every reconcile
-outcome); a ``Scheduler`` refreshes each policy's status on an interval, or
-at once after a change (``sync``, sync.py; its status part ``StatusRefresh``, status_refresh.py). The status subresource
-has one writer, the status loop, and a per-policy lock, so the reconcile
-handlers and the status workers never write over each other's conditions.
+kopf feeds it (every policy and sweeper Deployment event, every apply's outcome);
+its ``Scheduler`` runs ``sync`` (sync.py) for a policy key when a trigger enqueues
+it and after the delay the last sync returned. docs/architecture.md has the loop,
+the triggers and each policy's state (``PolicyState``).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ log = logging.getLogger("stalledpolicy.operator")
 
 
 class Controller:
-    def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
+    def __init__(self, config: OperatorConfig, *, apps: Any, core: Any, custom: Any, recorder: Any,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
                  replay_fn: Callable[..., Any] | None = None,
@@ -67,7 +66,7 @@ class Controller:
         self.snapshot_fn: Callable[..., Any] = snapshot_fn
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
-        self.deployments: dict[tuple[str, str], dict] = {}
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
         # The keys of self.policies by spec.queue (immutable), under self._lock: the
         # one-sweeper-per-queue checks look at a queue's policies, not at every one.
         self._queues: dict[str, set[PolicyKey]] = {}

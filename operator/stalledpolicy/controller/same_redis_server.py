@@ -81,7 +81,7 @@ def lookup_addresses(host: str) -> Iterable[str]:
 
 @dataclass
 class _Entry:
-    addresses: frozenset | None | object = PENDING  # None: the name does not resolve
+    addresses: frozenset[str] | None | object = PENDING  # None: the name does not resolve
     checked_at: float = float("-inf")
     lookup_done: threading.Event | None = None  # set when the lookup in flight ends
     asked_at: float = float("-inf")  # the last ``addresses`` call for the name
@@ -99,7 +99,7 @@ class HostResolver:
         self._lock = threading.Lock()
         self._forgot_at = float("-inf")
 
-    def addresses(self, host: str) -> frozenset | None | object:
+    def addresses(self, host: str) -> frozenset[str] | None | object:
         """The addresses of ``host``; None when it does not resolve; PENDING when its
         first lookup did not end within ``wait`` seconds."""
         literal = ip_literal(host)

@@ -20,7 +20,7 @@ def first_seen(body: Mapping[str, Any]) -> StatusCache:
     return StatusCache(status=dict(body.get("status") or {}))
 
 
-def take_body(state: PolicyState, fresh: dict) -> bool:
+def take_body(state: PolicyState, fresh: dict[str, Any]) -> bool:
     """Make ``fresh`` (this policy, same uid) the body we know, unless it is older.
     A version seen before and since replaced is older (kopf's handler body, a
     watch event sent again). While a status write of ours waits for the watch to
@@ -51,7 +51,7 @@ def take_body(state: PolicyState, fresh: dict) -> bool:
     return True
 
 
-def written(state: PolicyState, status: dict, answer: Any, uid: str | None) -> None:
+def written(state: PolicyState, status: dict[str, Any], answer: Any, uid: str | None) -> None:
     """Our status write of ``status`` succeeded; ``answer`` is the API server's reply.
     That reply (the policy of ``uid`` as our write left it) is newer than anything
     the watch has shown: the watch events until its own are older (``take_body``)."""
@@ -69,7 +69,7 @@ def read_back(state: PolicyState, stored: Mapping[str, Any] | None) -> None:
     state.status_cache.stored = dict(stored or {})
 
 
-def endpoint_read(state: PolicyState, endpoint: tuple | None, changed: bool) -> None:
+def endpoint_read(state: PolicyState, endpoint: tuple[Any, ...] | None, changed: bool) -> None:
     """The Redis endpoint judged by this refresh (queue_figures.endpoint_changed);
     ``changed``: another Redis, whose figures are not the ones in status (dropped
     until it is read, so no DeadLettered for its morgue's first reading)."""

@@ -71,7 +71,7 @@ class StatusRefresh:
     metrics: OperatorMetrics
     snapshot_fn: Callable[..., Any]  # engine.queue_snapshot
     replay_fn: Callable[..., Any] | None
-    deployments: Mapping[tuple[str, str], dict]  # the sweeper Deployments last seen
+    deployments: Mapping[tuple[str, str], dict[str, Any]]  # the sweeper Deployments last seen
     clock: Callable[[], float]  # the drift budget's wall clock
     is_current: Callable[[PolicyState], bool]  # the state is still its policy's (not forgotten)
     forget: Callable[[PolicyKey, str | None], None]  # a policy found deleted
@@ -147,7 +147,7 @@ class StatusRefresh:
                                                     snapshot_fn=self.snapshot_fn)
         now = utc_now()
 
-        if client is not None and problem is None:
+        if client is not None and problem is None and url is not None:
             problem, snapshot = serve_requested_replay(
                 state, url, queue, snapshot, now,
                 read_snapshot=lambda: self.snapshot_fn(client, spec.get("queue"), lanes_of(spec)),
@@ -168,12 +168,12 @@ class StatusRefresh:
                 return problem or Problem("StatusWriteFailed", "could not write status")
             for record, warning in take_written(state):
                 announce_replay(posts, state, queue, record, warning)
-            self._announce_changes(state, previous, desired, spec, posts)
+            self._announce_changes(state, previous, desired, queue, posts)
         self._log_problem(state, problem)
         return problem
 
-    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict,
-                      desired: dict) -> bool:
+    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict[str, Any],
+                      desired: dict[str, Any]) -> bool:
         """Patch the status from ``stored`` to ``desired`` (``patch``, the difference);
         False when it was not written."""
         from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
@@ -224,7 +224,7 @@ class StatusRefresh:
         status_cache.read_back(state, current.get("status"))
         return False
 
-    def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec,
+    def _announce_changes(self, state: PolicyState, previous: dict[str, Any], desired: dict[str, Any], queue: str,
                           posts: events.DeferredPosts) -> None:
         before = condition_of(previous, REDIS_REACHABLE)
         after = condition_of(desired, REDIS_REACHABLE)
@@ -235,13 +235,13 @@ class StatusRefresh:
                                    after.get("message") or "")
             elif before is not None:
                 posts.post(state.body, events.NORMAL, events.REDIS_REACHABLE,
-                                   f"queue {spec.get('queue')} is readable again")
+                                   f"queue {queue} is readable again")
         grown = events.dead_letter_growth_message(
-            spec.get("queue"), previous.get("deadLetters"), desired.get("deadLetters", 0))
+            queue, previous.get("deadLetters"), desired.get("deadLetters", 0))
         if grown:
             posts.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
         uncounted = events.uncounted_lapses_message(
-            spec.get("queue"), previous.get("uncountedLapsesTotal"), desired.get("uncountedLapsesTotal", 0))
+            queue, previous.get("uncountedLapsesTotal"), desired.get("uncountedLapsesTotal", 0))
         if uncounted:
             posts.post(state.body, events.WARNING, events.LAPSES_UNCOUNTED, uncounted)
         ready_before, ready_after = condition_of(previous, READY), condition_of(desired, READY)

@@ -51,7 +51,7 @@ def _deployment_images(deployment: Mapping[str, Any]) -> list[str]:
             for c in pod.get(key) or [] if isinstance(c, Mapping)]
 
 
-def refuse_image(ctl: Controller, body: dict, generation: int, image: str) -> NoReturn:
+def refuse_image(ctl: Controller, body: dict[str, Any], generation: int, image: str) -> NoReturn:
     """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
     Redis URL from a Secret of the namespace, so an image of the policy author's
     choosing could read any Secret there. InvalidSpec, like any spec the operator
