@@ -1473,6 +1473,14 @@ def test_an_unreachable_redis_is_read_again_after_the_status_interval_doubled_pe
     assert [ctl.sync(("ns", "p")) for _ in range(2)] == [10, 10]
     ctl.snapshot_fn = down
     assert ctl.sync(("ns", "p")) == 10, "a new outage backs off from the start"
+    assert ctl.sync(("ns", "p")) == 20
+    successor = policy_body()  # deleted and created again under the name, its deletion not seen
+    successor["metadata"].update(uid="u-2", resourceVersion="9")
+    apps.stored = None  # the old sweeper went with its policy
+    ctl.observe_policy(successor, "ADDED")
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+    reconcile_policy(ctl, successor)
+    assert ctl.sync(("ns", "p")) == 10, "the backoff of the policy it replaced is not its own"
 
 
 def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():

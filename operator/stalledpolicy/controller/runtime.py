@@ -178,6 +178,7 @@ class Controller:
         replaced = self.policies.get(key)
         if replaced is not None:
             self._unindex(replaced)
+            self.read_retries.forget(key)  # its refreshes' failures were another policy's
         self.policies[key] = state
         self._queues.setdefault(_queue_of(first), set()).add(key)
         return state
