@@ -80,7 +80,7 @@ def test_the_newer_policy_of_a_queue_gets_no_sweeper_until_the_older_goes(
 
 def test_one_redis_named_localhost_and_127_0_0_1_is_one_redis(
         control_plane, kube_api, tmp_path, kube_namespace, redis_server, queue_name):
-    """The host names are resolved: localhost is 127.0.0.1 (redis_hosts.py)."""
+    """The host names are resolved: localhost is 127.0.0.1 (same_redis_server.py)."""
     ns = kube_namespace
     core, apps, custom = apis(control_plane, kube_api)
     core.create_namespaced_secret(ns, redis_secret("by-ip", f"redis://127.0.0.1:{redis_server.port}/0"))

@@ -301,3 +301,45 @@ def test_a_start_that_rolls_a_rotated_secret_counts_no_revert():
     rival_change(apps)  # and the Secret rotated: the apply rolls the pods for the new digest
     ctl = started(apps, now, secrets=rotated)
     assert "DriftReverted" not in kinds(ctl) and apps.stored["spec"]["replicas"] == 1
+
+
+def test_a_restart_with_nothing_changed_applies_nothing():
+    """The resume apply of a sweeper that is as the operator left it would change
+    nothing: no request is made (one per policy at each restart, before)."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    first = started(apps, now)
+    first.sync(KEY)
+    assert len(apps.applied) == 1
+    generation = apps.stored["metadata"]["generation"]
+    for _ in range(2):
+        restarted = started(apps, now)
+        restarted.sync(KEY)
+        outcome = restarted.policies[KEY].outcome
+        assert outcome.ok and outcome.deployment_generation == generation
+    assert len(apps.applied) == 1 and apps.annotation_patches == []
+    assert "DriftReverted" not in kinds(restarted)
+    assert restarted.metrics.value("stalledpolicy_operator_drift_reverts_total") == 0
+
+
+def test_a_change_made_while_no_operator_ran_is_still_applied_and_counted():
+    apps, now = FakeApps(), [1_800_000_000.25]
+    started(apps, now)
+    apps.scale_by_hand(0)
+    restarted = started(apps, now)
+    assert len(apps.applied) == 2 and apps.stored["spec"]["replicas"] == 1
+    assert kinds(restarted).count("DriftReverted") == 1
+    assert restarted.metrics.value("stalledpolicy_operator_drift_reverts_total") == 1
+    assert drift.recorded_reverts(apps.stored), "the revert is recorded on the sweeper"
+
+
+def test_a_field_removed_by_hand_while_no_operator_ran_is_applied_back():
+    """A removal leaves the applied digest on the sweeper as it was: the fields are
+    compared too."""
+    apps, now = FakeApps(), [1_800_000_000.25]
+    started(apps, now)
+    container = apps.stored["spec"]["template"]["spec"]["containers"][0]
+    removed = container["env"].pop(0)
+    apps.stored["metadata"]["generation"] += 1
+    started(apps, now)
+    assert len(apps.applied) == 2
+    assert removed in apps.stored["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -1,5 +1,5 @@
 """Whether a policy names another Redis (its status figures dropped) is judged as
-the one-sweeper-per-queue claims judge it (redis_hosts.same_server): a Secret
+the one-sweeper-per-queue claims judge it (same_redis_server.same_server): a Secret
 that spells its Redis host another way (``redis`` to
 ``redis.<namespace>.svc.cluster.local``, or the Service's IP) names the same
 server, and keeps the figures. A fake DNS (no real lookups)."""
@@ -10,10 +10,11 @@ import socket
 
 import pytest
 
+from stalledpolicy.controller import status_cache
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_reading import endpoint_changed
+from stalledpolicy.controller.queue_figures import endpoint_changed
 from stalledpolicy.controller.redis_clients import SecretReader
-from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.same_redis_server import HostResolver
 from tests.unit.test_operator_parts import b64
 from tests.unit.test_redis_endpoint_change import FIGURES, KEY, Cluster
 from tests.unit.test_same_redis_server import FakeDns, FlakyDns, SlowDns, wait_for_lookups
@@ -77,10 +78,18 @@ def test_a_secret_naming_another_server_still_drops_the_figures(dns):
 # -- endpoint_changed itself ----------------------------------------------------
 
 def judge(hosts):
-    """endpoint_changed of one policy (ns/p) whose spec.redis.url is the argument."""
+    """endpoint_changed of one policy (ns/p) whose spec.redis.url is the argument,
+    the endpoint it judges remembered as a refresh remembers it."""
     state = PolicyState(KEY, {})
     secrets = SecretReader(lambda ns, name: None, ttl=0)
-    return state, lambda url: endpoint_changed(state, {"redis": {"url": url}}, secrets, hosts)
+
+    def changed(url):
+        verdict, endpoint = endpoint_changed(state.status_cache.redis_endpoint, KEY[0], {"redis": {"url": url}},
+                                             secrets, hosts)
+        status_cache.endpoint_read(state, endpoint, verdict)
+        return verdict
+
+    return state, changed
 
 
 def test_one_server_named_two_ways_is_no_change():
@@ -91,7 +100,7 @@ def test_one_server_named_two_ways_is_no_change():
     assert changed("redis://other.ns.svc:6379/0") is True
     assert changed("redis://other.ns.svc:6379/1") is True  # another database
     assert changed("redis://nowhere.example:6379/1") is True  # a name that does not resolve
-    assert state.redis_endpoint[1] == ("nowhere.example", 6379, 1)
+    assert state.status_cache.redis_endpoint[1] == ("nowhere.example", 6379, 1)
 
 
 def test_a_name_not_looked_up_yet_is_no_change_until_it_is():
@@ -101,13 +110,13 @@ def test_a_name_not_looked_up_yet_is_no_change_until_it_is():
     hosts = HostResolver(lookup=dns, wait=0)
     state, changed = judge(hosts)
     assert changed(SHORT) is False
-    known = state.redis_endpoint
+    known = state.status_cache.redis_endpoint
     assert changed("redis://other.ns.svc:6379/0") is False
-    assert state.redis_endpoint == known
+    assert state.status_cache.redis_endpoint == known
     dns.answer.set()
     wait_for_lookups(hosts)
     assert changed("redis://other.ns.svc:6379/0") is True
-    assert state.redis_endpoint[1] == ("other.ns.svc", 6379, 0)
+    assert state.status_cache.redis_endpoint[1] == ("other.ns.svc", 6379, 0)
     assert changed("redis://other.ns.svc:6379/0") is False
 
 
@@ -120,14 +129,14 @@ def test_a_name_not_looked_up_yet_that_is_the_same_server_is_no_change_after_eit
     dns.answer.set()
     wait_for_lookups(hosts)
     assert changed(f"redis://{SERVICE_IP}:6379/0") is False
-    assert state.redis_endpoint[1] == (SERVICE_IP, 6379, 0), "the new spelling, compared as written next"
+    assert state.status_cache.redis_endpoint[1] == (SERVICE_IP, 6379, 0), "the new spelling, compared as written next"
 
 
 def test_a_dns_failure_that_may_pass_is_no_change():
     dns = FlakyDns(NAMES, socket.EAI_AGAIN)
     state, changed = judge(HostResolver(lookup=dns))
     assert changed(SHORT) is False
-    known = state.redis_endpoint
+    known = state.status_cache.redis_endpoint
     assert changed("redis://other.ns.svc:6379/0") is False
-    assert state.redis_endpoint == known
+    assert state.status_cache.redis_endpoint == known
 

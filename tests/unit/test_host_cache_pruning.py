@@ -1,11 +1,11 @@
-"""The host name cache of redis_hosts is bounded: a name not asked about for
+"""The host name cache of same_redis_server is bounded: a name not asked about for
 ``forget_after`` seconds (ten TTLs by default) is dropped, so the names of URLs
 since edited and of policies since deleted do not stay for the life of the
 operator. A fake DNS and an injected clock (no real lookups, no sleeps)."""
 
 from __future__ import annotations
 
-from stalledpolicy.controller.redis_hosts import PENDING, HostResolver
+from stalledpolicy.controller.same_redis_server import PENDING, HostResolver
 from tests.unit.test_same_redis_server import DNS, SERVICE_IP, Clock, FakeDns, SlowDns, wait_for_lookups
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+from stalledpolicy.controller import status_cache
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from tests.unit.test_operator_parts import FakeApps, api_error, fake_controller, policy_body
 
 
@@ -131,8 +133,6 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
     """Our status write returned W; the watch then shows V1 (kopf's annotation
     patch, sent before the write), then W. kopf's handler for V1 runs after
     that: V1 is older than W, though it was never the body we knew."""
-    import time
-
     from stalledpolicy.controller.status import ReconcileOutcome
 
     ctl = fake_controller(FakeApps())
@@ -142,24 +142,21 @@ def test_a_version_turned_away_while_our_status_write_is_awaited_stays_older():
     written["status"] = {"deadLetters": 1}
     annotated = policy("u-1", "v1")  # no status yet: the write came after it
     annotated["metadata"]["annotations"] = {"kopf.zalando.org/last-handled-configuration": "{}"}
-    with state.lock:  # as StatusLoop._write_status leaves it
-        state.seen_versions.append("v0")
-        state.body, state.stored_status = copy.deepcopy(written), dict(written["status"])
-        state.awaited_version, state.awaited_since = "w", time.monotonic()
+    with state.lock:  # as the status refresh's write leaves it
+        status_cache.written(state, dict(written["status"]), copy.deepcopy(written), "u-1")
     ctl.observe_policy(annotated, "MODIFIED")
     assert state.body["metadata"]["resourceVersion"] == "w"
     ctl.observe_policy(written, "MODIFIED")  # the watch catches up with our write
-    assert state.awaited_version is None
+    assert state.status_cache.awaited_version is None
     ctl.record_outcome(annotated, ReconcileOutcome(1, True, "Applied", "applied"))  # kopf's handler body
     assert state.body["metadata"]["resourceVersion"] == "w", "an older body replaced the one known"
-    assert state.stored_status == {"deadLetters": 1}
+    assert state.status_cache.stored == {"deadLetters": 1}
 
 
 def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_refresh():
-    """forget() of the deleted policy and the first reconcile of its successor
-    (same name, another thread): the successor's first refresh is not cancelled
+    """forget() of the deleted policy and the first apply request of its successor
+    (same name, another thread): the successor's first sync is not cancelled
     by the predecessor's removal from the scheduler."""
-    from stalledpolicy.controller.status import ReconcileOutcome
     from tests.unit.contention import WatchedLock, run_until_done_or_blocked
 
     ctl = fake_controller(FakeApps())
@@ -178,13 +175,13 @@ def test_a_policy_created_again_while_its_predecessor_is_forgotten_keeps_its_ref
             self.due.add(key)
 
         def remove(self, key):
-            # the successor's reconcile, on its own thread, gets this far first
+            # the successor's create handler, on its own thread, gets this far first
             successor.append(run_until_done_or_blocked(
-                lambda: ctl.record_outcome(new, ReconcileOutcome(1, True, "Applied", "applied")), registry))
+                lambda: ctl.request_policy_apply(new, ApplyRequest("the policy was created")), registry))
             self.due.discard(key)
 
     ctl.scheduler = Scheduler()
     ctl.forget(("ns", "p"), "u-1")
     successor[0].join(10)
     assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
-    assert ("ns", "p") in ctl.scheduler.due, "the successor's first refresh was cancelled"
+    assert ("ns", "p") in ctl.scheduler.due, "the successor's first sync was cancelled"

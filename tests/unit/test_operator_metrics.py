@@ -43,7 +43,7 @@ def test_refused_credentials_are_counted_apart_from_an_outage():
     alert on RedisUnreachable does not page the owners of a Redis that is up."""
     import redis
 
-    from stalledpolicy.controller.queue_reading import failure_reason
+    from stalledpolicy.controller.queue_figures import failure_reason
     from stalledpolicy.controller.status import Problem
 
     metrics = OperatorMetrics()

@@ -19,11 +19,13 @@ from stalledpolicy.controller.apply import conflict_reason, policy_owner
 from stalledpolicy.controller.config import OperatorConfig, backoff
 from stalledpolicy.controller.events import budget_change_message, build_event, dead_letter_growth_message
 from stalledpolicy.controller.logfilter import KopfRecordFilter
-from stalledpolicy.controller.queue_reading import safe_error
+from stalledpolicy.controller.queue_figures import safe_error
+from stalledpolicy.controller.reconcile import reconcile as reconcile_policy
 from stalledpolicy.controller.redis_clients import RedisClients, RedisConfigError, SecretReader, resolve_url
 from stalledpolicy.controller.replay import InvalidReplayRequest, ReplayRequest, replay_warning, requested_replay
 from stalledpolicy.controller.retry import Retries
 from stalledpolicy.controller.scheduler import Scheduler
+from stalledpolicy.controller.status import ReconcileOutcome
 from stalledpolicy.devenv.podrunner import EnvError, local_command, probe_port, resolve_env
 from stalledpolicy.engine import ReplayResult
 
@@ -465,8 +467,12 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
             resolve_url("ns", {"secretRef": {"name": "creds"}}, ctl.secrets)
         except RedisConfigError as exc:
             outcome["secret"] = exc
-        state = ctl.state_for({"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}})
-        outcome["status written"] = ctl._write_status(state, {}, {"pending": 1})
+        # a refresh of a policy applied before: it reads the Secret, then writes the status
+        body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "generation": 1},
+                "spec": {"queue": "emails", "redis": {"secretRef": {"name": "creds"}}}}
+        ctl.observe_policy(body, "ADDED")
+        ctl.record_outcome(body, ReconcileOutcome(1, True, "Applied", "applied"))
+        outcome["next sync"] = ctl.sync(("ns", "p"))
 
     worker = threading.Thread(target=calls, daemon=True)
     worker.start()
@@ -475,7 +481,8 @@ def test_an_api_server_that_never_answers_does_not_hold_the_status_loop():
     assert not worker.is_alive(), "an API call without a deadline is still waiting"
     assert outcome["secret"].reason == "SecretUnreadable"
     assert "ns/creds" in outcome["secret"].message and "did not answer" in outcome["secret"].message
-    assert outcome["status written"] is False
+    assert outcome["next sync"] is not None, "the policy is still known: its next sync is scheduled"
+    assert ctl.policies[("ns", "p")].status == {}, "no status written: the API server never answered"
 
 
 # -- settings: at least a second ---------------------------------------------------------
@@ -1018,18 +1025,16 @@ def test_a_policy_deleted_during_a_revert_or_reapply_is_neither_an_error_nor_bro
     monkeypatch.undo()
     assert ("ns", "p") not in ctl.policies and apps.stored["spec"]["replicas"] == 0
 
-    # A re-apply waiting on the apply lock while the policy is deleted.
+    # A re-apply whose policy is deleted as its sync takes it.
     ctl.observe_policy(body, "ADDED")
     rec.reconcile(ctl, body)
-    state = ctl.policies[("ns", "p")]
-    state.apply_lock.acquire()
-    ctl.pending_applies.add(("ns", "p"), ApplyRequest("test"))
-    worker = threading.Thread(target=ctl.sync, args=(("ns", "p"),))
-    worker.start()
-    time.sleep(0.2)
-    ctl.forget(("ns", "p"))
-    state.apply_lock.release()
-    worker.join(5)
+
+    def deleted_now():
+        ctl.forget(("ns", "p"))
+        return body
+
+    ctl.pending_applies.add(("ns", "p"), ApplyRequest("test", check=deleted_now))
+    ctl.sync(("ns", "p"))
     assert ("ns", "p") not in ctl.policies, "a forgotten policy's state came back"
 
 
@@ -1439,6 +1444,45 @@ def test_a_missing_secret_is_looked_at_again_every_interval_not_after_a_growing_
     assert condition_of(ctl.policies[("ns", "p")].status, "Ready")["reason"] == "SecretNotFound"
 
 
+def test_an_unreachable_redis_is_read_again_after_the_status_interval_doubled_per_failure():
+    """An outage of Redis: the next refresh waits the status interval doubled per
+    failed refresh, up to max_backoff; a missing Secret in between is looked at the
+    next interval, and a read that succeeds brings the interval back."""
+    import redis  # here, as in this file's other tests: the file loads no redis-py for the rest
+
+    apps = FakeApps()
+    secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
+    ctl = fake_controller(apps, secrets, config=OperatorConfig(sweeper_image="img:1", status_interval=10,
+                                                               max_backoff=45))
+    body = policy_body()
+    ctl.observe_policy(body, "ADDED")
+    reconcile_policy(ctl, body)
+    readable = ctl.snapshot_fn
+
+    def down(*_args, **_kwargs):
+        raise redis.ConnectionError("Connection refused")
+
+    ctl.snapshot_fn = down
+    assert [ctl.sync(("ns", "p")) for _ in range(4)] == [10, 20, 40, 45]
+    saved = secrets.pop(("ns", "creds"))
+    ctl.secrets.forget("ns", "creds")
+    assert ctl.sync(("ns", "p")) == 10, "a missing Secret is looked at every interval"
+    secrets[("ns", "creds")] = saved
+    assert ctl.sync(("ns", "p")) == 45, "the outage goes on: its backoff too"
+    ctl.snapshot_fn = readable
+    assert [ctl.sync(("ns", "p")) for _ in range(2)] == [10, 10]
+    ctl.snapshot_fn = down
+    assert ctl.sync(("ns", "p")) == 10, "a new outage backs off from the start"
+    assert ctl.sync(("ns", "p")) == 20
+    successor = policy_body()  # deleted and created again under the name, its deletion not seen
+    successor["metadata"].update(uid="u-2", resourceVersion="9")
+    apps.stored = None  # the old sweeper went with its policy
+    ctl.observe_policy(successor, "ADDED")
+    assert ctl.policies[("ns", "p")].body["metadata"]["uid"] == "u-2"
+    reconcile_policy(ctl, successor)
+    assert ctl.sync(("ns", "p")) == 10, "the backoff of the policy it replaced is not its own"
+
+
 def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
     """A proxy in front of a Redis that went down closes connections as a TLS-only
     server does: once a read of the queue came back on this URL, the policy's status
@@ -1447,7 +1491,7 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
     policy names the URL, the question stands."""
     import redis
 
-    from stalledpolicy.controller.queue_reading import read_queue
+    from stalledpolicy.controller.queue_figures import read_queue
 
     closed = redis.ConnectionError("Connection closed by server.")
     replies = []

@@ -12,7 +12,7 @@ import redis
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.reconcile import reconcile
-from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.status import condition_of
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller
 

@@ -1,33 +1,16 @@
-"""Threads that reconcile one policy at once (kopf's handlers, the status loop's
-re-applies, drift reverts): each interleaving is made to happen, deterministically,
-by holding the policy's apply lock while another thread is on its way to it."""
+"""Requests that reach one policy's sync in any order (kopf's handlers, the watch,
+the status refresh's re-applies, drift reverts): the scheduler runs one sync of a
+policy at a time, and each applies the newest generation seen, never an older one
+(docs/architecture.md, "The newest generation, never an older one")."""
 
 from __future__ import annotations
 
 import copy
-import threading
 
-from stalledpolicy.controller.reconcile import reconcile
+from stalledpolicy.controller.apply_requests import ApplyRequest
 from tests.unit.test_operator_parts import b64, reconciled_policy
 
 KEY = ("ns", "p")
-
-
-class AnnouncedLock:
-    """A policy's apply lock that says when a thread other than ``owner`` is about
-    to take it (it has read whatever it read before; it may block next)."""
-
-    def __init__(self, lock, owner: threading.Thread) -> None:
-        self.lock, self.owner = lock, owner
-        self.coming = threading.Event()
-
-    def __enter__(self):
-        if threading.current_thread() is not self.owner:
-            self.coming.set()
-        return self.lock.__enter__()
-
-    def __exit__(self, *exc):
-        return self.lock.__exit__(*exc)
 
 
 def edited(body, generation, replicas):
@@ -37,57 +20,42 @@ def edited(body, generation, replicas):
     return body
 
 
-def while_held(state, other, then):
-    """Run ``other`` on a thread of its own; once it is about to take the policy's
-    apply lock (held here), ``then()`` (with the lock held), then let it go on."""
-    lock = AnnouncedLock(state.apply_lock, threading.current_thread())
-    state.apply_lock = lock
-    errors = []
-
-    def run():
-        try:
-            other()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    with lock.lock:
-        thread = threading.Thread(target=run)
-        thread.start()
-        assert lock.coming.wait(5), "the other thread never came to the apply lock"
-        then()
-    thread.join(5)
-    assert not thread.is_alive() and not errors, errors
+def kopf_handler(ctl, body):
+    """kopf's update handler for ``body``: its request, for the policy's next sync (main._request_apply)."""
+    generation = body["metadata"]["generation"]
+    ctl.request_policy_apply(body, ApplyRequest("the policy was changed", kind="policy-event", body=body,
+                                                generation=generation))
 
 
-def test_a_status_loop_reapply_never_applies_the_generation_an_edit_replaced():
-    """The status loop re-applies for a rotated Secret from the policy as it read it;
-    the policy is edited and kopf's update handler applies the edit while that
-    re-apply waits for the apply lock. Before, the re-apply then applied the old
-    generation over the edit and recorded it: the sweeper ran the old spec and
-    observedGeneration went back from 2 to 1, until the next edit."""
+def test_a_reapply_for_a_rotated_secret_applies_the_edit_seen_since_once():
+    """The Secret rotates and the policy is edited before the next sync: that sync
+    applies the edit with the new Secret, once; kopf's handler of the edit then has
+    nothing left to do. Before (a re-apply on a thread of the status loop), the
+    re-apply could apply the generation the edit replaced over it, and
+    observedGeneration went back from 2 to 1 until the next edit."""
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, body = reconciled_policy(secrets)
     ctl.sync(KEY)
-    secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
     state = ctl.policies[KEY]
+    applied = len(apps.applied)
+    secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
     edit = edited(body, 2, 3)
-
-    def kopf_update_handler():
-        ctl.observe_policy(edit, "MODIFIED")
-        reconcile(ctl, edit)
-        assert apps.stored["spec"]["replicas"] == 3
-
-    while_held(state, lambda: ctl.sync(KEY), kopf_update_handler)
-    assert apps.stored["spec"]["replicas"] == 3
-    assert state.outcome.generation == 2
+    ctl.observe_policy(edit, "MODIFIED")
     ctl.sync(KEY)
-    assert state.status["observedGeneration"] == 2
+    kopf_handler(ctl, edit)
+    ctl.sync(KEY)
+    assert len(apps.applied) == applied + 1, "the edit and the new Secret are one apply"
+    assert apps.stored["spec"]["replicas"] == 3
+    assert state.outcome.generation == 2 and state.outcome.secret_digest == ctl.secret_digest(
+        "ns", {"name": "creds"})
+    assert state.status_cache.status["observedGeneration"] == 2
 
 
-def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_one_applied():
-    """kopf's handler for generation 2 waits for the apply lock while a re-apply of
-    the status loop applies generation 3 (the watch has shown it). Before, the
-    handler then applied generation 2 over it: a rollout back to the old spec and
+def test_a_kopf_request_for_an_older_generation_never_applies_it():
+    """kopf's handler for generation 2 asks for its apply after a sync applied
+    generation 3 (the watch showed it): nothing is applied. Asked before that sync,
+    the sync applies generation 3 once. Before (a handler waiting for the apply lock),
+    the handler applied generation 2 over 3: a rollout back to the old spec and
     observedGeneration 3 -> 2, until kopf's handler for generation 3 came."""
     secrets = {("ns", "creds"): {"url": b64("redis://db:6379/0")}}
     apps, ctl, body = reconciled_policy(secrets)
@@ -95,15 +63,14 @@ def test_a_kopf_handler_that_waited_never_applies_an_older_generation_than_the_o
     state = ctl.policies[KEY]
     second, third = edited(body, 2, 2), edited(body, 3, 3)
     ctl.observe_policy(second, "MODIFIED")
-
-    def status_loop_reapply():
-        ctl.observe_policy(third, "MODIFIED")
-        secrets[("ns", "creds")] = {"url": b64("redis://:rotated@db:6379/0")}
-        ctl.sync(KEY)
-        assert apps.stored["spec"]["replicas"] == 3
-
-    while_held(state, lambda: reconcile(ctl, second), status_loop_reapply)
-    assert apps.stored["spec"]["replicas"] == 3
+    kopf_handler(ctl, second)  # pending when the watch shows generation 3
+    ctl.observe_policy(third, "MODIFIED")
+    applied = len(apps.applied)
+    ctl.sync(KEY)
+    assert len(apps.applied) == applied + 1 and apps.stored["spec"]["replicas"] == 3
+    kopf_handler(ctl, second)  # asked again after generation 3 was applied (kopf retried it)
+    ctl.sync(KEY)
+    assert len(apps.applied) == applied + 1 and apps.stored["spec"]["replicas"] == 3
     assert state.outcome.generation == 3
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import redis
 
 from stalledpolicy.controller.reconcile import reconcile
-from stalledpolicy.controller.redis_hosts import HostResolver
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.status_document import REMOVED, status_json_patch, status_patch
 from stalledpolicy.engine import QueueSnapshot
 from tests.unit.test_operator_parts import FakeApps, b64, fake_controller, policy_body
@@ -52,7 +52,7 @@ class Cluster:
         self.generation += 1
         body = policy_body(spec, generation=self.generation)
         if KEY in self.ctl.policies:  # the status the API server holds, as a watch event has it
-            body["status"] = dict(self.ctl.policies[KEY].stored_status or {})
+            body["status"] = dict(self.ctl.policies[KEY].status_cache.stored or {})
         self.ctl.observe_policy(body, "MODIFIED")
         reconcile(self.ctl, body)
 

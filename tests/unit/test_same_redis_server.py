@@ -12,7 +12,7 @@ import pytest
 
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.reconcile import reconcile
-from stalledpolicy.controller.redis_hosts import PENDING, HostResolver, same_server
+from stalledpolicy.controller.same_redis_server import PENDING, HostResolver, same_server
 from tests.unit.test_queue_claims import key_of, newer_state, policy, start, sweeping
 
 SERVICE_IP = "10.96.0.12"

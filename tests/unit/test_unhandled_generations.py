@@ -96,7 +96,7 @@ def test_an_edit_back_to_the_spec_kopf_last_handled_is_applied_by_the_sync(secre
     ctl.sync(KEY)
     assert running_budget(apps) == 2, "the sweeper runs the policy's current maxStalled"
     assert state.outcome.generation == 4
-    assert state.status["observedGeneration"] == 4
+    assert state.status_cache.status["observedGeneration"] == 4
     assert budget_events(ctl) == ["maxStalled 1 -> 3", "maxStalled 3 -> 2"]
 
 

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, KIND
-from stalledpolicy.policy.builder import CONTAINER_NAME, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, sweeper_labels
+from stalledpolicy.policy.builder import (
+    APPLIED_DIGEST_ANNOTATION,
+    CONTAINER_NAME,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POLICY_LABEL,
+    sweeper_labels,
+)
 from stalledpolicy.sweeper.config import ENV_PREFIX
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -28,7 +35,8 @@ JSON_PATCH_CONTENT_TYPE = "application/json-patch+json"
 def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref
+            found: Mapping[str, Any] = ref
+            return found
     return None
 
 
@@ -82,11 +90,12 @@ def earlier_policy_uid(existing: Mapping[str, Any] | None, policy_name: str, pol
     return uid if uid and uid != policy_uid else None
 
 
-def _json(response) -> dict:
-    return json.loads(response.data)
+def _json(response: Any) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(response.data)
+    return decoded
 
 
-def read_deployment(apps, namespace: str, name: str) -> dict | None:
+def read_deployment(apps: Any, namespace: str, name: str) -> dict[str, Any] | None:
     from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
     try:
@@ -106,7 +115,7 @@ def _sweeper_container(deployment: Mapping[str, Any]) -> tuple[int, Mapping[str,
     return None
 
 
-def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict]:
+def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
     """JSON patch operations that take out of the stored sweeper container what
     another writer added and the sweeper would run with: ``args`` (flags win over
     the environment), ``envFrom`` (it may bring any variable) and
@@ -120,7 +129,7 @@ def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]
         return []
     index, container = found
     base = f"/spec/template/spec/containers/{index}"
-    ops: list[dict] = [{"op": "test", "path": f"{base}/name", "value": CONTAINER_NAME}]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": CONTAINER_NAME}]
     ours = {entry.get("name") for entry in wanted[1].get("env") or []}
     env = container.get("env") or []
     for position in reversed(range(len(env))):  # from the end: the indexes before stay valid
@@ -135,7 +144,40 @@ def foreign_settings_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]
     return ops if len(ops) > 1 else []
 
 
-def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
+def already_applied(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    """Whether applying ``desired`` would change nothing on ``existing`` (the Deployment
+    as just read): it carries the applied digest of ``desired`` (a cheap no: an edit,
+    a rotated Secret, another operator version), every field of ``desired`` with its
+    value (another writer's change or removal since our apply shows here; fields only
+    the API server or others set are not looked at), and nothing another writer
+    added that the sweeper would run with (``foreign_settings_patch``).
+    docs/architecture.md, "No apply that would change nothing"."""
+    if existing is None:
+        return False
+    digest = ((desired.get("metadata") or {}).get("annotations") or {}).get(APPLIED_DIGEST_ANNOTATION)
+    if digest is None or ((existing.get("metadata") or {}).get("annotations") or {}).get(
+            APPLIED_DIGEST_ANNOTATION) != digest:
+        return False
+    return _holds(existing, desired) and not foreign_settings_patch(existing, desired)
+
+
+def _holds(live: Any, wanted: Any) -> bool:
+    """Whether ``live`` has every field of ``wanted`` with its value. Lists of named
+    items (containers, env, ports, volumes) are matched by name, as server-side apply
+    merges them; other lists must be equal item by item."""
+    if isinstance(wanted, Mapping):
+        return isinstance(live, Mapping) and all(k in live and _holds(live[k], v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        if not isinstance(live, list):
+            return False
+        if wanted and all(isinstance(item, Mapping) and "name" in item for item in wanted):
+            named = {item.get("name"): item for item in live if isinstance(item, Mapping)}
+            return all(item["name"] in named and _holds(named[item["name"]], item) for item in wanted)
+        return len(live) == len(wanted) and all(_holds(a, b) for a, b in zip(live, wanted))
+    return type(live) is type(wanted) and live == wanted
+
+
+def apply_deployment(apps: Any, deployment: Mapping[str, Any]) -> dict[str, Any]:
     """Server-side apply ``deployment``, then take out what another writer added
     that the sweeper would run with (:func:`foreign_settings_patch`); returns the
     object as stored."""
@@ -159,7 +201,7 @@ def apply_deployment(apps, deployment: Mapping[str, Any]) -> dict:
     return _json(response)
 
 
-def scale_to_zero(apps, namespace: str, name: str) -> None:
+def scale_to_zero(apps: Any, namespace: str, name: str) -> None:
     """Scale a sweeper Deployment of ours to 0 replicas (kept: the operator may not delete it)."""
     apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": 0}},
                                      field_manager=FIELD_MANAGER,

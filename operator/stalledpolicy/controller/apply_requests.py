@@ -26,7 +26,7 @@ class ApplyRequest:
     # the policy generation this request is for: nothing to do once it is applied (kopf's handlers)
     generation: int | None = None
     resume: bool = False  # an operator start (kopf's resume handler): reconcile's ``resume``
-    # Run by sync under the policy's apply lock, before the apply: the body to apply,
+    # Run by sync before the apply: the body to apply,
     # or None when the request has nothing left to do (it may raise RetryLater).
     check: Callable[[], Mapping[str, Any] | None] | None = None
     # Run by sync after a successful apply, with its outcome.

@@ -226,7 +226,7 @@ def use_kubeconfig(path: str) -> None:
     os.environ["KUBECONFIG"] = path
     kube_config = sys.modules.get("kubernetes.config.kube_config")
     if kube_config is not None:
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
+        vars(kube_config)["KUBE_CONFIG_DEFAULT_LOCATION"] = path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listen_failure(exc: BaseException):
+def _listen_failure(exc: BaseException) -> BaseException | None:
     """The ListenFailed of a startup handler behind kopf's ActivityError, or None."""
     # deferred: the arguments are checked before kopf and the operator load
     from stalledpolicy.controller.main import ListenFailed

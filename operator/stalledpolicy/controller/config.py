@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stalledpolicy.kube_names import is_dns_label, is_dns_subdomain
@@ -128,7 +129,7 @@ class OperatorConfig:
         return self.handler_workers + self.status_workers
 
     @classmethod
-    def from_env(cls, environ: os._Environ | dict | None = None) -> OperatorConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
         env = os.environ if environ is None else environ
         defaults = cls()
 
@@ -206,4 +207,4 @@ class OperatorConfig:
 
 def backoff(failures: int, base: float, cap: float) -> float:
     """Delay before retry number ``failures`` (0-based): doubles from ``base`` up to ``cap``."""
-    return min(cap, base * (2 ** min(max(failures, 0), 30)))
+    return min(cap, base * float(2 ** min(max(failures, 0), 30)))

@@ -29,6 +29,7 @@ from stalledpolicy.controller.drift_reverts import (
 )
 from stalledpolicy.controller.objects import is_deleting
 from stalledpolicy.controller.redis_clients import PolicyKey
+from stalledpolicy.controller.status import ReconcileOutcome
 from stalledpolicy.controller.sweeper_events import is_current, owned_policy_state
 
 if TYPE_CHECKING:  # for the annotations only: runtime imports this module (through sync)
@@ -56,7 +57,7 @@ def drifted_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey 
     if owned is None:
         return None
     key, state, _ = owned
-    applied = state.outcome.deployment_generation
+    applied = state.outcome.deployment_generation if state.outcome is not None else None
     if applied is None or int(meta.get("generation") or 0) <= applied:
         return None
     return key
@@ -68,7 +69,7 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any])
     forced: the fields the operator owns come back; fields it never set stay), at
     most DRIFT_MAX_REVERTS times in DRIFT_WINDOW seconds (wall-clock times: they
     outlive the process). The budget is checked, and a revert counted, by the
-    request's check and done, which sync runs under the policy's apply lock."""
+    request's check and done, which the policy's sync runs."""
     state = ctl.policies.get(key)
     if state is None:
         return
@@ -92,12 +93,12 @@ def revert_drift(ctl: Controller, key: PolicyKey, deployment: Mapping[str, Any])
             "namespace": key[0], "policy": key[1], "deployment": meta.get("name"), "generation": seen})
         return state.body
 
-    def counted(outcome) -> None:
+    def counted(outcome: ReconcileOutcome | None) -> None:
         # Only an apply that changed the spec reverted something: a change to a
         # field the operator never sets (`kubectl rollout restart`'s annotation)
         # is left alone by it, bumps no generation and uses up no budget.
         if outcome is not None and (outcome.deployment_generation or 0) > seen and not is_deleting(state.body):
-            count_revert(ctl, state, meta.get("name"), seen, outcome.deployment_generation, now)
+            count_revert(ctl, state, str(meta.get("name") or ""), seen, outcome.deployment_generation or 0, now)
 
     ctl.request_apply(key, ApplyRequest("the sweeper Deployment changed outside the policy", kind=DRIFT_REVERT,
                                         quiet=True, check=check, done=counted))

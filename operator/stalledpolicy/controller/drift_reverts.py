@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stalledpolicy.controller import FIELD_MANAGER, GROUP, events
 from stalledpolicy.controller.api_errors import api_error_types, describe_api_error
 from stalledpolicy.controller.objects import is_deleting
+from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.status import FALSE
 from stalledpolicy.policy.builder import APPLIED_DIGEST_ANNOTATION
 
@@ -72,10 +73,10 @@ def recorded_reverts(deployment: Mapping[str, Any]) -> list[float]:
     return times
 
 
-def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[float],
+def _record_reverts(ctl: Controller, state: PolicyState, deployment_name: str, times: list[float],
                     applied_generation: int) -> None:
     """Write the revert times on the sweeper Deployment (a merge patch of one
-    annotation, under the policy's apply_lock) just after our apply made
+    annotation, in the policy's sync) just after our apply made
     ``applied_generation``. A Deployment's annotations are part of its generation
     (the API server copies them to its ReplicaSets): the one this write makes is
     ours, like an apply's, never drift to revert, when it is the very next one; a
@@ -103,10 +104,10 @@ def _record_reverts(ctl: Controller, state, deployment_name: str, times: list[fl
             state.outcome = dataclasses.replace(state.outcome, deployment_generation=generation)
 
 
-def drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: float,
+def drift_allowed(ctl: Controller, state: PolicyState, deployment: Mapping[str, Any], now: float,
                    posts: events.DeferredPosts) -> bool:
-    """Whether the policy's budget allows another revert (under its apply_lock and
-    its status lock; a revert that happens is counted by the caller); False (a
+    """Whether the policy's budget allows another revert (in its sync, under its
+    status lock; a revert that happens is counted by the caller); False (a
     DriftConflict Warning and the policy's SweeperInSync condition, once per
     conflict) when another writer keeps changing the sweeper. The reverts counted
     are this process's and those recorded on the Deployment (an earlier process's)."""
@@ -143,15 +144,15 @@ def drift_allowed(ctl: Controller, state, deployment: Mapping[str, Any], now: fl
     return False
 
 
-def _applied_generation(state) -> int:
+def _applied_generation(state: PolicyState) -> int:
     """The policy generation the sweeper was last applied for (the body's, before any apply)."""
     if state.outcome is not None and state.outcome.ok:
         return int(state.outcome.generation or 0)
     return int((state.body.get("metadata") or {}).get("generation") or 0)
 
 
-def end_conflict_by_edit(state, generation: int) -> bool:
-    """A reconcile that applied ``generation`` of the policy (under its apply_lock):
+def end_conflict_by_edit(state: PolicyState, generation: int) -> bool:
+    """A reconcile that applied ``generation`` of the policy (in its sync):
     True, and the conflict ended with its revert budget refilled, when that is an
     edit made since the conflict began (the README: "an edit of the policy applies
     it at once"; so SweeperInSync turns True and Ready follows). The caller clears
@@ -166,20 +167,20 @@ def end_conflict_by_edit(state, generation: int) -> bool:
     return True
 
 
-def clear_recorded_reverts(ctl: Controller, state, applied: Mapping[str, Any]) -> None:
+def clear_recorded_reverts(ctl: Controller, state: PolicyState, applied: Mapping[str, Any]) -> None:
     """Remove the drift reverts annotation from the sweeper Deployment (a new revert
     budget), if the one just applied (``applied``, the API server's answer) has it."""
     meta = applied.get("metadata") or {}
     if DRIFT_REVERTS_ANNOTATION in (meta.get("annotations") or {}):
-        _record_reverts(ctl, state, meta.get("name"), [], int(meta.get("generation") or 0))
+        _record_reverts(ctl, state, str(meta.get("name") or ""), [], int(meta.get("generation") or 0))
 
 
-def _end_drift_conflict(state) -> None:
+def _end_drift_conflict(state: PolicyState) -> None:
     state.drift.conflict = None
     state.drift.reverts.clear()
 
 
-def conflict_from_status(state, in_sync: Mapping[str, Any] | None, generation: int, now: float) -> None:
+def conflict_from_status(state: PolicyState, in_sync: Mapping[str, Any] | None, generation: int, now: float) -> None:
     """A new policy state from a status whose SweeperInSync records a DriftConflict an
     earlier process declared: it lasts until the sweeper has been left alone for a
     whole window from ``now``; ``generation``, the one it was declared for."""
@@ -192,7 +193,7 @@ def conflict_from_status(state, in_sync: Mapping[str, Any] | None, generation: i
     state.drift.conflict_generation = int(in_sync.get("observedGeneration") or generation or 0)
 
 
-def conflict_holds_at_start(state, generation: int, deployment_generation: int | None) -> bool:
+def conflict_holds_at_start(state: PolicyState, generation: int, deployment_generation: int | None) -> bool:
     """At an operator start (under the status lock): whether the conflict the status
     records holds for ``generation`` (none, or the policy was edited since it began:
     False, apply); the Deployment's generation is then the one seen (only a later
@@ -203,25 +204,26 @@ def conflict_holds_at_start(state, generation: int, deployment_generation: int |
     return True
 
 
-def check_window(ctl: Controller, state, now: float) -> None:
+def check_window(state: PolicyState, now: float) -> None:
     """The status refresh's look at the conflict (under the status lock): ends it once
     the window is over (``drift_conflict_over``), and the next apply is asked for."""
     if state.drift.conflict:
-        state.drift.resume = drift_conflict_over(ctl, state, now) or state.drift.resume
+        state.drift.resume = drift_conflict_over(state, now) or state.drift.resume
 
 
-def take_resume(state) -> bool:
+def take_resume(state: PolicyState) -> bool:
     """Whether a conflict ended by its window asks for the spec to be applied again (once)."""
-    resume, state.drift.resume = state.drift.resume, False
+    resume: bool = state.drift.resume
+    state.drift.resume = False
     return resume
 
 
-def applied(state) -> None:
+def applied(state: PolicyState) -> None:
     """A successful reconcile: the policy's spec is on the sweeper again."""
     state.drift.reverting = False
 
 
-def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
+def drift_conflict_over(state: PolicyState, now: float) -> bool:
     """The status loop's check (under the policy's status lock): True, and the
     conflict ended, once the sweeper has been left alone for DRIFT_WINDOW seconds;
     the caller applies the policy's spec again (what the other writer left is
@@ -235,9 +237,9 @@ def drift_conflict_over(ctl: Controller, state, now: float) -> bool:
     return True
 
 
-def count_revert(ctl: Controller, state, deployment_name: str, seen: int, applied_generation: int, now: float,
-                  while_down: bool = False) -> None:
-    """An apply of ours (under the policy's apply_lock) reverted generation ``seen``
+def count_revert(ctl: Controller, state: PolicyState, deployment_name: str, seen: int, applied_generation: int,
+                 now: float, while_down: bool = False) -> None:
+    """An apply of ours (in the policy's sync) reverted generation ``seen``
     of the sweeper: one revert of the budget, recorded on the Deployment, counted
     in the metric and told in a DriftReverted event."""
     state.drift.reverts.append(now)
@@ -249,9 +251,9 @@ def count_revert(ctl: Controller, state, deployment_name: str, seen: int, applie
                       "the operator re-applied the policy's spec: edit the StalledPolicy instead")
 
 
-def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], wanted: Mapping[str, Any],
+def count_revert_at_start(ctl: Controller, state: PolicyState, existing: Mapping[str, Any], wanted: Mapping[str, Any],
                           applied: Mapping[str, Any], now: float) -> bool:
-    """kopf's resume apply at an operator start (under the policy's apply_lock, its
+    """kopf's resume apply at an operator start (in the policy's sync, its
     outcome recorded): True, and counted as a revert (with those an earlier process
     recorded on the Deployment), when it changed a sweeper that still carried the
     digest of the very Deployment it applied (``wanted``): what it put back, someone
@@ -271,5 +273,5 @@ def count_revert_at_start(ctl: Controller, state, existing: Mapping[str, Any], w
     log.info("sweeper Deployment changed outside the policy while the operator was not running; re-applied",
              extra={"namespace": state.key[0], "policy": state.key[1], "deployment": meta.get("name"),
                     "generation": seen})
-    count_revert(ctl, state, meta.get("name"), seen, made, now, while_down=True)
+    count_revert(ctl, state, str(meta.get("name") or ""), seen, made, now, while_down=True)
     return True

@@ -87,7 +87,7 @@ QUEUE_CLAIMED = "QueueClaimed"
 QUEUE_RELEASED = "QueueReleased"
 
 
-def queue_released_message(queue: Any, claimed_by: tuple | None) -> str:
+def queue_released_message(queue: Any, claimed_by: tuple[Any, ...] | None) -> str:
     by = f" by {claimed_by[0]}/{claimed_by[1]}" if claimed_by else ""
     return f"queue {queue} is no longer claimed{by}: this policy's sweeper Deployment is applied"
 
@@ -118,7 +118,7 @@ def budget_change_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str
     return "; ".join(parts) or None
 
 
-def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict | None:
+def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The budgets a sweeper Deployment runs with, read from its container's env and
     shaped as a policy spec's for ``budget_change_message``: ``maxStalled`` and each
     lane's effective budget (its own, else the policy's: the sweeper is only given
@@ -131,7 +131,7 @@ def sweeper_budgets(deployment: Mapping[str, Any] | None) -> dict | None:
         return None
     env = {item.get("name"): item.get("value") for item in container.get("env") or [] if isinstance(item, Mapping)}
     try:
-        max_stalled = int(env[ENV_MAX_STALLED])
+        max_stalled = int(str(env[ENV_MAX_STALLED]))
         lanes = parse_lane_budgets(env.get(ENV_LANES) or "")
     except (KeyError, TypeError, ValueError):
         return None
@@ -168,7 +168,7 @@ def _message(text: str) -> str:
 
 
 def build_event(policy: Mapping[str, Any], type_: str, reason: str, message: str,
-                now: str | None = None) -> dict:
+                now: str | None = None) -> dict[str, Any]:
     meta = policy.get("metadata") or {}
     stamp = now or _now()
     message = _message(message)
@@ -233,7 +233,7 @@ class _Posted:
 @dataclass
 class _Similar:
     """Distinct messages (digests) of one (policy, type, reason) in the window."""
-    messages: set
+    messages: set[bytes | None]
     seen: float
 
 
@@ -241,7 +241,7 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
 
 
-def _created_name(response) -> str | None:
+def _created_name(response: Any) -> str | None:
     """The name the API server gave (generateName) from a create's response."""
     try:
         data = getattr(response, "data", response)
@@ -261,7 +261,7 @@ class EventRecorder:
 
     _STRIPES = 32
 
-    def __init__(self, core_api, *, window: float = WINDOW_SECONDS, similar_max: int = SIMILAR_MAX,
+    def __init__(self, core_api: Any, *, window: float = WINDOW_SECONDS, similar_max: int = SIMILAR_MAX,
                  cache_size: int = CACHE_SIZE, clock: Callable[[], float] = time.monotonic) -> None:
         self._core = core_api
         self._window = float(window)
@@ -291,7 +291,7 @@ class EventRecorder:
                     "namespace": namespace, "policy": involved["name"],
                     "reason": reason, "error": type(exc).__name__})
 
-    def _key(self, event: dict, group: tuple, now: float) -> tuple[Hashable, bytes | None]:
+    def _key(self, event: dict[str, Any], group: tuple[Any, ...], now: float) -> tuple[Hashable, bytes | None]:
         """The event's key: its own message, or the group's combined Event once
         more than ``similar_max`` distinct messages came within the window; and
         the message's digest to remember once the post succeeded (None: nothing
@@ -305,7 +305,7 @@ class EventRecorder:
         event["message"] = _message(COMBINED_PREFIX + event["message"])
         return group + (None,), None
 
-    def _remember(self, group: tuple, digest: bytes | None, now: float) -> None:
+    def _remember(self, group: tuple[Any, ...], digest: bytes | None, now: float) -> None:
         """A post of ``group`` succeeded: its message counts among the similar ones."""
         with self._cache_lock:
             similar = self._similar_within_window(group, now)
@@ -314,15 +314,16 @@ class EventRecorder:
                 similar.messages.add(digest)
             self._similar.put(group, similar)
 
-    def _similar_within_window(self, group: tuple, now: float) -> _Similar:
+    def _similar_within_window(self, group: tuple[Any, ...], now: float) -> _Similar:
         """The group's distinct messages of the current window (a new, empty one
         once the window has passed). Call with ``_cache_lock`` held."""
         similar = self._similar.get(group)
         if similar is None or now - similar.seen > self._window:
             return _Similar(set(), now)
-        return similar
+        found: _Similar = similar
+        return found
 
-    def _post(self, event: dict, group: tuple) -> None:
+    def _post(self, event: dict[str, Any], group: tuple[Any, ...]) -> None:
         from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         now = self._clock()
@@ -390,7 +391,7 @@ class NullRecorder:
     """Collects events in memory (tests, dry runs)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, str, str, str]] = []
+        self.events: list[tuple[str | None, str, str, str]] = []
 
     def post(self, policy: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append(((policy.get("metadata") or {}).get("name"), type_, reason, message))

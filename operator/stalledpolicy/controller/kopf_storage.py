@@ -43,7 +43,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -87,7 +87,7 @@ class _UidBinding:
             return bool(uid) and stored_uid != uid
         owners = annotation_owners(body, full_key)
         # No managed fields, or the annotation in none of them: no evidence of a copy.
-        return bool(owners) and not (owners & self.own_managers)
+        return owners is not None and bool(owners) and not (owners & self.own_managers)
 
     def report(self, body: Mapping[str, Any], full_key: str, stored_uid: str | None) -> None:
         """One INFO line per object and annotation (fetch runs on every event)."""
@@ -127,7 +127,7 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             if self._binding.copied(body, full_key, stored_uid):
                 self._binding.report(body, full_key, stored_uid)
                 return None
-            return decoded
+            return cast(kopf.BodyEssence, decoded)
         return None
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
@@ -158,7 +158,7 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             return True
         return False
 
-    def _pop_uid(self, essence: dict) -> str | None:
+    def _pop_uid(self, essence: kopf.BodyEssence) -> str | None:
         annotations = (essence.get("metadata") or {}).get("annotations") or {}
         uid = annotations.pop(self.uid_annotation, None)
         self.remove_empty_stanzas(essence)
@@ -174,7 +174,7 @@ class UidProgressStorage(kopf.AnnotationsProgressStorage):
         super().__init__(prefix=prefix, **kwargs)
         self._binding = _UidBinding(own_managers=own_managers)
 
-    def fetch(self, *, key: str, body: kopf.Body) -> dict | None:
+    def fetch(self, *, key: kopf.HandlerId, body: kopf.Body) -> kopf.ProgressRecord | None:
         for full_key in self.make_keys(key, body=body):
             encoded = body.metadata.annotations.get(full_key, None)
             decoded = json.loads(encoded) if encoded is not None else None
@@ -184,12 +184,12 @@ class UidProgressStorage(kopf.AnnotationsProgressStorage):
             if self._binding.copied(body, full_key, stored_uid):
                 self._binding.report(body, full_key, stored_uid)
                 return None
-            return decoded
+            return cast(kopf.ProgressRecord, decoded)
         return None
 
-    def store(self, *, key: str, record: Mapping[str, Any], body: kopf.Body,
+    def store(self, *, key: kopf.HandlerId, record: kopf.ProgressRecord, body: kopf.Body,
               patch: kopf.Patch) -> None:
         uid = body.metadata.uid
         if uid:
-            record = {**record, PROGRESS_UID_KEY: uid}
+            record = cast(kopf.ProgressRecord, {**record, PROGRESS_UID_KEY: uid})  # a key kopf does not read
         super().store(key=key, record=record, body=body, patch=patch)

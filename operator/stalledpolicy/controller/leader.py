@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalledpolicy.controller.api_errors import describe_api_error
-from stalledpolicy.controller.config import parse_lease
+from stalledpolicy.controller.config import OperatorConfig, parse_lease
 from stalledpolicy.controller.wiring import kubernetes_api_client
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -59,7 +59,7 @@ def _stamp(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _spec_of(lease) -> dict[str, Any]:
+def _spec_of(lease: Any) -> dict[str, Any]:
     """The Lease's spec in the API's own field names (what ``decide`` reads)."""
     spec = lease.to_dict().get("spec") or {}
     return {"holderIdentity": spec.get("holder_identity"), "renewTime": spec.get("renew_time"),
@@ -87,17 +87,17 @@ class LeaseElector:
     """One candidate for the Lease ``namespace/name``; ``coordination``: a
     CoordinationV1Api. ``try_hold()`` is one round (read, decide, write)."""
 
-    def __init__(self, coordination, namespace: str, name: str, me: str, duration: float = DEFAULT_LEASE_SECONDS,
+    def __init__(self, coordination: Any, namespace: str, name: str, me: str, duration: float = DEFAULT_LEASE_SECONDS,
                  now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
                  clock: Callable[[], float] | None = None) -> None:
         self.api, self.namespace, self.name, self.me = coordination, namespace, name, me
         self.duration, self._now, self._clock = duration, now, clock or time.monotonic
         self.holder: str | None = None  # the holder seen at the last round
         self.held = False
-        self._seen: tuple | None = None  # the Lease record last seen, and when (this clock)
+        self._seen: tuple[Any, ...] | None = None  # the Lease record last seen, and when (this clock)
         self._seen_at = 0.0
 
-    def _unchanged_for(self, lease, spec: dict[str, Any] | None) -> float:
+    def _unchanged_for(self, lease: Any, spec: dict[str, Any] | None) -> float:
         """Seconds (this replica's clock) since the Lease last changed (any write:
         its resourceVersion, or its record)."""
         record = None if spec is None else (lease.metadata.resource_version,
@@ -128,7 +128,7 @@ class LeaseElector:
                 self.held = False
                 return False
             stamp = _stamp(now)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {"holderIdentity": self.me, "leaseDurationSeconds": int(round(self.duration)),
                              "renewTime": stamp}}
@@ -137,9 +137,9 @@ class LeaseElector:
                 self.api.create_namespaced_lease(self.namespace, body)
             else:
                 body["metadata"]["resourceVersion"] = lease.metadata.resource_version
-                acquired = _time(spec.get("acquireTime")) or now
+                acquired = _time((spec or {}).get("acquireTime")) or now
                 body["spec"]["acquireTime"] = stamp if action == "take" else _stamp(acquired)
-                transitions = int(spec.get("leaseTransitions") or 0)
+                transitions = int((spec or {}).get("leaseTransitions") or 0)
                 body["spec"]["leaseTransitions"] = transitions + (1 if action == "take" else 0)
                 self.api.replace_namespaced_lease(self.name, self.namespace, body)
         except ApiException as exc:
@@ -307,12 +307,12 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def leadership(config) -> Leadership:
+def leadership(config: OperatorConfig) -> Leadership:
     """The operator's Leadership for ``config.leader_lease``."""
     from kubernetes import client  # deferred: the kubernetes client takes 0.4 s to import
 
 
-    namespace, name = parse_lease(config.leader_lease)
+    namespace, name = parse_lease(config.leader_lease or "")  # set: main asks for leadership only then
     # One attempt per call (urllib3 retried a timed-out read 3 times: a 2 s call took
     # 8 s), within a retry period: the watchdog judges the lease, not the calls.
     api = client.CoordinationV1Api(kubernetes_api_client(2, min(RETRY_SECONDS, config.lease_seconds / 3),

@@ -15,6 +15,7 @@ keeps failing or hangs is a failing probe, and the kubelet restarts the pod.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from stalledpolicy.listen import listening_socket
@@ -46,12 +47,12 @@ class LivenessServer:
         self.address, requested_port, self.path = parse_endpoint(url)
         self._socket = listening_socket(self.address, requested_port)  # OSError: cannot listen
         self.port = self._socket.getsockname()[1]
-        self._runner = None
+        self._runner: Any = None  # an aiohttp AppRunner once started (aiohttp is imported then)
 
     async def start(self) -> LivenessServer:
         import aiohttp.web  # deferred: only a liveness endpoint needs aiohttp
 
-        async def healthy(_request):
+        async def healthy(_request: Any) -> Any:  # an aiohttp request and response
             reason = self._not_ready()
             if reason is not None:
                 return aiohttp.web.json_response({"ready": False, "reason": reason}, status=503)

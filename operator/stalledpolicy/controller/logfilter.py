@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 _KOPF_ATTRS = ("settings", "k8s_skip", "k8s_ref")
 # Watch-event handlers succeed on every event of every object: not news.
@@ -30,7 +31,7 @@ _MEMORY = 10_000
 class KopfRecordFilter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
-        self._last: dict[tuple, str] = {}
+        self._last: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
         self._lead_cancelled = False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
@@ -23,6 +24,9 @@ from stalledpolicy.controller.liveness import LivenessServer
 from stalledpolicy.controller.objects import generation_of, plain
 from stalledpolicy.controller.sweeper_events import adopt_sweeper, disowned_policy, reapply_after_deletion
 from stalledpolicy.sweeper.metrics import StatusServer
+
+if TYPE_CHECKING:  # for the annotations only: wiring, imported at startup, builds it
+    from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")
 STORAGE_PREFIX = f"operator.{GROUP}"
@@ -49,14 +53,14 @@ def not_ready() -> str | None:
     return None if _started else _startup_problem
 
 
-def controller():
+def controller() -> Controller:
     if _controller is None:
         raise kopf.TemporaryError("the operator is still starting", delay=1)
     return _controller
 
 
 @kopf.on.startup()
-async def serve_liveness(**_) -> None:
+async def serve_liveness(**_: Any) -> None:
     """``--liveness``, served in kopf's loop by our own server, not kopf's
     (docs/architecture.md, "``::`` is IPv6 only")."""
     global _liveness_server
@@ -74,7 +78,7 @@ async def serve_liveness(**_) -> None:
 
 
 @kopf.on.cleanup()
-async def stop_liveness(**_) -> None:
+async def stop_liveness(**_: Any) -> None:
     global _liveness_server
     if _liveness_server is not None:
         await _liveness_server.stop()
@@ -82,7 +86,7 @@ async def stop_liveness(**_) -> None:
 
 
 @kopf.on.startup()
-async def lead(**_) -> None:
+async def lead(**_: Any) -> None:
     """With --leader-election-lease: wait for the Lease before anything acts (kopf
     watches nothing until every startup handler is done)."""
     global _leadership
@@ -95,7 +99,7 @@ async def lead(**_) -> None:
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_) -> None:
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _controller, _metrics_server, _diffbase_storage
     # kopf's annotations, each bound to the uid it was written for: a policy created
     # again from an export (its annotations copied) is handled as new (kopf_storage.py).
@@ -129,7 +133,7 @@ def startup(settings: kopf.OperatorSettings, **_) -> None:
     _started = True
 
 
-def serve_metrics(config: OperatorConfig, controller):
+def serve_metrics(config: OperatorConfig, controller: Controller) -> StatusServer:
     """The Controller's metrics at /metrics (the sweeper's small HTTP server, on a
     daemon thread). A port it cannot listen on stops the operator at start."""
     try:
@@ -144,7 +148,7 @@ def serve_metrics(config: OperatorConfig, controller):
 
 
 @kopf.on.cleanup()
-def cleanup(**_) -> None:
+def cleanup(**_: Any) -> None:
     global _metrics_server, _started, _startup_problem
     _started, _startup_problem = False, "the operator is stopping"
     if _controller is not None:
@@ -162,7 +166,7 @@ POLICY_EVENT = "policy-event"  # the ApplyRequest kind of kopf's change handlers
 HANDLER_WAIT = 60.0
 
 
-def _request_apply(body, why: str, *, resume: bool = False) -> None:
+def _request_apply(body: kopf.Body, why: str, *, resume: bool = False) -> None:
     """Enqueue the policy for its sync, which applies it, and wait until the sync has
     taken the request (docs/architecture.md, the trigger table). The apply's failures
     are the policy's condition and sync's retries, never kopf's."""
@@ -174,12 +178,12 @@ def _request_apply(body, why: str, *, resume: bool = False) -> None:
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
-def on_create(body, **_) -> None:
+def on_create(body: kopf.Body, **_: Any) -> None:
     _request_apply(body, "the policy was created")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
-def on_resume(body, patch, **_) -> None:
+def on_resume(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     # A diff base the previous version wrote (no uid) gets this policy's uid, once.
     if _diffbase_storage is not None:
         _diffbase_storage.bind_uid(body=body, patch=patch)
@@ -188,7 +192,7 @@ def on_resume(body, patch, **_) -> None:
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
-def on_update(body, **_) -> None:
+def on_update(body: kopf.Body, **_: Any) -> None:
     # not kopf's ``old``: BudgetChanged compares what was applied (docs/architecture.md)
     _request_apply(body, "the policy was changed")
 
@@ -199,13 +203,13 @@ def on_update(body, **_) -> None:
 # policies were reconciled twice. Work that may wait on a lock or the API goes
 # to a thread of its own.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def on_policy_event(body, type, **_) -> None:  # noqa: A002 - kopf's argument name
+async def on_policy_event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 - kopf's argument name
     if _controller is not None:
         await asyncio.to_thread(_controller.observe_policy, body, type)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE})
-async def on_sweeper_event(body, type, **_) -> None:  # noqa: A002
+async def on_sweeper_event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002
     if _controller is None:
         return
     _controller.observe_deployment(body, type)  # short: one in-memory lock

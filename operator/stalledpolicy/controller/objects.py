@@ -26,10 +26,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-def snapshot(body: Mapping[str, Any]) -> dict:
+def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     """A plain copy of an object to keep in memory, without ``managedFields``
     (about half of each object, never read here)."""
-    copy = plain(body)
+    copy: dict[str, Any] = plain(body)
     (copy.get("metadata") or {}).pop("managedFields", None)
     return copy
 

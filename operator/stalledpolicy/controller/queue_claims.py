@@ -1,6 +1,6 @@
 """One sweeper per queue: two policies the operator watches that name the same
 queue on the same Redis (server, port, database; one server may be named two
-ways: redis_hosts.py) would run two sweepers with two budgets over one queue.
+ways: same_redis_server.py) would run two sweepers with two budgets over one queue.
 They race, so neither budget holds. Of the policies of a queue and Redis that
 sweep, the oldest (``metadata.creationTimestamp``, then name, then namespace)
 keeps the queue; each newer one is ``QueueClaimed``: no sweeper is created for
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from stalledpolicy.controller import events
@@ -42,9 +42,12 @@ from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.objects import asks_for_pods, metadata_of, sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisConfigError, resolve_url
-from stalledpolicy.controller.redis_hosts import Endpoint, as_seen_from, same_server
+from stalledpolicy.controller.same_redis_server import Endpoint, as_seen_from, same_server
 from stalledpolicy.controller.status import NO_URL_REASONS, Problem
 from stalledpolicy.redis_url.validation import url_database
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module
+    from stalledpolicy.controller.runtime import Controller
 
 log = logging.getLogger("stalledpolicy.operator")
 
@@ -91,7 +94,7 @@ def redis_endpoint(url: str) -> Endpoint | None:
     return host, port, db
 
 
-def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpoint | None, str | None]:
+def policy_endpoint(ctl: Controller, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpoint | None, str | None]:
     """(endpoint, misconfigured): the Redis endpoint of a policy's ``spec.redis``
     (the Secret's URL through the controller's cached reader), a short host name
     taken in the policy's namespace (``as_seen_from``). None when it cannot be told
@@ -110,17 +113,17 @@ def policy_endpoint(ctl, namespace: str, spec: Mapping[str, Any]) -> tuple[Endpo
     return as_seen_from(namespace, endpoint), None
 
 
-def own_sweeper(ctl, state) -> Mapping[str, Any] | None:
+def own_sweeper(ctl: Controller, state: PolicyState) -> Mapping[str, Any] | None:
     """The policy's sweeper Deployment as last seen, if it is this policy's (its uid)."""
     namespace, name = state.key
     deployment = ctl.deployments.get((namespace, sweeper_name(name)))
     owner = policy_owner(deployment) if deployment is not None else None
-    if owner is None or owner.get("uid") != metadata_of(state.body).get("uid"):
+    if deployment is None or owner is None or owner.get("uid") != metadata_of(state.body).get("uid"):
         return None
     return deployment
 
 
-def _pods_available(ctl, state) -> bool:
+def _pods_available(ctl: Controller, state: PolicyState) -> bool:
     """Whether a pod of the policy's own sweeper Deployment is available now."""
     deployment = own_sweeper(ctl, state)
     return deployment is not None and int((deployment.get("status") or {}).get("availableReplicas") or 0) > 0
@@ -134,7 +137,7 @@ def _age(body: Mapping[str, Any]) -> tuple[str, str, str]:
             str(meta.get("namespace") or ""))
 
 
-def sweeps(ctl, state) -> bool | None:
+def sweeps(ctl: Controller, state: PolicyState) -> bool | None:
     """Whether the policy of ``state`` sweeps its queue, as last seen: None when this
     process cannot tell yet (not reconciled, or its queue not read, since start)."""
     outcome = state.outcome
@@ -179,7 +182,7 @@ def note_queue_read(state: PolicyState, problem: Problem | None) -> bool:
 _UNSET: Any = object()
 
 
-def claim_of(ctl, body: Mapping[str, Any], _verdicts: dict | None = None) -> Claim:
+def claim_of(ctl: Controller, body: Mapping[str, Any], _verdicts: dict[PolicyKey, str] | None = None) -> Claim:
     """Whether an older policy (of those the operator knows, not being deleted) that
     sweeps (``sweeps``) names the same queue on the same Redis server and database
     as ``body`` (``same_server``): the oldest such one is the ``owner``. Reads
@@ -188,7 +191,7 @@ def claim_of(ctl, body: Mapping[str, Any], _verdicts: dict | None = None) -> Cla
     older policies already judged in this call (``_takes_over_next``), by key: a
     policy's claim depends only on older ones, so each is judged once (without
     it, N held-back policies cost 2^N judgements)."""
-    verdicts: dict = {} if _verdicts is None else _verdicts
+    verdicts: dict[PolicyKey, str] = {} if _verdicts is None else _verdicts
     meta = metadata_of(body)
     if meta.get("deletionTimestamp"):
         return Claim(FREE)
@@ -234,7 +237,7 @@ def claim_of(ctl, body: Mapping[str, Any], _verdicts: dict | None = None) -> Cla
                                                                     misconfigured=misconfigured)
 
 
-def _takes_over_next(ctl, state, verdicts: dict) -> bool:
+def _takes_over_next(ctl: Controller, state: PolicyState, verdicts: dict[PolicyKey, str]) -> bool:
     """Whether a policy held back (QueueClaimed) finds its queue free now and so
     takes it over at its next check (as ``claim_reconcile_reason`` decides; its
     own claim depends only on policies older than it: no cycle). ``verdicts``
@@ -247,7 +250,7 @@ def _takes_over_next(ctl, state, verdicts: dict) -> bool:
     return verdicts[state.key] == FREE
 
 
-def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
+def claim_reconcile_reason(ctl: Controller, state: PolicyState) -> str | None:
     """Why the sweeper must be reconciled again for the one-sweeper-per-queue rule,
     or None. Not under the status lock (it may read Secrets).
     A policy that sweeps a queue an older sweeping one holds (an operator start
@@ -264,7 +267,7 @@ def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
     claim = claim_of(ctl, state.body)
     queue = (state.body.get("spec") or {}).get("queue")
     if outcome.ok:
-        if claim.verdict != CLAIMED:
+        if claim.verdict != CLAIMED or claim.owner is None:  # CLAIMED names its owner
             return None
         return f"queue {queue} is claimed by the older StalledPolicy {claim.owner[0]}/{claim.owner[1]}"
     # From an older policy that lost its claim to unreadable reads, only once this
@@ -274,7 +277,7 @@ def claim_reconcile_reason(ctl, state: PolicyState) -> str | None:
     if (claim.verdict == FREE and not state.claim.read_failures
             and (not claim.lapsed or state.claim.reads >= CLAIM_LOST_AFTER)):
         return f"queue {queue} is no longer claimed by an older StalledPolicy: this policy takes it over"
-    if claim.verdict == CLAIMED and claim.owner != outcome.claimed_by:
+    if claim.verdict == CLAIMED and claim.owner is not None and claim.owner != outcome.claimed_by:
         return f"queue {queue} is claimed by the StalledPolicy {claim.owner[0]}/{claim.owner[1]} now"
     deployment = ctl.deployments.get((state.key[0], sweeper_name(state.key[1])))
     if deployment is not None and asks_for_pods(deployment):

@@ -22,13 +22,22 @@ from stalledpolicy.controller.api_errors import (
     with_policy_fields,
 )
 from stalledpolicy.controller.apply import (
+    already_applied,
     apply_deployment,
     conflict_reason,
     earlier_policy_uid,
     read_deployment,
     scale_to_zero,
 )
-from stalledpolicy.controller.objects import asks_for_pods, generation_of, plain, sweeper_name
+from stalledpolicy.controller.objects import (
+    asks_for_pods,
+    generation_of,
+    metadata_of,
+    plain,
+    policy_key,
+    sweeper_name,
+)
+from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import FREE, UNKNOWN, claim_of, claimed_message, owner_text
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
@@ -47,8 +56,8 @@ if TYPE_CHECKING:  # for the annotations only: runtime imports this module (thro
 log = logging.getLogger("stalledpolicy.operator")
 
 
-def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
-          secret_digest: str | None = None) -> dict:
+def build(body: Mapping[str, Any], spec: StalledPolicySpec, sweeper_image: str | None,
+          secret_digest: str | None = None) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return build_sweeper_deployment(
         meta["name"], meta["namespace"], meta["uid"], spec,
@@ -56,7 +65,8 @@ def build(body: Mapping[str, Any], spec, sweeper_image: str | None,
         secret_digest=secret_digest)
 
 
-def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str, Any] | None) -> str | None:
+def _secret_digest(ctl: Controller, namespace: str, spec: StalledPolicySpec,
+                   existing: Mapping[str, Any] | None) -> str | None:
     """The digest of the policy's Secret value for the pod template. When that value
     is no usable Redis URL now (Secret missing, forbidden or unreadable, key missing,
     not a Redis URL), the digest the running pods have, so neither a passing error
@@ -71,30 +81,33 @@ def _secret_digest(ctl: Controller, namespace: str, spec, existing: Mapping[str,
     return digest
 
 
-def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False) -> ReconcileOutcome | None:
-    """Apply the policy's sweeper Deployment, one reconcile of a policy at a time.
-    None when there is nothing to do: the namespace is being deleted.
+def reconcile(ctl: Controller, body: Mapping[str, Any], *, resume: bool = False,
+              state: PolicyState | None = None) -> ReconcileOutcome | None:
+    """Apply the policy's sweeper Deployment (sync's step; the scheduler runs one sync
+    of a policy at a time). None when there is nothing to do: the namespace is being
+    deleted. ``state``: the policy's, known (sync's); without it (a test), found or
+    made (``Controller.get_or_create_state``).
     ``resume``: an operator start (kopf's resume handler), which applies nothing
     while the policy's status records a DriftConflict (see ``_hold_for_conflict``).
     BudgetChanged compares what was applied (``_budget_change``), not kopf's ``old``
     (docs/architecture.md, "Not kopf's old")."""
-    body = plain(body)
-    state = ctl.state_for(body)
-    with state.apply_lock:
-        # The policy may have been edited while this waited for the lock, and the
-        # edit applied meanwhile: never apply a generation older than the newest seen.
-        # (state.body is replaced whole, never changed in place: read without waiting
-        # for the status lock, which a refresh holds through a whole replay.)
-        newest = state.body
-        if generation_of(newest) > generation_of(body):
-            body = plain(newest)
-        return _reconcile(ctl, body, resume)
+    chosen: dict[str, Any] = plain(body)
+    if state is None:
+        state = ctl.get_or_create_state(chosen)
+    # A request may carry an older body than the newest seen (kopf's handler of an
+    # earlier edit): never apply a generation older than the newest seen.
+    # (state.body is replaced whole, never changed in place: read without the status
+    # lock, which another thread's watch event may hold.)
+    newest = state.body
+    if generation_of(newest) > generation_of(chosen):
+        chosen = plain(newest)
+    return _reconcile(ctl, state, chosen, resume)
 
 
-def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOutcome | None:
-    meta = body.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    generation = int(meta.get("generation") or 0)
+def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
+               resume: bool = False) -> ReconcileOutcome | None:
+    namespace, name = policy_key(body)
+    generation = generation_of(body)
 
     try:
         spec = StalledPolicySpec.from_k8s(body.get("spec"))
@@ -116,18 +129,23 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
         ctl.observe_deployment(existing, read=True)
     _wait_unless_ours(ctl, body, generation, existing, deployment_name)
 
-    claimed = _queue_claimed(ctl, body, generation, existing, deployment_name)
+    claimed = _queue_claimed(ctl, state, body, generation, existing, deployment_name)
     if claimed is not None:
         return claimed
     if resume and existing is not None:
-        held = _hold_for_conflict(ctl, body, generation, spec, existing, wanted)
+        held = _hold_for_conflict(ctl, state, body, generation, spec, existing, wanted)
         if held is not None:
             return held
 
     secret_digest = _secret_digest(ctl, namespace, spec, existing)
     deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
     try:
-        applied = apply_deployment(ctl.apps, deployment)
+        # No request when it would change nothing: at an operator start too, where a
+        # change made while no operator ran shows as not applied (and is counted below).
+        if existing is not None and already_applied(existing, deployment):
+            applied = existing
+        else:
+            applied = apply_deployment(ctl.apps, deployment)
     except api_error_types() as exc:
         if namespace_terminating(exc):
             # The namespace deletion took the sweeper before its policy: nothing
@@ -138,7 +156,6 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
         _apply_failed(ctl, body, generation,
                       with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
                                          f"{describe_api_error(exc)}"), wanted)
-    state = ctl.state_for(body)
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -167,11 +184,11 @@ def _reconcile(ctl: Controller, body: dict, resume: bool = False) -> ReconcileOu
     return outcome
 
 
-def _budget_change(state, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
-    """What BudgetChanged says for the apply of ``deployment`` just made (under the
-    apply lock), or None; the budgets it applied are remembered for the next one.
-    The old side is what the last apply of this process put on the sweeper (not
-    kopf's ``old``: docs/architecture.md); with none remembered (the first apply
+def _budget_change(state: PolicyState, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
+    """What BudgetChanged says for the apply of ``deployment`` just made, or None; the
+    budgets it applied are remembered for the next one. The old side is what the
+    last apply of this process put on the sweeper (not kopf's ``old``:
+    docs/architecture.md); with none remembered (the first apply
     since the operator started), the Deployment as read before this apply, if it was
     built from another generation of the policy. Budgets edited by hand on the
     sweeper of this very generation are drift (DriftReverted), no budget edit.
@@ -191,15 +208,15 @@ def _policy_generation(deployment: Mapping[str, Any]) -> str | None:
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(POLICY_GENERATION_ANNOTATION)
 
 
-def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
+def _wait_unless_ours(ctl: Controller, body: dict[str, Any], generation: int,
                       existing: Mapping[str, Any] | None, deployment_name: str) -> None:
     """Raises RetryLater (its condition recorded) when the Deployment of the sweeper's
     name is not this policy's: a deleted predecessor's, which the garbage collector
     deletes (OldSweeperDeleting), or anyone else's (NameConflict)."""
-    meta = body.get("metadata") or {}
-    namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+    namespace, name = policy_key(body)
+    uid = str(metadata_of(body).get("uid") or "")
     earlier = earlier_policy_uid(existing, name, uid)
-    if earlier is not None:
+    if earlier is not None and existing is not None:
         # Deleted and created again under the same name (kubectl delete + apply,
         # replace --force): the old sweeper goes with its owner. Its deletion
         # (reapply_after_deletion) or this retry applies ours.
@@ -219,7 +236,7 @@ def _wait_unless_ours(ctl: Controller, body: dict, generation: int,
         raise RetryLater(message, events.NAME_CONFLICT)
 
 
-def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
+def _apply_failed(ctl: Controller, body: dict[str, Any], generation: int, message: str,
                   replicas: int | None = None) -> NoReturn:
     """The API refused (a 422 for requests above limits, a 403, ...): a condition and
     a Warning event (once per distinct message), and a retry with a growing delay.
@@ -230,16 +247,15 @@ def _apply_failed(ctl: Controller, body: dict, generation: int, message: str,
     raise RetryLater(message, events.APPLY_FAILED)
 
 
-def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, existing: Mapping[str, Any],
-                       wanted: int) -> ReconcileOutcome | None:
+def _hold_for_conflict(ctl: Controller, state: PolicyState, body: dict[str, Any], generation: int,
+                       spec: StalledPolicySpec, existing: Mapping[str, Any], wanted: int) -> ReconcileOutcome | None:
     """At an operator start (kopf's resume handler), a DriftConflict the policy's status
-    records (``Controller.state_for`` took it from SweeperInSync) means no apply: applying
+    records (``Controller._keep_new_state`` took it from SweeperInSync) means no apply: applying
     would put the policy's spec back over the other writer's, a revert the conflict
     exists to stop, and one counted nowhere. The Deployment is taken as it is (its
     generation is the one "applied", so only a later change is drift, and that is not
     reverted while the conflict lasts); the status loop applies the policy's spec once
     the sweeper has been left alone for a whole window. None: no conflict, apply."""
-    state = ctl.state_for(body)
     meta = body.get("metadata") or {}
     existing_meta = existing.get("metadata") or {}
     deployment_generation = int(existing_meta.get("generation") or 0) or None
@@ -260,7 +276,7 @@ def _hold_for_conflict(ctl: Controller, body: dict, generation: int, spec, exist
     return outcome
 
 
-def _queue_claimed(ctl: Controller, body: dict, generation: int,
+def _queue_claimed(ctl: Controller, state: PolicyState, body: dict[str, Any], generation: int,
                    existing: Mapping[str, Any] | None, deployment_name: str) -> ReconcileOutcome | None:
     """When an older policy the operator knows sweeps the same queue on the same Redis
     (queue_claims.py): no sweeper for this one. None creates no Deployment; ours, if
@@ -276,7 +292,7 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int,
         return None
     owner, owner_confirmed = claim.owner, True
     if claim.verdict == UNKNOWN:
-        current = ctl.state_for(body).outcome
+        current = state.outcome
         if current is not None and current.reason == events.QUEUE_CLAIMED and current.claimed_by is not None:
             owner = current.claimed_by  # held back before: stays so, by the same policy
         elif existing is not None and asks_for_pods(existing):
@@ -291,9 +307,8 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int,
                 ctl.record_outcome(body, outcome, announce=False)
                 return outcome
             owner_confirmed = False  # the older policy is named, not recorded as the holder
-    meta = body.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    queue = (body.get("spec") or {}).get("queue")
+    namespace, name = policy_key(body)
+    queue = str((body.get("spec") or {}).get("queue") or "")
     note = ""
     if existing is not None:
         note = f" (its Deployment {deployment_name} is scaled to 0 replicas)"
@@ -310,6 +325,6 @@ def _queue_claimed(ctl: Controller, body: dict, generation: int,
     message = claimed_message((namespace, name), queue, owner, note, owner_confirmed=owner_confirmed,
                               misconfigured=claim.misconfigured)
     outcome = ReconcileOutcome(generation, False, events.QUEUE_CLAIMED, message, replicas=0,
-                               claimed_by=tuple(owner) if owner and owner_confirmed else None)
+                               claimed_by=owner if owner and owner_confirmed else None)
     ctl.record_outcome(body, outcome)
     return outcome

@@ -57,10 +57,10 @@ def secret_value(secret_data: Mapping[str, str] | None, key: str) -> str | None:
     return validation.stored_url(base64.b64decode(secret_data[key]).decode("utf-8"))
 
 
-class SecretData(dict):
+class SecretData(dict[str, Any]):
     """A Secret's ``data``, with the Secret's ``uid`` (None when unknown)."""
 
-    def __init__(self, data: Mapping[str, str], uid: str | None = None) -> None:
+    def __init__(self, data: Mapping[str, Any], uid: str | None = None) -> None:
         super().__init__(data)
         self.uid = uid
 
@@ -165,7 +165,21 @@ def resolve_url(namespace: str, redis_spec: Mapping[str, Any], secrets: SecretRe
     return check_url(value, f"the value of key {key!r} in Secret {namespace}/{name}")
 
 
-def connect(url: str, timeout: float):
+def secret_digest(secrets: SecretReader, namespace: str, ref: Mapping[str, Any]) -> str | None:
+    """A digest of the value the sweeper reads from ``spec.redis.secretRef`` (the
+    Secret read again once ``secrets``' cache has expired): a new one rolls the
+    sweeper, a label or annotation on the Secret does not. None when that value is
+    no usable Redis URL now (Secret missing or unreadable, key missing, not a Redis
+    URL): the caller keeps what the pods have."""
+    try:
+        url = resolve_url(namespace, {"secretRef": dict(ref)}, secrets)
+        secret = secrets.get(namespace, ref["name"])  # cached by resolve_url's read
+    except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
+        return None
+    return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url, getattr(secret, "uid", None))
+
+
+def connect(url: str, timeout: float) -> Any:  # a redis-py client
     """The operator's decoded client for ``url`` (a RedisCluster on a cluster node).
 
     A database the server lacks (``/16`` on a server with 16) is the URL's
@@ -209,7 +223,7 @@ class RedisClients:
         with self._lock:
             return url_digest(url) in self._answered
 
-    def client(self, policy: PolicyKey, url: str):
+    def client(self, policy: PolicyKey, url: str) -> Any:  # a redis-py client
         digest = url_digest(url)
         with self._lock:
             stale = self._policy_digest.get(policy)

@@ -84,7 +84,7 @@ def requested_replay(annotations: Mapping[str, str] | None,
     return ReplayRequest(token=token, lane=lane)
 
 
-def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict, str | None] | None:
+def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict[str, Any], str | None] | None:
     """This token's replay as recorded in Redis (served before, by this operator
     or one before a restart): its ``status.lastReplay`` record and warning, or
     None when it was never served. Not run, so not a replay to count again."""
@@ -99,13 +99,15 @@ def served_replay(client: Any, queue: str, request: ReplayRequest) -> tuple[dict
 
 
 def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
-               replay_fn: Callable[..., Any] | None = None) -> tuple[dict, str | None]:
+               replay_fn: Callable[..., Any] | None = None) -> tuple[dict[str, Any], str | None]:
     """Replay (the caller has asked :func:`served_replay` first: a token is
     replayed once): the ``status.lastReplay`` record, and what did not go as
     asked (:func:`replay_warning`) or None."""
     record_key = QueueKeys(queue).sweeper_last_replay
     if replay_fn is None:
-        from stalledpolicy.engine import morgue_replay as replay_fn  # deferred: the engine imports redis-py
+        from stalledpolicy.engine import morgue_replay  # deferred: the engine imports redis-py
+
+        replay_fn = morgue_replay
     # lane null when none (dropped when written): never an earlier replay's lane
     record: dict[str, Any] = {"token": request.token, "replayed": None, "time": now, "lane": request.lane}
     moved: list[int] = []  # jobs moved after each completed script call
@@ -150,7 +152,7 @@ def run_replay(client: Any, queue: str, request: ReplayRequest, now: str,
     return record, warning
 
 
-def _store_if_possible(client: Any, record_key: str, record: dict) -> None:
+def _store_if_possible(client: Any, record_key: str, record: dict[str, Any]) -> None:
     """The served record in Redis, if it can be written now: if not (the connection
     is likely gone), this operator still serves the token from memory."""
     import redis  # deferred: redis-py loads only once a Redis is used
@@ -175,7 +177,7 @@ def _may_have_run(exc: BaseException) -> bool:
     return isinstance(exc, (redis.TimeoutError, redis.ConnectionError, socket.timeout, ConnectionError))
 
 
-def _store(client: Any, record_key: str, record: dict) -> None:
+def _store(client: Any, record_key: str, record: dict[str, Any]) -> None:
     client.set(record_key, json.dumps(record, sort_keys=True))
 
 
@@ -196,7 +198,7 @@ def replay_warning(queue: str, result: Any) -> str | None:
     return ". ".join(parts) or None
 
 
-def _served_record(raw: Any, token: str) -> dict | None:
+def _served_record(raw: Any, token: str) -> dict[str, Any] | None:
     """The stored record when it is this token's; anything unreadable counts as none."""
     if raw is None:
         return None

@@ -17,7 +17,7 @@ from typing import Any
 from stalledpolicy.controller import REPLAY_ANNOTATION, events
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_reading import failure_reason, safe_error
+from stalledpolicy.controller.queue_figures import failure_reason, safe_error
 from stalledpolicy.controller.redis_clients import RedisClients
 from stalledpolicy.controller.replay import (
     InvalidReplayRequest,
@@ -39,13 +39,13 @@ def wants_replay(state: PolicyState) -> bool:
     return token is not None and token not in state.replay.served and token != state.replay.refused
 
 
-def take_written(state: PolicyState) -> list[tuple[dict, str | None]]:
+def take_written(state: PolicyState) -> list[tuple[dict[str, Any], str | None]]:
     """The replays the status just written carries (under the status lock): each to announce once."""
     written, state.replay.unwritten = state.replay.unwritten, []
     return written
 
 
-def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snapshot: Any, now: str, *,
+def serve_requested_replay(state: PolicyState, url: str, queue: str, snapshot: Any, now: str, *,
                            read_snapshot: Callable[[], Any], replay_fn: Callable[..., Any] | None,
                            redis_timeout: float, clients: RedisClients, metrics: OperatorMetrics,
                            recorder: Any) -> tuple[Problem | None, Any]:
@@ -104,7 +104,7 @@ def serve_requested_replay(state: PolicyState, url: str, queue: str | None, snap
     return None, snapshot
 
 
-def _replay_client(url: str, timeout: float):
+def _replay_client(url: str, timeout: float) -> Any:  # a redis-py client
     """A bytes client for one replay (replays are rare): job ids and errors
     need not be UTF-8, and a decoding client fails on the reply after the
     script has moved the jobs. Never resent: a replay that answered late
@@ -113,7 +113,7 @@ def _replay_client(url: str, timeout: float):
                    socket_connect_timeout=timeout)
 
 
-def announce_replay(recorder: Any, state: PolicyState, queue: str | None, record: dict,
+def announce_replay(recorder: Any, state: PolicyState, queue: str, record: dict[str, Any],
                     warning: str | None) -> None:
     """Log and post the replay whose record status now shows, and what it left undone."""
     message = replay_message(queue, record)

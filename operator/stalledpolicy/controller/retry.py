@@ -1,9 +1,10 @@
 """The one retry policy of the operator (docs/architecture.md, "One retry policy").
 
 An apply gives up for good until the spec changes (``InvalidPolicy``) or for now
-(``RetryLater``, its ``reason`` naming the first delay). ``Retries`` counts a
-policy's failed syncs in a row: the next try waits ``backoff(failures - 1, first,
-max_backoff)``; a success resets it. ``sync`` (sync.py) is its only user.
+(``RetryLater``, its ``reason`` naming the first delay). ``Retries`` counts a key's
+failures in a row: the next try waits ``backoff(failures - 1, first, max_backoff)``;
+a success resets it. Its users: ``sync``'s applies, and the status refresh while
+the queue cannot be read (its first delay the status interval).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The operator's memory: the ``Controller``.
 
-kopf feeds it (every policy and sweeper Deployment event, every reconcile
-outcome); a ``Scheduler`` refreshes each policy's status on an interval, or
-at once after a change (``sync``, sync.py; its status part ``StatusRefresh``, status_refresh.py). The status subresource
-has one writer, the status loop, and a per-policy lock, so the reconcile
-handlers and the status workers never write over each other's conditions.
+kopf feeds it (every policy and sweeper Deployment event, every apply's outcome);
+its ``Scheduler`` runs ``sync`` (sync.py) for a policy key when a trigger enqueues
+it and after the delay the last sync returned. docs/architecture.md has the loop,
+the triggers and each policy's state (``PolicyState``).
 """
 
 from __future__ import annotations
@@ -15,20 +14,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events
+from stalledpolicy.controller import GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
 from stalledpolicy.controller.apply import policy_owner
 from stalledpolicy.controller.apply_requests import ApplyRequest, PendingApplies
 from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
 from stalledpolicy.controller.objects import (
-    WRITE_ECHO_TIMEOUT,
     RetiredUids,
     created_before,
     generation_of,
     metadata_of,
     newer_deployment,
     policy_key,
-    resource_version,
     snapshot,
 )
 from stalledpolicy.controller.policy_state import PolicyState, ReplayState
@@ -36,24 +33,22 @@ from stalledpolicy.controller.redis_clients import (
     PolicyKey,
     RedisClients,
     SecretReader,
-    resolve_url,
-    secret_value_digest,
+    secret_digest,
 )
-from stalledpolicy.controller.redis_hosts import HostResolver
 from stalledpolicy.controller.replay import served_tokens
 from stalledpolicy.controller.replay_serving import wants_replay
 from stalledpolicy.controller.retry import Retries
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.scheduler import Scheduler
 from stalledpolicy.controller.status import SWEEPER_IN_SYNC, ReconcileOutcome, condition_of
-from stalledpolicy.controller.status_document import status_patch
 from stalledpolicy.controller.status_refresh import StatusRefresh
 from stalledpolicy.controller.sync import sync as sync_policy
 
 log = logging.getLogger("stalledpolicy.operator")
 
 
-class Controller(StatusRefresh):
-    def __init__(self, config: OperatorConfig, *, apps, core, custom, recorder,
+class Controller:
+    def __init__(self, config: OperatorConfig, *, apps: Any, core: Any, custom: Any, recorder: Any,
                  secrets: SecretReader, clients: RedisClients,
                  snapshot_fn: Callable[..., Any] | None = None,
                  replay_fn: Callable[..., Any] | None = None,
@@ -65,23 +60,26 @@ class Controller(StatusRefresh):
         self.clients = clients
         self.redis_hosts = HostResolver()  # one Redis named two ways is one Redis (queue_claims)
         if snapshot_fn is None:
-            from stalledpolicy.engine import queue_snapshot as snapshot_fn  # deferred: the engine imports redis-py
-        self.snapshot_fn = snapshot_fn
+            from stalledpolicy.engine import queue_snapshot  # deferred: the engine imports redis-py
+
+            snapshot_fn = queue_snapshot
+        self.snapshot_fn: Callable[..., Any] = snapshot_fn
         self.replay_fn = replay_fn
         self.policies: dict[PolicyKey, PolicyState] = {}
-        self.deployments: dict[tuple[str, str], dict] = {}
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
         # The keys of self.policies by spec.queue (immutable), under self._lock: the
         # one-sweeper-per-queue checks look at a queue's policies, not at every one.
         self._queues: dict[str, set[PolicyKey]] = {}
         self._retired_policies = RetiredUids()
         self._retired_deployments = RetiredUids()
         self._lock = threading.Lock()
-        self.scheduler: Scheduler | None = None
+        self.scheduler: Scheduler[PolicyKey] | None = None
         # The key this thread syncs: what the sync does must not kick that key again
         # (the scheduler would rerun it at once; sync returns its own next delay).
         self._local = threading.local()
         self.pending_applies = PendingApplies()  # what the triggers ask sync to apply
-        self.retries = Retries(config.max_backoff)  # the one retry policy (retry.py)
+        self.retries = Retries(config.max_backoff)  # the applies' (the one retry policy: retry.py)
+        self.read_retries = Retries(config.max_backoff)  # the status refreshes' that found a problem
         self.stopped = False
         self.clock = time.time  # wall clock of the drift budget (its times outlive the process)
         self.metrics = metrics or OperatorMetrics()  # a registry per Controller: tests read their own
@@ -125,18 +123,26 @@ class Controller(StatusRefresh):
     def request_policy_apply(self, body: Mapping[str, Any], request: ApplyRequest) -> None:
         """``request_apply`` for the policy ``body`` (kopf's handlers): its state made
         first, so that the sync finds the policy even before its watch event."""
-        state = self.state_for(body)
+        state = self.get_or_create_state(body)
         with state.lock:
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
         if self.policies.get(state.key) is state:
             self.request_apply(state.key, request)
         else:
             request.taken.set()  # a deleted policy's: nothing to apply
 
     # -- what kopf tells us --------------------------------------------------
-    def state_for(self, body: Mapping[str, Any]) -> PolicyState:
+    def known_state(self, body: Mapping[str, Any]) -> PolicyState | None:
+        """The state of the policy ``body`` (its name and uid) if it is known; memory only."""
+        state = self.policies.get(policy_key(body))
+        if state is None or metadata_of(state.body).get("uid") != metadata_of(body).get("uid"):
+            return None
+        return state
+
+    def get_or_create_state(self, body: Mapping[str, Any]) -> PolicyState:
         """The state of the policy ``body``, made (and kept) when its uid is new under
-        its name. A policy deleted since (its uid retired) gets a state of its own,
+        its name: for the events that may show a policy first (its watch event, kopf's
+        handlers). A policy deleted since (its uid retired) gets a state of its own,
         never kept. When another uid holds the name, the one that came later keeps
         it (``_came_after``, which may ask the API server, outside the lock)."""
         key = policy_key(body)
@@ -164,14 +170,15 @@ class Controller(StatusRefresh):
     def _keep_new_state(self, key: PolicyKey, body: Mapping[str, Any]) -> PolicyState:
         """A new policy's state, from the status it carries (under self._lock)."""
         first = snapshot(body)
-        state = PolicyState(key=key, body=first)
-        state.status = dict(first.get("status") or {})
-        state.replay = ReplayState(served=served_tokens(state.status.get("lastReplay")))
-        drift_reverts.conflict_from_status(state, condition_of(state.status, SWEEPER_IN_SYNC),
+        state = PolicyState(key=key, body=first, status_cache=status_cache.first_seen(first))
+        status = state.status_cache.status or {}
+        state.replay = ReplayState(served=served_tokens(status.get("lastReplay")))
+        drift_reverts.conflict_from_status(state, condition_of(status, SWEEPER_IN_SYNC),
                                            generation_of(first), self.clock())
         replaced = self.policies.get(key)
         if replaced is not None:
             self._unindex(replaced)
+            self.read_retries.forget(key)  # its refreshes' failures were another policy's
         self.policies[key] = state
         self._queues.setdefault(_queue_of(first), set()).add(key)
         return state
@@ -202,10 +209,10 @@ class Controller(StatusRefresh):
             self.forget(key, (body.get("metadata") or {}).get("uid"))
             self.kick_queue(queue, key)  # a policy it held back may take the queue over
             return
-        state = self.state_for(body)
+        state = self.get_or_create_state(body)
         with state.lock:
             before = generation_of(state.body)
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
             respecified = generation_of(state.body) != before
             replay_asked = wants_replay(state)
         if (replay_asked or respecified) and state.outcome is not None:
@@ -235,35 +242,6 @@ class Controller(StatusRefresh):
                 if state.key != but:
                     self.kick(state.key)
 
-    def _take_body(self, state: PolicyState, fresh: dict) -> bool:
-        """Make ``fresh`` (this policy, same uid) the body we know, unless it is older
-        (under ``state.lock``). A version seen before and since replaced is older (kopf's
-        handler body, a watch event sent again). While a status write of ours waits for
-        the watch to deliver its version, the watch events before it are older than the
-        body the write returned: their status would pass for the one the server holds
-        and the whole status would be written again, the same. Equality of versions only."""
-        version = resource_version(fresh)
-        current = resource_version(state.body)
-        if state.awaited_version is not None:
-            caught_up = (version == state.awaited_version
-                         or generation_of(fresh) > generation_of(state.body)  # a spec change after our write
-                         or status_patch(fresh.get("status") or {}, state.stored_status or {}) is None
-                         or time.monotonic() - state.awaited_since > WRITE_ECHO_TIMEOUT)
-            if not caught_up:
-                # older than our write, and so for good: kopf's handler may bring
-                # it back after the watch has caught up
-                if version != current:
-                    state.seen_versions.append(version)
-                return False
-            state.awaited_version = None
-        if version != current and version in state.seen_versions:
-            return False
-        if version != current:
-            state.seen_versions.append(current)
-        state.body = fresh
-        state.stored_status = dict(fresh.get("status") or {})
-        return True
-
     def forget(self, key: PolicyKey, uid: str | None = None) -> None:
         """Drop a deleted policy; with ``uid``, only if the name still belongs to
         that policy (not to one created since under the same name), and that uid's
@@ -283,6 +261,7 @@ class Controller(StatusRefresh):
                 self.scheduler.remove(key)
             self.pending_applies.forget(key)
             self.retries.forget(key)
+            self.read_retries.forget(key)
             self.clients.drop(key)
 
     def observe_deployment(self, body: Mapping[str, Any], event_type: str | None = None, *,
@@ -311,16 +290,19 @@ class Controller(StatusRefresh):
         return None
 
     def record_outcome(self, body: Mapping[str, Any], outcome: ReconcileOutcome, *, announce: bool = True) -> None:
-        """``announce`` False: a changed outcome is neither logged as a warning nor
-        posted as an event (it says again what the policy's status already says)."""
+        """The outcome of an apply of the known policy ``body``. ``announce`` False: a
+        changed outcome is neither logged as a warning nor posted as an event (it says
+        again what the policy's status already says)."""
         self.metrics.count_reconcile(outcome)  # every reconcile ends here, whatever its result
-        state = self.state_for(body)
+        state = self.known_state(body)
+        if state is None:
+            return  # deleted meanwhile (or another policy holds its name now): recorded nowhere
         with state.lock:
             before = state.outcome
             state.outcome = outcome
             if outcome.ok:
                 drift_reverts.applied(state)
-            self._take_body(state, snapshot(body))
+            status_cache.take_body(state, snapshot(body))
         changed = before is None or (before.ok, before.reason, before.message) != (
             outcome.ok, outcome.reason, outcome.message)
         if before is None or changed or (before.suspended, before.replicas) != (outcome.suspended, outcome.replicas):
@@ -347,18 +329,17 @@ class Controller(StatusRefresh):
         self.kick(state.key)
 
     def secret_digest(self, namespace: str, ref: Mapping[str, Any]) -> str | None:
-        """A digest of the value the sweeper reads from ``spec.redis.secretRef``
-        (the Secret read again once the reader's cache has expired): a new one
-        rolls the sweeper, a label or annotation on the Secret does not. None
-        when that value is no usable Redis URL now (Secret missing or unreadable,
-        key missing, not a Redis URL): the caller keeps what the pods have."""
-        try:
-            url = resolve_url(namespace, {"secretRef": dict(ref)}, self.secrets)
-            secret = self.secrets.get(namespace, ref["name"])  # cached by resolve_url's read
-        except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: keep what we have
-            return None
-        return secret_value_digest(namespace, ref["name"], ref.get("key") or "url", url,
-                                   getattr(secret, "uid", None))
+        """redis_clients.secret_digest, with this Controller's Secret reader."""
+        return secret_digest(self.secrets, namespace, ref)
+
+    def status_refresh(self) -> StatusRefresh:
+        """The status refresh (status_refresh.py), given this Controller's parts as they are now."""
+        return StatusRefresh(
+            config=self.config, custom=self.custom, recorder=self.recorder, secrets=self.secrets,
+            clients=self.clients, redis_hosts=self.redis_hosts, metrics=self.metrics,
+            snapshot_fn=self.snapshot_fn, replay_fn=self.replay_fn, deployments=self.deployments,
+            clock=self.clock, is_current=lambda state: self.policies.get(state.key) is state, forget=self.forget,
+            retries=self.read_retries)
 
 
 def _queue_of(body: Mapping[str, Any]) -> str:

@@ -15,12 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
+K = TypeVar("K", bound=Hashable)  # a key (the operator's: a policy's (namespace, name))
 
 
-class Scheduler:
-    def __init__(self, work: Callable[[Hashable], float | None], workers: int = 4,
+class Scheduler(Generic[K]):
+    def __init__(self, work: Callable[[K], float | None], workers: int = 4,
                  clock: Callable[[], float] = time.monotonic, name: str = "status",
                  on_lag: Callable[[float], None] | None = None) -> None:
         self._work = work
@@ -28,11 +30,11 @@ class Scheduler:
         self._on_lag = on_lag
         self._clock = clock
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Hashable]] = []
-        self._due: dict[Hashable, float] = {}
-        self._running: set[Hashable] = set()
-        self._rerun: set[Hashable] = set()
-        self._cancelled: set[Hashable] = set()
+        self._heap: list[tuple[float, int, K]] = []
+        self._due: dict[K, float] = {}
+        self._running: set[K] = set()
+        self._rerun: set[K] = set()
+        self._cancelled: set[K] = set()
         self._stopped = False
         self._seq = itertools.count()
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
@@ -40,7 +42,7 @@ class Scheduler:
         for thread in self._threads:
             thread.start()
 
-    def schedule(self, key: Hashable, delay: float) -> None:
+    def schedule(self, key: K, delay: float) -> None:
         """Run ``key`` after ``delay`` seconds unless it is already due sooner."""
         with self._cond:
             if self._stopped:
@@ -57,10 +59,10 @@ class Scheduler:
             heapq.heappush(self._heap, (due, next(self._seq), key))
             self._cond.notify()
 
-    def kick(self, key: Hashable) -> None:
+    def kick(self, key: K) -> None:
         self.schedule(key, 0.0)
 
-    def remove(self, key: Hashable) -> None:
+    def remove(self, key: K) -> None:
         with self._cond:
             self._due.pop(key, None)
             self._rerun.discard(key)
@@ -82,7 +84,7 @@ class Scheduler:
                 break
             thread.join(remaining)
 
-    def _next(self) -> tuple[Hashable, float] | None:
+    def _next(self) -> tuple[K, float] | None:
         """The next key due, and how many seconds after its due time it starts."""
         with self._cond:
             while not self._stopped:

@@ -269,5 +269,6 @@ def ready_condition(outcome: ReconcileOutcome, sweeper: Condition, redis: Condit
 def condition_of(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
     for condition in (status or {}).get("conditions") or []:
         if condition.get("type") == type_:
-            return condition
+            found: Mapping[str, Any] = condition
+            return found
     return None

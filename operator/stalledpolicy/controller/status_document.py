@@ -12,7 +12,7 @@ the last reconcile applied, never a newer one: so ``kubectl wait
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalledpolicy.controller.status import (
     DeploymentState,
@@ -27,8 +27,11 @@ from stalledpolicy.controller.status import (
 )
 from stalledpolicy.policy.conditions import READY, REDIS_REACHABLE, SWEEPER_AVAILABLE, SWEEPER_IN_SYNC, set_condition
 
+if TYPE_CHECKING:  # for the annotations only: the engine imports redis-py
+    from stalledpolicy.engine import QueueSnapshot
 
-def snapshot_numbers(snapshot) -> dict:
+
+def snapshot_numbers(snapshot: QueueSnapshot) -> dict[str, Any]:
     return {
         "deadLetters": snapshot.dead,
         "pending": snapshot.pending,
@@ -60,15 +63,15 @@ class _Removed:
 REMOVED = _Removed()
 
 
-def without_queue_figures(status: Mapping[str, Any] | None) -> dict:
+def without_queue_figures(status: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (status or {}).items() if k not in QUEUE_FIGURES}
 
 
 def desired_status(previous: Mapping[str, Any] | None, *, outcome: ReconcileOutcome,
                    deployment: DeploymentState | None, deployment_name: str,
-                   snapshot=None, problem: Problem | None = None,
+                   snapshot: QueueSnapshot | None = None, problem: Problem | None = None,
                    last_replay: Mapping[str, Any] | None = None, now: str | None = None,
-                   drift_conflict: str | None = None, drift_reverting: bool = False) -> dict:
+                   drift_conflict: str | None = None, drift_reverting: bool = False) -> dict[str, Any]:
     """The status to show. Numbers of a failed read keep their last values.
     ``drift_conflict``: the DriftConflict message while the operator has stopped
     reverting the sweeper; SweeperInSync appears with the first one (True once over).
@@ -113,7 +116,7 @@ def _stored_form(value: Any) -> Any:
     return value
 
 
-def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict | None:
+def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """The top-level members of ``desired`` that differ from ``previous``, or None if equal
     (written by :func:`status_json_patch`, each member set whole).
 
@@ -136,7 +139,8 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def status_json_patch(uid: str | None, stored: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> list[dict]:
+def status_json_patch(uid: str | None, stored: Mapping[str, Any] | None,
+                      patch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``patch`` (from :func:`status_patch`) as a JSON patch for the status subresource,
     guarded by a ``test`` of ``metadata.uid``: the API server applies it to the
     policy of that uid only, and refuses it (422) when the name now belongs to a
@@ -145,7 +149,7 @@ def status_json_patch(uid: str | None, stored: Mapping[str, Any] | None, patch: 
     for a deleted policy would land on its successor. ``stored`` is the status the
     server holds as far as we know: empty, the patch sets the whole ``/status``
     (its members cannot be added to a status that does not exist)."""
-    ops: list[dict] = []
+    ops: list[dict[str, Any]] = []
     if uid:
         ops.append({"op": "test", "path": "/metadata/uid", "value": uid})
     if not stored:

@@ -1,28 +1,30 @@
-"""The status part of ``sync`` (``StatusRefresh.refresh_status``, a part of ``Controller``).
+"""The status part of ``sync`` (``StatusRefresh.refresh``).
 
 A refresh reads the queue, serves a replay the policy's annotation asks for,
 writes the status that differs from the one the API server holds (a JSON patch
 guarded by the policy's uid), posts the events of what changed, and says why the
 sweeper must be applied again (the Secret it reads changed, a drift conflict is
-over, the queue's claim moved): sync applies it.
+over): sync applies it. It is given what it uses; docs/architecture.md, "The loop".
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events
-from stalledpolicy.controller.config import OperatorConfig, backoff
+from stalledpolicy.controller import FIELD_MANAGER, GROUP, PLURAL, VERSION, drift_reverts, events, status_cache
+from stalledpolicy.controller.config import OperatorConfig
 from stalledpolicy.controller.metrics import OperatorMetrics
-from stalledpolicy.controller.objects import metadata_of, resource_version, snapshot, sweeper_name
+from stalledpolicy.controller.objects import sweeper_name
 from stalledpolicy.controller.policy_state import PolicyState
-from stalledpolicy.controller.queue_claims import claim_reconcile_reason, note_queue_read
-from stalledpolicy.controller.queue_reading import endpoint_changed, lanes_of, read_queue
-from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader
+from stalledpolicy.controller.queue_claims import note_queue_read
+from stalledpolicy.controller.queue_figures import endpoint_changed, lanes_of, read_queue
+from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, SecretReader, secret_digest
 from stalledpolicy.controller.replay_serving import announce_replay, serve_requested_replay, take_written
+from stalledpolicy.controller.retry import Retries
+from stalledpolicy.controller.same_redis_server import HostResolver
 from stalledpolicy.controller.status import (
     CONFIGURATION_REASONS,
     NO_URL_REASONS,
@@ -38,7 +40,6 @@ from stalledpolicy.controller.status_document import (
     desired_status,
     status_json_patch,
     status_patch,
-    without_queue_figures,
 )
 
 log = logging.getLogger("stalledpolicy.operator")
@@ -47,60 +48,63 @@ log = logging.getLogger("stalledpolicy.operator")
 RECHECKED_AT_INTERVAL = NO_URL_REASONS | {"InvalidSpec"}
 
 
-class StatusRefresh:
-    """The status refresh's methods of ``Controller``."""
+class Refreshed(NamedTuple):
+    """What a refresh tells sync: the delay before the next refresh, why the sweeper
+    must be applied again (None: it need not), and whether the refresh may have
+    moved the policy's queue to or from another policy (queue_claims.note_queue_read)."""
 
-    # What the refresh uses of ``Controller`` (runtime.py sets them). A mixin, not an
-    # object of its own: claim_of and drift_conflict_over take the whole Controller,
-    # and tests replace some of these after __init__ (read each refresh).
+    delay: float
+    why: str | None
+    queue_moves: bool
+
+
+@dataclass(frozen=True)
+class StatusRefresh:
+    """The status refresh, given what it uses (Controller.status_refresh makes one per sync)."""
+
     config: OperatorConfig
-    custom: Any  # kubernetes CustomObjectsApi
+    custom: Any  # kubernetes CustomObjectsApi: the status writes
     recorder: Any  # events.EventRecorder
     secrets: SecretReader
     clients: RedisClients
+    redis_hosts: HostResolver
     metrics: OperatorMetrics
-    snapshot_fn: Callable[..., Any]
+    snapshot_fn: Callable[..., Any]  # engine.queue_snapshot
     replay_fn: Callable[..., Any] | None
-    policies: dict[PolicyKey, PolicyState]
-    deployments: dict[tuple[str, str], dict]
-    clock: Callable[[], float]
-    forget: Callable[..., None]
-    kick_queue: Callable[..., None]
-    secret_digest: Callable[[str, Mapping[str, Any]], str | None]
+    deployments: Mapping[tuple[str, str], dict[str, Any]]  # the sweeper Deployments last seen
+    clock: Callable[[], float]  # the drift budget's wall clock
+    is_current: Callable[[PolicyState], bool]  # the state is still its policy's (not forgotten)
+    forget: Callable[[PolicyKey, str | None], None]  # a policy found deleted
+    # the refreshes in a row that found a problem: the next waits the status interval
+    # doubled per failure, up to max_backoff (Controller.read_retries)
+    retries: Retries
 
-    def refresh_status(self, state: PolicyState) -> tuple[float, str | None] | None:
+    def refresh(self, state: PolicyState) -> Refreshed | None:
         """The status part of ``sync``: read the queue, serve a replay the policy asks
-        for, write the status that differs, post the events of what changed. Returns
-        the delay before the next refresh and why the sweeper must be applied again
-        (None: it need not), or None when the policy is gone."""
-        key = state.key
+        for, write the status that differs, post the events of what changed. None
+        when the policy is gone. The one-sweeper-per-queue reasons to apply are
+        sync's to ask (queue_claims.claim_reconcile_reason), after this."""
         posts = events.DeferredPosts()  # the events this refresh decides, posted after the lock
         with posts.flushed_to(self.recorder), state.lock:
-            drift_reverts.check_window(self, state, self.clock())
+            drift_reverts.check_window(state, self.clock())
             with self.metrics.refresh_duration.time():
                 problem = self._refresh_locked(state, posts)
-            if self.policies.get(key) is not state:
+            if not self.is_current(state):
                 return None
             self.metrics.count_refresh(problem)
             queue_moves = note_queue_read(state, problem)
             why = self._reapply_reason(state, problem)
+            delay = self.config.status_interval
             if problem is None:
-                state.failures = 0
-                delay = self.config.status_interval
-            elif problem.reason in RECHECKED_AT_INTERVAL:
-                # Fixed by a user (a Secret created, a URL corrected), not by waiting:
-                # looked at again every interval (a Secret read, at most a
-                # connection), not after a backoff of up to max_backoff.
-                state.failures += 1
-                delay = self.config.status_interval
+                self.retries.succeeded(state.key)
             else:
-                state.failures += 1
-                delay = backoff(state.failures - 1, self.config.status_interval, self.config.max_backoff)
-        if queue_moves:
-            self.kick_queue((state.body.get("spec") or {}).get("queue"), key)
-        if why is None:
-            why = claim_reconcile_reason(self, state)  # outside the status lock: it may read other policies' Secrets
-        return delay, why
+                backoff = self.retries.failed(state.key, self.config.status_interval)
+                # A problem a user fixes (a Secret created, a URL corrected), not
+                # waiting, is looked at again every interval (a Secret read, at most a
+                # connection), not after a backoff of up to max_backoff.
+                if problem.reason not in RECHECKED_AT_INTERVAL:
+                    delay = backoff
+        return Refreshed(delay, why, queue_moves)
 
     def _reapply_reason(self, state: PolicyState, problem: Problem | None) -> str | None:
         """Why the sweeper must be applied again now (under the status lock), or None:
@@ -122,7 +126,7 @@ class StatusRefresh:
         ref = redis_spec.get("secretRef") or {}
         if not ref.get("name") or redis_spec.get("url"):
             return None
-        digest = self.secret_digest(state.key[0], ref)
+        digest = secret_digest(self.secrets, state.key[0], ref)
         if digest is None or digest == outcome.secret_digest:
             return None
         return (f"the value of key {ref.get('key') or 'url'!r} in Secret {state.key[0]}/{ref['name']} changed "
@@ -130,45 +134,48 @@ class StatusRefresh:
 
     def _refresh_locked(self, state: PolicyState, posts: events.DeferredPosts) -> Problem | None:
         body, outcome = state.body, state.outcome
+        assert outcome is not None, "sync refreshes a policy applied (or held) by this process only"
         spec = body.get("spec") or {}
+        queue = str(spec.get("queue") or "")
         namespace, name = state.key
         deployment_name = sweeper_name(name)
         deployment = self.deployments.get((namespace, deployment_name))
-        if endpoint_changed(state, spec, self.secrets, self.redis_hosts):
-            # Another Redis: the figures in status are the old one's. Dropped until the
-            # new one is read, and no DeadLettered for its morgue's first reading.
-            state.status = without_queue_figures(state.status)
+        changed, endpoint = endpoint_changed(state.status_cache.redis_endpoint, namespace, spec, self.secrets,
+                                             self.redis_hosts)
+        status_cache.endpoint_read(state, endpoint, changed)
         client, snapshot, problem, url = read_queue(state.key, spec, secrets=self.secrets, clients=self.clients,
                                                     snapshot_fn=self.snapshot_fn)
         now = utc_now()
 
-        if client is not None and problem is None:
+        if client is not None and problem is None and url is not None:
             problem, snapshot = serve_requested_replay(
-                state, url, spec.get("queue"), snapshot, now,
+                state, url, queue, snapshot, now,
                 read_snapshot=lambda: self.snapshot_fn(client, spec.get("queue"), lanes_of(spec)),
                 replay_fn=self.replay_fn, redis_timeout=self.config.redis_timeout,
                 clients=self.clients, metrics=self.metrics, recorder=posts)
 
-        previous = state.status or {}
+        previous = state.status_cache.status or {}
         desired = desired_status(
             previous, outcome=outcome,
             deployment=DeploymentState.from_object(deployment) if deployment else None,
             deployment_name=deployment_name, snapshot=snapshot, problem=problem,
             last_replay=state.replay.unwritten[-1][0] if state.replay.unwritten else None, now=now,
             drift_conflict=state.drift.conflict, drift_reverting=state.drift.reverting)
-        stored = previous if state.stored_status is None else state.stored_status
+        stored = previous if state.status_cache.stored is None else state.status_cache.stored
         patch = status_patch(stored, desired)
         if patch is not None:
-            if not self._write_status(state, stored, patch):
+            if not self._write_status(state, stored, patch, desired):
                 return problem or Problem("StatusWriteFailed", "could not write status")
-            state.status = state.stored_status = desired
             for record, warning in take_written(state):
-                announce_replay(posts, state, spec.get("queue"), record, warning)
-            self._announce_changes(state, previous, desired, spec, posts)
+                announce_replay(posts, state, queue, record, warning)
+            self._announce_changes(state, previous, desired, queue, posts)
         self._log_problem(state, problem)
         return problem
 
-    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict) -> bool:
+    def _write_status(self, state: PolicyState, stored: Mapping[str, Any] | None, patch: dict[str, Any],
+                      desired: dict[str, Any]) -> bool:
+        """Patch the status from ``stored`` to ``desired`` (``patch``, the difference);
+        False when it was not written."""
         from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
         namespace, name = state.key
@@ -177,14 +184,7 @@ class StatusRefresh:
             written = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, status_json_patch(uid, stored, patch),
                 field_manager=FIELD_MANAGER, _content_type="application/json-patch+json")
-            if isinstance(written, Mapping) and metadata_of(written).get("uid") == uid and resource_version(written):
-                # The policy as our write left it, newer than anything the watch has
-                # shown: the watch events until its own (kopf's annotation patch, sent
-                # just before the write, arrives after it) are older (_take_body).
-                if resource_version(written) != resource_version(state.body):
-                    state.seen_versions.append(resource_version(state.body))
-                state.body = snapshot(written)
-                state.awaited_version, state.awaited_since = resource_version(written), time.monotonic()
+            status_cache.written(state, desired, written, uid)
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -221,10 +221,10 @@ class StatusRefresh:
                      extra={"namespace": namespace, "policy": name, "uid": uid})
             self.forget(state.key, uid)
             return True
-        state.stored_status = dict(current.get("status") or {})
+        status_cache.read_back(state, current.get("status"))
         return False
 
-    def _announce_changes(self, state: PolicyState, previous: dict, desired: dict, spec,
+    def _announce_changes(self, state: PolicyState, previous: dict[str, Any], desired: dict[str, Any], queue: str,
                           posts: events.DeferredPosts) -> None:
         before = condition_of(previous, REDIS_REACHABLE)
         after = condition_of(desired, REDIS_REACHABLE)
@@ -235,13 +235,13 @@ class StatusRefresh:
                                    after.get("message") or "")
             elif before is not None:
                 posts.post(state.body, events.NORMAL, events.REDIS_REACHABLE,
-                                   f"queue {spec.get('queue')} is readable again")
+                                   f"queue {queue} is readable again")
         grown = events.dead_letter_growth_message(
-            spec.get("queue"), previous.get("deadLetters"), desired.get("deadLetters", 0))
+            queue, previous.get("deadLetters"), desired.get("deadLetters", 0))
         if grown:
             posts.post(state.body, events.WARNING, events.DEAD_LETTERED, grown)
         uncounted = events.uncounted_lapses_message(
-            spec.get("queue"), previous.get("uncountedLapsesTotal"), desired.get("uncountedLapsesTotal", 0))
+            queue, previous.get("uncountedLapsesTotal"), desired.get("uncountedLapsesTotal", 0))
         if uncounted:
             posts.post(state.body, events.WARNING, events.LAPSES_UNCOUNTED, uncounted)
         ready_before, ready_after = condition_of(previous, READY), condition_of(desired, READY)
@@ -251,11 +251,10 @@ class StatusRefresh:
 
     def _log_problem(self, state: PolicyState, problem: Problem | None) -> None:
         """Log a problem when it appears or changes, and its end; never every retry."""
-        if problem == state.logged_problem:
+        if not status_cache.problem_changed(state, problem):
             return
         extra = {"namespace": state.key[0], "policy": state.key[1]}
         if problem is None:
             log.info("queue readable again", extra=extra)
         else:
             log.warning(problem.message, extra={**extra, "reason": problem.reason})
-        state.logged_problem = problem

@@ -14,6 +14,7 @@ from stalledpolicy.controller.api_errors import api_error_types, describe_api_er
 from stalledpolicy.controller.apply import adoptable, controller_owner, earlier_policy_uid, policy_owner
 from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.objects import is_deleting, sweeper_name
+from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.retry import RetryLater
 from stalledpolicy.controller.status import ReconcileOutcome
@@ -26,25 +27,26 @@ log = logging.getLogger("stalledpolicy.operator")
 SWEEPER_DELETED, SWEEPER_ADOPTED = "sweeper-deleted", "sweeper-adopted"  # ApplyRequest kinds
 
 
-def is_current(ctl: Controller, key: PolicyKey, state) -> bool:
+def is_current(ctl: Controller, key: PolicyKey, state: PolicyState) -> bool:
     """``state`` is still the policy's (not forgotten, not replaced by a new uid)."""
     return ctl.policies.get(key) is state
 
 
-def _named_owner(deployment: Mapping[str, Any]):
+def _named_owner(deployment: Mapping[str, Any]) -> tuple[PolicyKey, Mapping[str, Any]] | None:
     """``(key, owner)`` of the StalledPolicy named as this Deployment's controller, when
     the Deployment carries that policy's sweeper name; else None."""
     meta = deployment.get("metadata") or {}
     owner = policy_owner(deployment)
     if owner is None:
         return None
-    key = (meta.get("namespace") or "", owner.get("name") or "")
+    key = (str(meta.get("namespace") or ""), str(owner.get("name") or ""))
     if sweeper_name(key[1]) != meta.get("name"):
         return None
     return key, owner
 
 
-def owned_policy_state(ctl: Controller, deployment: Mapping[str, Any]):
+def owned_policy_state(ctl: Controller,
+                       deployment: Mapping[str, Any]) -> tuple[PolicyKey, PolicyState, Mapping[str, Any]] | None:
     """``(key, state, owner)`` of the policy this sweeper Deployment belongs to, when
     we know that policy (same uid), it is not being deleted, its last reconcile
     succeeded and the Deployment has its sweeper's name; else None. Memory only."""
@@ -72,12 +74,12 @@ def _waiting_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
     state = ctl.policies.get(key)
     if state is None or state.outcome is None or state.outcome.reason != events.OLD_SWEEPER_DELETING:
         return None
-    if earlier_policy_uid(deployment, key[1], (state.body.get("metadata") or {}).get("uid")) is None:
+    if earlier_policy_uid(deployment, key[1], str((state.body.get("metadata") or {}).get("uid") or "")) is None:
         return None
     return key
 
 
-def _policy_still_there(ctl: Controller, key: PolicyKey, state, owner: Mapping[str, Any],
+def _policy_still_there(ctl: Controller, key: PolicyKey, state: PolicyState, owner: Mapping[str, Any],
                         deployment: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The check of the request ``reapply_after_deletion`` makes (run by sync): the
     policy as the API server holds it when it still exists and is not being deleted
@@ -102,7 +104,8 @@ def _policy_still_there(ctl: Controller, key: PolicyKey, state, owner: Mapping[s
             current.get("metadata") or {}).get("deletionTimestamp"):
         return None
     log.info("sweeper Deployment deleted; re-applying", extra={"namespace": key[0], "policy": key[1]})
-    return current
+    found: Mapping[str, Any] = current
+    return found
 
 
 def reapply_after_deletion(ctl: Controller, deployment: Mapping[str, Any]) -> None:

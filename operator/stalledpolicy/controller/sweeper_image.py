@@ -51,7 +51,7 @@ def _deployment_images(deployment: Mapping[str, Any]) -> list[str]:
             for c in pod.get(key) or [] if isinstance(c, Mapping)]
 
 
-def refuse_image(ctl: Controller, body: dict, generation: int, image: str) -> NoReturn:
+def refuse_image(ctl: Controller, body: dict[str, Any], generation: int, image: str) -> NoReturn:
     """``spec.sweeper.image`` is not on the operator's allowlist: the sweeper gets the
     Redis URL from a Secret of the namespace, so an image of the policy author's
     choosing could read any Secret there. InvalidSpec, like any spec the operator
@@ -66,7 +66,7 @@ def refuse_image(ctl: Controller, body: dict, generation: int, image: str) -> No
     try:
         message += _stop_refused_sweeper(ctl, meta)
     except api_error_types() as exc:
-        deployment_name = sweeper_name(meta.get("name"))
+        deployment_name = sweeper_name(str(meta.get("name") or ""))
         message += (f"; Deployment {meta.get('namespace')}/{deployment_name} may still run a refused image, "
                     f"checking it or scaling it to 0 failed: {describe_api_error(exc)}")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.INVALID_SPEC, message))
@@ -81,9 +81,10 @@ def _stop_refused_sweeper(ctl: Controller, meta: Mapping[str, Any]) -> str:
     (the list was narrowed, or the sweeper predates the list) is scaled to 0
     replicas (the operator may not delete Deployments) until the spec is fixed
     and applied again. What was found, as a clause for the InvalidSpec message."""
-    namespace, deployment_name = meta.get("namespace"), sweeper_name(meta.get("name"))
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    deployment_name = sweeper_name(name)
     existing = read_deployment(ctl.apps, namespace, deployment_name)
-    if existing is None or conflict_reason(existing, meta.get("uid"), meta.get("name")) is not None:
+    if existing is None or conflict_reason(existing, str(meta.get("uid") or ""), name) is not None:
         return ""
     refused = [i for i in _deployment_images(existing) if not sweeper_image_allowed(ctl, i)]
     if not refused:
@@ -92,5 +93,5 @@ def _stop_refused_sweeper(ctl: Controller, meta: Mapping[str, Any]) -> str:
     if asks_for_pods(existing):
         scale_to_zero(ctl.apps, namespace, deployment_name)
         log.warning("sweeper Deployment runs a refused image; scaled to 0", extra={
-            "namespace": namespace, "policy": meta.get("name"), "deployment": deployment_name})
+            "namespace": namespace, "policy": name, "deployment": deployment_name})
     return f"; Deployment {deployment_name} runs a refused image ({refused[0]!r}) and is scaled to 0 replicas"

@@ -2,7 +2,7 @@
 
 The ``Scheduler`` runs it for a policy key when a trigger enqueued the key (an
 ``ApplyRequest``, or a kick) and after the delay it returned. A sync applies the
-pending requests (``reconcile``), refreshes the status (``refresh_status``),
+pending requests (``reconcile``), refreshes the status (``StatusRefresh``),
 applies again at once when the refresh found a reason, and returns the delay
 before the next sync: the status interval, or sooner when a failed apply's retry
 is due (``Retries``, the one retry policy). docs/architecture.md has the trigger
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from stalledpolicy.controller.apply_requests import ApplyRequest
 from stalledpolicy.controller.objects import generation_of, is_deleting
 from stalledpolicy.controller.policy_state import PolicyState
+from stalledpolicy.controller.queue_claims import claim_reconcile_reason
 from stalledpolicy.controller.reconcile import reconcile
 from stalledpolicy.controller.redis_clients import PolicyKey
 from stalledpolicy.controller.retry import InvalidPolicy, RetryLater
@@ -45,10 +46,14 @@ def sync(ctl: Controller, key: PolicyKey) -> float | None:
         # no apply asked for yet in this process (kopf's handler enqueues the key)
         # or none recorded (the namespace is being deleted)
         return _retry_wait(ctl, key)
-    refreshed = ctl.refresh_status(state)
+    refreshed = ctl.status_refresh().refresh(state)
     if refreshed is None:
         return None
-    delay, why = refreshed
+    delay, why, queue_moves = refreshed
+    if queue_moves:
+        ctl.kick_queue((state.body.get("spec") or {}).get("queue"), key)
+    if why is None:
+        why = claim_reconcile_reason(ctl, state)  # outside the status lock: it may read other policies' Secrets
     if why is not None:
         # Found by the refresh, no event: a retry of it waits for the backoff.
         ctl.pending_applies.add(key, ApplyRequest(why, kind=FOUND_BY_REFRESH), fresh=False)
@@ -82,8 +87,8 @@ def _request_new_generation(ctl: Controller, state: PolicyState) -> None:
 
 
 def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
-    """Apply the pending requests of ``state``'s policy when they are due (under its
-    apply lock): True when an apply was made. A request sync could not apply is
+    """Apply the pending requests of ``state``'s policy when they are due: True when
+    an apply was made. A request sync could not apply is
     put back, due after the key's backoff."""
     key = state.key
     pending = ctl.pending_applies
@@ -99,32 +104,31 @@ def _apply_pending(ctl: Controller, state: PolicyState) -> bool:
 
 def _apply(ctl: Controller, state: PolicyState, requests: list[ApplyRequest]) -> bool:
     key = state.key
-    with state.apply_lock:
-        if ctl.policies.get(key) is not state:
+    if ctl.policies.get(key) is not state:
+        return False
+    try:
+        chosen = [(request, body) for request in requests
+                  if (body := _body_to_apply(ctl, state, request)) is not None]
+        if not chosen:
             return False
-        try:
-            chosen = [(request, body) for request in requests
-                      if (body := _body_to_apply(ctl, state, request)) is not None]
-            if not chosen:
-                return False
-            body = max((body for _, body in chosen), key=generation_of)
-            resume = any(request.resume for request, _ in chosen)
-            for request, _ in chosen:
-                if not request.quiet and not ctl.retries.failures(key):  # once per streak of failures
-                    log.info("applying the sweeper Deployment", extra={
-                        "namespace": key[0], "policy": key[1], "why": request.why})
-            outcome = reconcile(ctl, body, resume=resume)
-        except InvalidPolicy:
-            ctl.retries.succeeded(key)  # nothing to retry until the spec changes
-            return True
-        except RetryLater as exc:
-            ctl.retries.failed(key, exc.first_delay)
-            ctl.pending_applies.put_back(key, requests)
-            return True
-        ctl.retries.succeeded(key)
+        body = max((body for _, body in chosen), key=generation_of)
+        resume = any(request.resume for request, _ in chosen)
         for request, _ in chosen:
-            if request.done is not None:
-                request.done(outcome)
+            if not request.quiet and not ctl.retries.failures(key):  # once per streak of failures
+                log.info("applying the sweeper Deployment", extra={
+                    "namespace": key[0], "policy": key[1], "why": request.why})
+        outcome = reconcile(ctl, body, resume=resume, state=state)
+    except InvalidPolicy:
+        ctl.retries.succeeded(key)  # nothing to retry until the spec changes
+        return True
+    except RetryLater as exc:
+        ctl.retries.failed(key, exc.first_delay)
+        ctl.pending_applies.put_back(key, requests)
+        return True
+    ctl.retries.succeeded(key)
+    for request, _ in chosen:
+        if request.done is not None:
+            request.done(outcome)
     return True
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubernetes import client
 
 from stalledpolicy.controller.config import OperatorConfig
@@ -19,11 +21,12 @@ class DeadlineApiClient(client.ApiClient):
     timeout of the pool; and its TCP keepalive drops a peer that is gone, not one
     that accepts and never answers."""
 
-    def __init__(self, configuration, timeout: float | None) -> None:
+    def __init__(self, configuration: client.Configuration, timeout: float | None) -> None:
         super().__init__(configuration)
         self.timeout = timeout
 
-    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+    def call_api(self, method: Any, url: Any, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
         return super().call_api(method, url, header_params, body, post_params,
                                 self.timeout if _request_timeout is None else _request_timeout)
 
@@ -43,7 +46,7 @@ def kubernetes_api_client(connections: int, timeout: float | None = None, *,
     return DeadlineApiClient(configuration, timeout)
 
 
-def build_controller(config: OperatorConfig, api_client=None) -> Controller:
+def build_controller(config: OperatorConfig, api_client: client.ApiClient | None = None) -> Controller:
     import urllib3  # deferred: with the kubernetes client
     from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
 
@@ -55,10 +58,10 @@ def build_controller(config: OperatorConfig, api_client=None) -> Controller:
 
     # Secrets are read by name only (RBAC: get), never watched; a digest of the
     # referenced value (Controller.secret_digest) rolls the sweeper when it changes.
-    def read_secret(namespace: str, name: str):
+    def read_secret(namespace: str, name: str) -> SecretData | None:
         try:
             secret = core.read_namespaced_secret(name, namespace)
-            return SecretData(secret.data or {}, secret.metadata.uid)
+            return SecretData(secret.data or {}, secret.metadata.uid if secret.metadata else None)
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -1,10 +1,10 @@
-"""Reading a policy's queue for its status (the status loop's first step).
+"""The queue's figures for a policy's status (the status refresh's first step).
 
 ``read_queue`` gives the queue's snapshot, or the ``Problem`` that says why it
 could not be read, in words that never show the URL's password;
 ``endpoint_changed`` tells whether the policy names another Redis than the one
 its status figures came from (those figures must then be dropped), with the
-judgement of the one-sweeper-per-queue claims (redis_hosts.same_server): one
+judgement of the one-sweeper-per-queue claims (same_redis_server.same_server): one
 server named two ways is no change.
 """
 
@@ -14,10 +14,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalledpolicy.controller.policy_state import PolicyState
 from stalledpolicy.controller.queue_claims import redis_endpoint
 from stalledpolicy.controller.redis_clients import PolicyKey, RedisClients, RedisConfigError, SecretReader, resolve_url
-from stalledpolicy.controller.redis_hosts import HostResolver, as_seen_from, same_server
+from stalledpolicy.controller.same_redis_server import HostResolver, as_seen_from, same_server
 from stalledpolicy.controller.status import Problem
 from stalledpolicy.keyspace import InvalidQueueName
 from stalledpolicy.redis_url.errors import is_credentials_refusal, refusal_in_our_words
@@ -38,7 +37,7 @@ def lanes_of(spec: Mapping[str, Any]) -> list[str]:
 
 
 def read_queue(key: PolicyKey, spec: Mapping[str, Any], *, secrets: SecretReader, clients: RedisClients,
-               snapshot_fn: Callable[..., Any]):
+               snapshot_fn: Callable[..., Any]) -> tuple[Any, Any, Problem | None, str | None]:
     """(client, snapshot, problem, url): exactly one of snapshot/problem is set."""
     import redis  # deferred: redis-py loads only once a Redis is used
 
@@ -78,7 +77,7 @@ def _unreachable(key: PolicyKey, spec: Mapping[str, Any], url: str | None, exc: 
         # A wrong URL is fixed by editing the Secret: read it again next time.
         secrets.forget(key[0], ref["name"])
     where = redact_url(url) if url else "Redis"
-    detail = safe_error(exc, url, connected=bool(url) and clients.answered(url))
+    detail = safe_error(exc, url, connected=bool(url and clients.answered(url)))
     if url and not ref.get("name") and is_credentials_refusal(exc):
         # CREDENTIALS_ADVICE says "put them in the URL": spec.redis.url refuses them.
         detail = ("Redis requires a password (or refused this user/password): spec.redis.url may not "
@@ -94,10 +93,11 @@ def failure_reason(exc: BaseException) -> str:
     return "RedisCredentialsRefused" if is_credentials_refusal(exc) else "RedisUnreachable"
 
 
-def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: SecretReader,
-                     hosts: HostResolver) -> bool:
-    """Whether the policy names another Redis than the one its status figures were
-    read from (under the status lock): another server or database (host, port,
+def endpoint_changed(known: tuple[Any, ...] | None, namespace: str, spec: Mapping[str, Any], secrets: SecretReader,
+                     hosts: HostResolver) -> tuple[bool, tuple[Any, ...] | None]:
+    """(changed, endpoint): whether the policy names another Redis than ``known``, the
+    one its status figures were read from (StatusCache.redis_endpoint), and the
+    endpoint to remember for the next judgement. Another server or database (host, port,
     database of spec.redis.url, or of the value of the Secret spec.redis.secretRef
     names: new credentials for the same server are no change), or another
     spec.redis whose URL cannot be resolved now. The same spec.redis with a Secret
@@ -113,16 +113,14 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
     redis_spec = spec.get("redis") or {}
     described = json.dumps(redis_spec, sort_keys=True, default=str)
     try:
-        url = resolve_url(state.key[0], redis_spec, secrets)
+        url = resolve_url(namespace, redis_spec, secrets)
         endpoint = redis_endpoint(url)
     except Exception:  # noqa: BLE001 - RedisConfigError, or the API down: not known now
         endpoint = None
     if endpoint is not None:
-        endpoint = as_seen_from(state.key[0], endpoint)
-    known = state.redis_endpoint
+        endpoint = as_seen_from(namespace, endpoint)
     if known is None:
-        state.redis_endpoint = (described, endpoint)
-        return False
+        return False, (described, endpoint)
     if endpoint is not None and known[1] is not None:
         same = same_server(endpoint, known[1], hosts)
         if same is None:
@@ -138,10 +136,8 @@ def endpoint_changed(state: PolicyState, spec: Mapping[str, Any], secrets: Secre
             # and drops them then if this is another Redis. Meanwhile the old
             # figures may show a little longer, and at most one reading of the
             # new Redis is compared with the old one's (one DeadLettered at worst).
-            return False
+            return False, known
         changed = not same
     else:
         changed = described != known[0]
-    if changed or endpoint is not None:
-        state.redis_endpoint = (described, endpoint)
-    return changed
+    return changed, ((described, endpoint) if changed or endpoint is not None else known)

@@ -1,6 +1,6 @@
 """Whether two Redis endpoints are one server named two ways (one sweeper per
 queue, queue_claims.py; whether a policy's status figures came from another
-Redis, queue_reading.endpoint_changed): ``redis.prod.svc`` and
+Redis, queue_figures.endpoint_changed): ``redis.prod.svc`` and
 ``redis.prod.svc.cluster.local`` or the Service's IP, ``localhost`` and
 ``127.0.0.1``. The URL's scheme is no part
 of an endpoint: a port speaks TLS or not, never both.
@@ -76,12 +76,12 @@ def ip_literal(host: str) -> str | None:
 
 def lookup_addresses(host: str) -> Iterable[str]:
     """The addresses a TCP client connecting to ``host`` would try."""
-    return [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 
 
 @dataclass
 class _Entry:
-    addresses: frozenset | None | object = PENDING  # None: the name does not resolve
+    addresses: frozenset[str] | None | object = PENDING  # None: the name does not resolve
     checked_at: float = float("-inf")
     lookup_done: threading.Event | None = None  # set when the lookup in flight ends
     asked_at: float = float("-inf")  # the last ``addresses`` call for the name
@@ -99,7 +99,7 @@ class HostResolver:
         self._lock = threading.Lock()
         self._forgot_at = float("-inf")
 
-    def addresses(self, host: str) -> frozenset | None | object:
+    def addresses(self, host: str) -> frozenset[str] | None | object:
         """The addresses of ``host``; None when it does not resolve; PENDING when its
         first lookup did not end within ``wait`` seconds."""
         literal = ip_literal(host)
@@ -177,9 +177,9 @@ def same_server(mine: Endpoint, theirs: Endpoint, hosts: HostResolver) -> bool |
         return False
     if mine[0] == theirs[0]:
         return True
-    answers = [hosts.addresses(mine[0]), hosts.addresses(theirs[0])]
-    if None in answers:
+    ours, others = hosts.addresses(mine[0]), hosts.addresses(theirs[0])
+    if ours is None or others is None:
         return False  # a name that does not resolve: the names differ
-    if PENDING in answers:
-        return None
-    return not answers[0].isdisjoint(answers[1])
+    if not isinstance(ours, frozenset) or not isinstance(others, frozenset):
+        return None  # PENDING
+    return not ours.isdisjoint(others)
