@@ -17,6 +17,7 @@ from stalledpolicy.controller.runtime import Controller
 from stalledpolicy.controller.status import ReconcileOutcome, condition_of
 from stalledpolicy.devenv.echomq import EchoMQ
 from stalledpolicy.keyspace import QueueKeys
+from stalledpolicy.lua import script
 from tests.redis.test_morgue_cli import another_clients_long_script
 
 pytestmark = pytest.mark.redis
@@ -656,6 +657,10 @@ def test_a_replay_that_answered_too_late_is_served_once_and_not_resent(redis_ser
     secrets = {("ns", "creds"): {"url": b64(f"{redis_server.url}?socket_timeout=1")}}
     keys = QueueKeys(queue_name)
     dead_letter(r, queue_name, "JOB0001")
+    # the call that goes unanswered is the replay itself: with the script not yet
+    # in the server's cache (this test alone, on a new server) it would be an
+    # EVALSHA answered NOSCRIPT after the timeout, and the EVAL never sent
+    r.script_load(script("morgue_replay").body)
     busy = another_clients_long_script(redis_server, 2.0)
     runs = []
 
