@@ -79,6 +79,18 @@ NEEDED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl
 
 TARGET_RECONCILE_S = 120.0
 TARGET_MEMORY_MB = 300.0
+# Issue 23, "one step further": 10,000 policies all reconciled within 5 minutes,
+# under 1 GB; the targets above are those of 1,000 (issue 4).
+LARGE_N = 1000
+TARGET_RECONCILE_LARGE_S = 300.0
+TARGET_MEMORY_LARGE_MB = 1000.0
+
+
+def targets(n: int) -> tuple[float, float]:
+    """(seconds to all reconciled, peak MB) for ``n`` policies."""
+    if n > LARGE_N:
+        return TARGET_RECONCILE_LARGE_S, TARGET_MEMORY_LARGE_MB
+    return TARGET_RECONCILE_S, TARGET_MEMORY_MB
 
 
 def log(message: str) -> None:
@@ -104,6 +116,23 @@ class AuditedPlane(ControlPlane):
     (Metadata level): who made which request, which the metrics cannot say."""
 
     audit = True
+    # kube-controller-manager's client rate (--kube-api-qps; burst 1.5x): 0 keeps its
+    # default (20/s, burst 30), which rolls out 10,000 Deployments in about 40 minutes.
+    manager_qps = 0
+    # CPU seconds of components stopped and started again (restart_controller_manager)
+    retired_cpu: dict
+
+    def restart_controller_manager(self, qps: float) -> None:
+        """kube-controller-manager stopped and started again at ``qps`` (its CPU so far
+        kept in ``retired_cpu``): it lists everything again and goes on where the
+        old one stopped."""
+        old = next(c for c in self.components if c.name == "kube-controller-manager")
+        self.retired_cpu = getattr(self, "retired_cpu", {})
+        self.retired_cpu[old.name] = self.retired_cpu.get(old.name, 0.0) + process_cpu_seconds(old.pid)
+        old.stop()
+        self.components.remove(old)
+        self.manager_qps = qps
+        self._start_controller_manager(self.pki, time.monotonic() + 90)
 
     @property
     def audit_log(self) -> Path:
@@ -115,6 +144,8 @@ class AuditedPlane(ControlPlane):
             policy.write_text(AUDIT_POLICY)
             args = [*args, f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
                     "--audit-log-format=json", "--audit-log-maxsize=0", "--audit-log-mode=blocking"]
+        if name == "kube-controller-manager" and self.manager_qps:
+            args = [*args, f"--kube-api-qps={self.manager_qps:g}", f"--kube-api-burst={int(self.manager_qps * 1.5)}"]
         return super()._spawn(name, args)
 
 
@@ -274,6 +305,17 @@ class World:
         self.policies: dict[str, PolicySeen] = {}
         self.deployments: dict[str, DeploymentSeen] = {}
         self.events = Counter()
+        # The names ``reconciled`` holds for, kept up to date by each event: the
+        # wait predicates ask on every wake-up, and a count over every policy
+        # there made the bench itself quadratic in N (10,000 policies).
+        self.reconciled_names: set[str] = set()
+
+    def _note(self, policy: str) -> None:
+        """Whether ``policy`` is reconciled now, after an event about it (lock held)."""
+        if self.reconciled(policy):
+            self.reconciled_names.add(policy)
+        else:
+            self.reconciled_names.discard(policy)
 
     def on_policy(self, kind: str, obj: dict, now: float) -> None:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -282,6 +324,7 @@ class World:
             self.events["policy " + kind] += 1
             if kind == "DELETED":
                 self.policies.pop(name, None)
+                self.reconciled_names.discard(name)
             else:
                 seen = self.policies.setdefault(name, PolicySeen())
                 seen.generation = int(meta.get("generation") or 0)
@@ -292,6 +335,7 @@ class World:
                     seen.reconciled_at = now
                 if seen.ready_at is None and seen.ready == "True":
                     seen.ready_at = now
+                self._note(name)
             self.cond.notify_all()
 
     def on_deployment(self, kind: str, obj: dict, now: float) -> None:
@@ -311,6 +355,8 @@ class World:
                 seen.observed_generation = int(status.get("observedGeneration") or 0)
                 seen.replicas = 1 if spec.get("replicas") is None else int(spec["replicas"])
                 seen.updated = int(status.get("updatedReplicas") or 0)
+            if name and name.endswith("-sweeper"):
+                self._note(name[:-len("-sweeper")])
             self.cond.notify_all()
 
     def wait(self, predicate: Callable[[], Any], timeout: float) -> Any:
@@ -420,7 +466,8 @@ def renice(pids, nice: int) -> None:
 
 
 def plane_cpu(plane: ControlPlane) -> dict[str, float]:
-    return {c.name: process_cpu_seconds(c.pid) for c in plane.components}
+    retired = getattr(plane, "retired_cpu", {})
+    return {c.name: process_cpu_seconds(c.pid) + retired.get(c.name, 0.0) for c in plane.components}
 
 
 class Operator:
@@ -726,7 +773,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
         log(f"operator started (pid {operator.pid}): {' '.join(operator.command)}")
 
         def all_reconciled():
-            return sum(1 for name in world.policies if world.reconciled(name)) >= n
+            return len(world.reconciled_names) >= n
 
         deadline = time.monotonic() + args.timeout
         progress_at = time.monotonic()
@@ -736,7 +783,7 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
             if time.monotonic() - progress_at >= 10:
                 progress_at = time.monotonic()
                 with world.cond:
-                    done = sum(1 for name in world.policies if world.reconciled(name))
+                    done = len(world.reconciled_names)
                     deployments = len(world.deployments)
                 log(f"  {time.time() - t0:5.0f}s: {deployments} Deployments, {done} of {n} reconciled, "
                     f"operator RSS {operator.proc_status().get('VmRSS', 0):.0f} MB")
@@ -774,6 +821,11 @@ def run(args: argparse.Namespace) -> tuple[Result, dict]:
         if created:
             result.startup_cpu_s = operator.cpu_at(created[0])
             result.reconcile_cpu_s = operator.cpu_at(at_reconciled) - result.startup_cpu_s
+        if args.controller_manager_qps:
+            # The cold start ran beside the controller manager at its defaults, as at
+            # 1,000; from here on it only has to finish the rollouts the settle waits for.
+            plane.restart_controller_manager(args.controller_manager_qps)
+            log(f"kube-controller-manager restarted at --kube-api-qps={args.controller_manager_qps:g}")
 
         # ---- settle: the controller manager done, the operator's status writes over
         quiet_needed = 2 * args.status_interval
@@ -970,6 +1022,7 @@ def machine_facts(facts: dict) -> list[str]:
 
 def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     n = r.policies
+    target_reconcile_s, target_memory_mb = targets(n)
     cold_audit_total = sum(r.cold_audit.values())
     cold_all_total = sum(r.cold_metrics.values())
     per_min = r.quiet_status_writes / (r.quiet_s / 60) if r.quiet_s else float("nan")
@@ -982,8 +1035,8 @@ def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, st
          f"{percentile(r.reconciled_s, 50):.1f} s / {percentile(r.reconciled_s, 90):.1f} s"
          if r.reconciled_s else "-", "", ""),
         ("all N reconciled (Deployment + status.observedGeneration)", _s(r.all_reconciled_s),
-         f"<= {TARGET_RECONCILE_S:.0f} s",
-         _holds(r.all_reconciled_s is not None and r.all_reconciled_s <= TARGET_RECONCILE_S)),
+         f"<= {target_reconcile_s:.0f} s",
+         _holds(r.all_reconciled_s is not None and r.all_reconciled_s <= target_reconcile_s)),
         *([("all N Ready=True (the pod runner playing the kubelet)", _s(r.all_ready_s), "", "")]
           if args.pod_runner else []),
         ("settled (controller manager done, no status write for 2 intervals)", _s(r.settle_s), "", ""),
@@ -997,8 +1050,8 @@ def summary_rows(r: Result, args: argparse.Namespace) -> list[tuple[str, str, st
          _holds(r.quiet_status_writes == 0)),
         ("operator API requests in that window (audit)",
          str(sum(r.quiet_audit.values())) if r.quiet_audit or not args.no_audit else "-", "", ""),
-        ("operator peak memory (VmHWM)", f"{r.peak_rss_mb:.0f} MB", f"< {TARGET_MEMORY_MB:.0f} MB",
-         _holds(0 < r.peak_rss_mb < TARGET_MEMORY_MB)),
+        ("operator peak memory (VmHWM)", f"{r.peak_rss_mb:,.0f} MB", f"< {target_memory_mb:,.0f} MB",
+         _holds(0 < r.peak_rss_mb < target_memory_mb)),
         ("operator RSS at all reconciled / after the quiet window",
          f"{r.rss_at_reconciled_mb:.0f} MB / {r.rss_after_quiet_mb:.0f} MB", "", ""),
         ("operator CPU, cold start to settled", f"{r.cold_cpu_s:.1f} s", "", ""),
@@ -1091,6 +1144,10 @@ def report(r: Result, facts: dict, args: argparse.Namespace, command: str) -> st
         f"last change to operator/ {facts.get('source', 'unknown')}"
         + (f", extra arguments `{' '.join(args.operator_arg)}`" if args.operator_arg else "")
         + (f", environment `{' '.join(args.operator_env)}`" if args.operator_env else ""),
+        *([f"- kube-controller-manager at its defaults (--kube-api-qps 20, burst 30) until all N were reconciled, "
+           f"then restarted at --kube-api-qps={args.controller_manager_qps:g} "
+           f"--kube-api-burst={int(args.controller_manager_qps * 1.5)}, so that the rollouts the settle waits for "
+           "take minutes (its CPU below: both processes)"] if args.controller_manager_qps else []),
         "",
         summary,
         "",
@@ -1153,6 +1210,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the local pod runner (stalledpolicy.devenv.podrunner) so sweepers really run "
                              "and policies become Ready; one sweeper process per policy: small N only. Its pod "
                              "LISTs and status writes show up in the all-clients request counts")
+    parser.add_argument("--controller-manager-qps", type=float, default=0,
+                        help="once all N are reconciled (the cold start measured with kube-controller-manager at "
+                             "its defaults, 20/s, burst 30), restart it with this --kube-api-qps (burst 1.5x): at "
+                             "its default it takes about 40 minutes to roll out 10,000 Deployments, which the "
+                             "settle and the quiet window wait for")
     parser.add_argument("--no-restart", action="store_true", help="skip the operator restart phase")
     parser.add_argument("--no-audit", action="store_true", help="no API server audit log (metrics only)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the operator's and the plane's logs")

@@ -294,3 +294,21 @@ def test_the_resume_handler_binds_the_old_value_in_its_patch(monkeypatch, diffba
     main.on_resume(body=kopf.Body(old), retry=0, patch=patch)
     assert resumed == [{"resume": True}]
     assert UID_A in patch["metadata"]["annotations"][DIFFBASE_KEY]
+
+
+@pytest.mark.parametrize("extra_fields", [None, set(), {("status", "deadLetters")}])
+def test_the_essence_is_kopfs_own_without_copying_what_it_drops(diffbase, extra_fields):
+    managed = [owns("kubectl-create", "team"), owns("kopf", DIFFBASE_KEY, MARKER)]
+    raw = policy(annotations={"team": "a", DIFFBASE_KEY: "{}", "kubectl.kubernetes.io/last-applied-configuration": "x",
+                              "other.example/kopf-managed": "yes", "other.example/last-handled-configuration": "{}"},
+                 managed=managed, spec={"queue": "nc", "maxStalled": 1, "lanes": [{"name": "a", "maxStalled": 2}]})
+    raw["metadata"]["labels"] = {"app": "x"}
+    raw["metadata"]["ownerReferences"] = [{"kind": "Thing", "name": "t", "uid": "u"}]
+    before = copy.deepcopy(raw)
+    kopfs = kopf.AnnotationsDiffBaseStorage.build(diffbase, body=kopf.Body(copy.deepcopy(raw)),
+                                                  extra_fields=extra_fields)
+    ours = diffbase.build(body=kopf.Body(raw), extra_fields=extra_fields)
+    assert ours == kopfs
+    assert raw == before  # the body is left as it was
+    ours["spec"]["lanes"][0]["maxStalled"] = 9  # and the essence is a copy
+    assert raw["spec"]["lanes"][0]["maxStalled"] == 2

@@ -1526,3 +1526,39 @@ def test_a_connection_dropped_after_redis_answered_is_not_blamed_on_tls():
     clients.drop(("ns", "q"))
     replies[:] = [closed]
     assert "speaking TLS only" in read()[2].message
+
+
+def test_a_disowned_sweeper_is_found_by_its_name_short_or_hash_shortened():
+    from stalledpolicy.controller import FIELD_MANAGER
+    from stalledpolicy.controller.events import NullRecorder
+    from stalledpolicy.controller.runtime import Controller
+    from stalledpolicy.controller.sweeper_events import disowned_policy
+    from stalledpolicy.policy.builder import sweeper_labels, sweeper_name
+
+    ctl = Controller(OperatorConfig(), apps=None, core=None, custom=None, recorder=NullRecorder(),
+                     secrets=SecretReader(lambda ns, name: None, ttl=1), clients=RedisClients(),
+                     snapshot_fn=lambda *a, **k: None)
+    long_name = "a" * 250 + ".b"  # past 245 characters: its sweeper's name is hash-shortened
+    for index, name in enumerate(["orders", "orders-1234abcd", long_name, "going"]):
+        meta = {"name": name, "namespace": "ns", "uid": f"u{index}", "generation": 1, "resourceVersion": "1"}
+        if name == "going":
+            meta["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+        ctl.state_for({"metadata": meta, "spec": {"queue": name}})
+
+    def unowned(policy, namespace="ns", labels=None):
+        return {"metadata": {"name": sweeper_name(policy), "namespace": namespace,
+                             "labels": sweeper_labels(policy) if labels is None else labels,
+                             "managedFields": [{"manager": FIELD_MANAGER}]}}
+
+    assert sweeper_name(long_name) != long_name + "-sweeper"
+    assert disowned_policy(ctl, unowned("orders")) == ("ns", "orders")
+    assert disowned_policy(ctl, unowned("orders-1234abcd")) == ("ns", "orders-1234abcd")
+    assert disowned_policy(ctl, unowned(long_name)) == ("ns", long_name)
+    assert disowned_policy(ctl, unowned("orders", namespace="other")) is None
+    assert disowned_policy(ctl, unowned("unknown")) is None
+    assert disowned_policy(ctl, unowned("going")) is None  # its policy is being deleted
+    assert disowned_policy(ctl, unowned("orders", labels=sweeper_labels("else"))) is None  # not its labels
+    owned = unowned("orders")
+    owned["metadata"]["ownerReferences"] = [{"kind": "StalledPolicy", "name": "orders", "uid": "u0",
+                                             "controller": True}]
+    assert disowned_policy(ctl, owned) is None

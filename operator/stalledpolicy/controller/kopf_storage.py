@@ -117,6 +117,21 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         self.uid_annotation = f"{prefix}/{UID_NAME}"
         self._binding = _UidBinding(own_managers=own_managers)
 
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        """kopf's essence of ``body``, the same, without deep-copying what it drops:
+        kopf copies the whole body, then drops ``status`` and ``metadata`` (keeping
+        the labels and annotations). Built on every policy event, the copy of
+        ``metadata.managedFields`` and ``status`` was a fifth of kopf's loop at a
+        cold start of 10,000 policies. With extra fields (none of our handlers asks
+        for any) kopf's own build, unchanged."""
+        if extra_fields:
+            return super().build(body=body, extra_fields=extra_fields)
+        slim = {k: v for k, v in body.items() if k != "status"}
+        metadata = body.get("metadata")
+        if isinstance(metadata, Mapping):
+            slim["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+        return super().build(body=kopf.Body(slim), extra_fields=extra_fields)
+
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         for full_key in self.make_keys(self.key, body=body):
             encoded = body.metadata.annotations.get(full_key, None)

@@ -209,6 +209,9 @@ class RedisClients:
         self._lock = threading.Lock()
         self._by_digest: dict[str, Any] = {}
         self._policy_digest: dict[PolicyKey, str] = {}
+        # How many policies name each digest (the values of _policy_digest counted):
+        # whether a client is still used is one look-up, not a scan of every policy.
+        self._users: dict[str, int] = {}
         # URLs (digests) Redis has answered a read on, while a policy names them:
         # past that, a dropped connection is an outage, no sign of a wrong scheme or
         # port (a proxy in front of a Redis that went down closes connections the way
@@ -228,6 +231,10 @@ class RedisClients:
         with self._lock:
             stale = self._policy_digest.get(policy)
             self._policy_digest[policy] = digest
+            if stale != digest:
+                self._users[digest] = self._users.get(digest, 0) + 1
+                if stale:
+                    self._release(stale)
             existing = self._by_digest.get(digest)
         if stale and stale != digest:
             self._close_unused(stale)
@@ -245,6 +252,8 @@ class RedisClients:
         """The policy is gone (or its client failed): release its client."""
         with self._lock:
             digest = self._policy_digest.pop(policy, None)
+            if digest:
+                self._release(digest)
         if digest:
             self._close_unused(digest)
 
@@ -259,16 +268,24 @@ class RedisClients:
         with self._lock:
             digest = self._policy_digest.get(policy)
             client = self._by_digest.pop(digest, None) if digest else None
-            shared = any(other != policy and theirs == digest for other, theirs in self._policy_digest.items())
+            shared = digest is not None and self._users.get(digest, 0) > 1  # another policy names it too
         if client is not None and not shared:
             try:
                 client.close()
             except Exception:  # noqa: BLE001 - a broken connection may fail to close
                 pass
 
+    def _release(self, digest: str) -> None:
+        """One policy fewer names ``digest`` (under the lock)."""
+        left = self._users.get(digest, 0) - 1
+        if left > 0:
+            self._users[digest] = left
+        else:
+            self._users.pop(digest, None)
+
     def _close_unused(self, digest: str) -> None:
         with self._lock:
-            if digest in self._policy_digest.values():
+            if self._users.get(digest):
                 return
             self._answered.discard(digest)
             client = self._by_digest.pop(digest, None)
@@ -283,6 +300,7 @@ class RedisClients:
             clients = list(self._by_digest.values())
             self._by_digest.clear()
             self._policy_digest.clear()
+            self._users.clear()
             self._answered.clear()
         for client in clients:
             try:

@@ -123,8 +123,12 @@ def status_patch(previous: Mapping[str, Any] | None, desired: Mapping[str, Any])
     ``lastUpdateTime`` alone is never a change (it only follows real changes).
     """
     previous = previous or {}
+    # Equal members are equal in stored form too: the stored forms are built only for
+    # members that differ as they are (every refresh compares the whole status twice;
+    # nearly always equal).
     patch = {key: value for key, value in desired.items()
-             if key != "lastUpdateTime" and _stored_form(previous.get(key)) != _stored_form(value)}
+             if key != "lastUpdateTime" and previous.get(key) != value
+             and _stored_form(previous.get(key)) != _stored_form(value)}
     # queue figures of another Redis (``without_queue_figures``) are removed
     patch.update({key: REMOVED for key in QUEUE_FIGURES if key in previous and key not in desired})
     if not patch:

@@ -6,6 +6,7 @@ policy's now), and an owner reference lost (adopt it). Each adds an
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:  # for the annotations only: runtime imports this module (thro
 
 log = logging.getLogger("stalledpolicy.operator")
 SWEEPER_DELETED, SWEEPER_ADOPTED = "sweeper-deleted", "sweeper-adopted"  # ApplyRequest kinds
+SWEEPER_SUFFIX = "-sweeper"  # sweeper_name's, for a policy name that fits
+_SHORTENED = re.compile(r"-[0-9a-f]{8}-sweeper$")  # sweeper_name of a name too long to fit
 
 
 def is_current(ctl: Controller, key: PolicyKey, state: PolicyState) -> bool:
@@ -143,6 +146,17 @@ def disowned_policy(ctl: Controller, deployment: Mapping[str, Any]) -> PolicyKey
     if meta.get("deletionTimestamp") or controller_owner(deployment) is not None:
         return None
     namespace, name = meta.get("namespace") or "", meta.get("name")
+    # The policy named by the Deployment's name, one look-up: ``<policy>-sweeper``.
+    if name and name.endswith(SWEEPER_SUFFIX):
+        key = (namespace, name[:-len(SWEEPER_SUFFIX)])
+        state = ctl.policies.get(key)
+        if state is not None and sweeper_name(key[1]) == name and adoptable(deployment, key[1]):
+            return key if not is_deleting(state.body) else None
+    if not (name and _SHORTENED.search(name)):
+        return None
+    # A hash-shortened name (a policy name past 245 characters) names no policy
+    # itself: only then are the known policies looked through. At most one is
+    # adoptable (the policy label is a hash of the whole name too).
     for key, state in list(ctl.policies.items()):
         if key[0] == namespace and sweeper_name(key[1]) == name and adoptable(deployment, key[1]):
             return key if not is_deleting(state.body) else None
