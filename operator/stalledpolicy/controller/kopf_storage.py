@@ -130,7 +130,7 @@ class UidDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         metadata = body.get("metadata")
         if isinstance(metadata, Mapping):
             slim["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
-        return super().build(body=kopf.Body(slim), extra_fields=extra_fields)
+        return super().build(body=kopf.Body(cast(kopf.RawBody, slim)), extra_fields=extra_fields)
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         for full_key in self.make_keys(self.key, body=body):
