@@ -7,6 +7,15 @@ import pytest
 from stalledpolicy.engine import CallSizer
 
 
+def settled_at_250(floor: int) -> CallSizer:
+    """A sizer after five full calls at 4 us a job: 250 jobs fill its 1 ms."""
+    sizer = CallSizer(1000, target_s=0.001, floor=floor)
+    for _ in range(5):
+        sizer.observe(sizer.size, sizer.size * 4e-6)
+    assert sizer.size == 250
+    return sizer
+
+
 def test_full_fast_calls_grow_at_most_twofold_up_to_the_cost_of_the_target():
     sizer = CallSizer(1000, target_s=0.001, floor=25)
     assert sizer.size == 25
@@ -27,10 +36,7 @@ def test_the_cap_is_never_exceeded():
 
 
 def test_slow_calls_shrink_but_never_below_the_floor():
-    sizer = CallSizer(1000, target_s=0.001, floor=25)
-    for _ in range(5):
-        sizer.observe(sizer.size, sizer.size * 4e-6)
-    assert sizer.size == 250
+    sizer = settled_at_250(floor=25)
     # the machine got loaded: 4 ms for the same call, twice in a row
     sizer.observe(250, 0.004)
     sizer.observe(250, 0.004)
@@ -43,10 +49,7 @@ def test_slow_calls_shrink_but_never_below_the_floor():
 def test_one_stretched_call_does_not_shrink_the_next():
     # a call the scheduler stretched (the host, not its size) says nothing of the
     # next one: the median of the last calls' cost of a job sizes it
-    sizer = CallSizer(1000, target_s=0.001, floor=25)
-    for _ in range(5):
-        sizer.observe(sizer.size, sizer.size * 4e-6)
-    assert sizer.size == 250
+    sizer = settled_at_250(floor=25)
     sizer.observe(250, 0.010)
     assert sizer.size == 250
     sizer.observe(250, 250 * 4e-6)
@@ -56,10 +59,7 @@ def test_one_stretched_call_does_not_shrink_the_next():
 
 
 def test_a_lasting_change_in_cost_is_followed_both_ways():
-    sizer = CallSizer(1000, target_s=0.001, floor=10)
-    for _ in range(5):
-        sizer.observe(sizer.size, sizer.size * 4e-6)
-    assert sizer.size == 250
+    sizer = settled_at_250(floor=10)
     for _ in range(3):
         sizer.observe(sizer.size, sizer.size * 8e-6)  # jobs now cost twice as much
     assert sizer.size == 125
