@@ -1543,7 +1543,7 @@ def test_a_disowned_sweeper_is_found_by_its_name_short_or_hash_shortened():
         meta = {"name": name, "namespace": "ns", "uid": f"u{index}", "generation": 1, "resourceVersion": "1"}
         if name == "going":
             meta["deletionTimestamp"] = "2026-12-06T00:00:00Z"
-        ctl.state_for({"metadata": meta, "spec": {"queue": name}})
+        ctl.get_or_create_state({"metadata": meta, "spec": {"queue": name}})
 
     def unowned(policy, namespace="ns", labels=None):
         return {"metadata": {"name": sweeper_name(policy), "namespace": namespace,
