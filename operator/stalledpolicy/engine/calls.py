@@ -5,10 +5,12 @@ messages that name the grant (Redis's own words name neither)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import NoPermissionError, ResponseError
+from redis import Redis
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from stalledpolicy.keyspace import QueueKeys
 from stalledpolicy.lua import script
@@ -89,6 +91,13 @@ def _acl_refusal(exc: ResponseError, prefix: str, read_only: bool) -> str | None
             f"keys, channel and commands (e.g. {grant})")
 
 
+def _raise_refusal(exc: ResponseError, keys: QueueKeys, read_only: bool) -> None:
+    """Raise ``exc`` as :class:`AclRefused` when it is the ACL refusing a script call; else return."""
+    refusal = None if str(exc).startswith("EMQNOPERM") else _acl_refusal(exc, keys.prefix, read_only)
+    if refusal is not None:
+        raise AclRefused(refusal) from exc
+
+
 def run_script(name: str, client: Any, keys: QueueKeys, key_names: Sequence[str], args: Sequence[Any]) -> Any:
     """Call script ``name``; an ACL refusal of its keys or commands is raised as
     :class:`AclRefused`, naming the grant (Redis's own words name neither)."""
@@ -96,7 +105,81 @@ def run_script(name: str, client: Any, keys: QueueKeys, key_names: Sequence[str]
     try:
         return loaded(client, key_names, args)
     except ResponseError as exc:
-        refusal = None if str(exc).startswith("EMQNOPERM") else _acl_refusal(exc, keys.prefix, loaded.read_only)
-        if refusal is None:
+        _raise_refusal(exc, keys, loaded.read_only)
+        raise
+
+
+class ScriptCalls:
+    """Calls of one writing script, one at a time, each sent (:meth:`send`) and
+    its reply read (:meth:`receive`) apart: between the two the caller does its
+    bookkeeping of the call before, while Redis runs this one. The reply and
+    its errors are :func:`run_script`'s. Through any client the call is made
+    when its reply is read; :func:`script_calls` picks :class:`HeldConnection`
+    where the client allows it. :meth:`close` when done. ``sent_at``
+    (``time.perf_counter()``): when the call whose reply comes next went out."""
+
+    def __init__(self, name: str, client: Any, keys: QueueKeys, key_names: Sequence[str]) -> None:
+        self.name, self.client, self.keys, self.key_names = name, client, keys, list(key_names)
+        self._args: Sequence[Any] = ()
+        self.sent_at = 0.0
+
+    def send(self, args: Sequence[Any]) -> None:
+        self._args = args
+
+    def receive(self) -> Any:
+        self.sent_at = time.perf_counter()
+        return run_script(self.name, self.client, self.keys, self.key_names, self._args)
+
+    def close(self) -> None:
+        pass
+
+
+class HeldConnection(ScriptCalls):
+    """:class:`ScriptCalls` on one pooled connection of a single server's plain
+    client, held until :meth:`close`: :meth:`send` writes the call at once
+    (docs/architecture.md, "The next call before the last one's bookkeeping").
+    One attempt per call, as that client makes. NOSCRIPT (the server's script
+    cache was emptied) makes that call again through the client, whose EVAL
+    caches the body. Any failure but an error reply drops the connection: a
+    reply may still be on its way, and no later call may take it for its own."""
+
+    def __init__(self, name: str, client: Any, keys: QueueKeys, key_names: Sequence[str]) -> None:
+        super().__init__(name, client, keys, key_names)
+        self._script = script(name)
+        self._pool = client.connection_pool
+        self._connection: Any = self._pool.get_connection()
+
+    def send(self, args: Sequence[Any]) -> None:
+        self._args = args
+        try:
+            self._connection.send_command("EVALSHA", self._script.sha, len(self.key_names), *self.key_names, *args)
+        except BaseException:
+            self._connection.disconnect()
             raise
-        raise AclRefused(refusal) from exc
+        self.sent_at = time.perf_counter()
+
+    def receive(self) -> Any:
+        try:
+            return self._connection.read_response()
+        except NoScriptError:
+            # (the call did not run) sent again through the client, timed from there
+            return super().receive()
+        except ResponseError as exc:
+            _raise_refusal(exc, self.keys, read_only=False)
+            raise
+        except BaseException:
+            self._connection.disconnect()
+            raise
+
+    def close(self) -> None:
+        self._pool.release(self._connection)
+
+
+def script_calls(name: str, client: Any, keys: QueueKeys, key_names: Sequence[str]) -> ScriptCalls:
+    """:class:`HeldConnection` for a plain ``redis.Redis`` (exactly that class:
+    a subclass may change how its commands are sent) with a pool of its own
+    connections, else :class:`ScriptCalls` (a Redis Cluster's client routes each
+    call to the node of its keys, and retries)."""
+    if type(client) is Redis and client.connection is None and not script(name).read_only:
+        return HeldConnection(name, client, keys, key_names)
+    return ScriptCalls(name, client, keys, key_names)

@@ -8,7 +8,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from stalledpolicy.engine.calls import as_text, check_budget, check_positive, merged_problems, run_script
+from stalledpolicy.engine.calls import (
+    as_text,
+    check_budget,
+    check_positive,
+    merged_problems,
+    run_script,
+    script_calls,
+)
 from stalledpolicy.engine.sizing import CallSizer
 from stalledpolicy.keyspace import QueueKeys
 
@@ -190,13 +197,21 @@ class SweepCall:
         self.keys = QueueKeys(queue)
         self.key_names, self._args = sweep_call(self.keys, 1, budgets, holds)
 
-    def run(self, client: Any, limit: int) -> SweepResult:
-        """One call over at most ``limit`` expired jobs (and at most ``limit``
-        leases held, and as many settled)."""
+    def args(self, limit: int) -> list[Any]:
+        """ARGV of a call over at most ``limit`` expired jobs."""
         check_positive("batch size", limit)
         args = list(self._args)
         args[1] = limit
-        reply = run_script("sweep", client, self.keys, self.key_names, args)
+        return args
+
+    def run(self, client: Any, limit: int) -> SweepResult:
+        """One call over at most ``limit`` expired jobs (and at most ``limit``
+        leases held, and as many settled)."""
+        return self.result(run_script("sweep", client, self.keys, self.key_names, self.args(limit)))
+
+    @staticmethod
+    def result(reply: Any) -> SweepResult:
+        """A call's reply, read."""
         (recovered, dead_lettered, orphans, quarantined, more, lanes, problems, held, uncounted, next_at, now,
          took_us) = reply
         return SweepResult(
@@ -236,21 +251,44 @@ def drain(
     ``batch_size``: each call's limit, or a :class:`CallSizer` that sizes each
     call by the server time the ones before took (within its cap). ``should_stop`` is
     checked between calls only: a call in flight always finishes (each call is
-    atomic, so stopping never loses a job).
+    atomic, so stopping never loses a job). The next call is sent as soon as the
+    last one's reply says there is more, before ``on_call`` is told of the last
+    one (engine.calls.ScriptCalls): a stop that ``on_call`` asks for ends the
+    drain after that next call. Every call that came back is counted and told
+    to ``on_call``, also when sending the next one failed.
     """
     sizer = batch_size if isinstance(batch_size, CallSizer) else None
     call = SweepCall(queue, budgets, holds)
     total = SweepResult()
-    while not should_stop():
-        started = time.perf_counter()
-        result = call.run(client, sizer.size if sizer else int(cast(int, batch_size)))
-        seconds = time.perf_counter() - started
-        if sizer is not None:
-            # Valkey freezes TIME within a script (server_us 0): the wall time then
-            sizer.observe(result.moved, result.server_us / 1e6 if result.server_us > 0 else seconds)
-        if on_call is not None:
-            on_call(result, seconds)
-        total.add(result)
-        if not result.more:
-            break
-    return total
+    if should_stop():
+        return total
+    first = call.args(sizer.size if sizer else int(cast(int, batch_size)))
+    calls = script_calls("sweep", client, call.keys, call.key_names)
+    try:
+        calls.send(first)
+        while True:
+            reply = calls.receive()
+            seconds = time.perf_counter() - calls.sent_at
+            # What sizes and decides the next call is read first: the next call
+            # is on its way while this one's reply is read and counted.
+            moved, more, took_us = int(reply[0]) + int(reply[1]) + int(reply[2]) + int(reply[3]), reply[4], reply[11]
+            if sizer is not None:
+                # Valkey freezes TIME within a script (took_us 0): the wall time then
+                sizer.observe(moved, int(took_us) / 1e6 if int(took_us) > 0 else seconds)
+            next_sent = bool(more) and not should_stop()
+            failed: BaseException | None = None
+            if next_sent:
+                try:
+                    calls.send(call.args(sizer.size if sizer else int(cast(int, batch_size))))
+                except BaseException as exc:  # noqa: BLE001 (raised below, once this call is counted)
+                    failed = exc
+            result = call.result(reply)
+            if on_call is not None:
+                on_call(result, seconds)
+            total.add(result)
+            if failed is not None:
+                raise failed
+            if not next_sent:
+                return total
+    finally:
+        calls.close()
