@@ -18,10 +18,11 @@ from tests.kube.operator_harness import apply_crd, events_for, read_deployment
 pytestmark = [pytest.mark.kube, pytest.mark.redis]
 
 
-def started(kube_api, namespace: str, name: str, *, resume: bool):
+def started(kube_api, namespace: str, name: str, *, resume: bool, requests: list[str] | None = None):
     """A new Controller that took kopf's request for the policy (its resume handler's
     at an operator start) and ran the policy's sync; and the PATCH requests it sent
-    to Deployments, by path."""
+    to Deployments, by path. ``requests``: gets every request to a Deployment, as
+    "METHOD path"."""
     ctl = build_controller(OperatorConfig(sweeper_image="stalledpolicy:test"), api_client=kube_api)
     patches: list[str] = []
     api = ctl.apps.api_client
@@ -30,6 +31,8 @@ def started(kube_api, namespace: str, name: str, *, resume: bool):
     def counted(method, url, *args, **kwargs):
         if method == "PATCH" and "/deployments/" in url:
             patches.append(url)
+        if requests is not None and "/deployments/" in url:
+            requests.append(f"{method} {url}")
         return call_api(method, url, *args, **kwargs)
 
     api.call_api = counted
@@ -80,3 +83,45 @@ def test_a_restart_applies_nothing_unchanged_and_reverts_a_change_made_while_dow
     again, patches = started(kube_api, ns, "p", resume=True)  # and the next start finds it in place
     again.stop()
     assert patches == [] and again.metrics.value("stalledpolicy_operator_drift_reverts_total") == 0
+
+
+def test_a_first_apply_is_one_request_and_never_takes_over_a_deployment_of_that_name(
+        control_plane, kube_api, kube_namespace, redis_server, queue_name):
+    """A policy no apply has been recorded for: its sweeper is created by the apply
+    alone, no read first. When a Deployment of that name exists (here one the
+    operator did not make), that apply is refused and changes nothing; the
+    Deployment is read and judged as before (NameConflict)."""
+    ns = kube_namespace
+    apply_crd(control_plane)
+    apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    for name in ("p", "clash"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+            "apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name},
+            "spec": {"queue": f"{queue_name}-{name}", "redis": {"url": redis_server.url}}})
+
+    requests: list[str] = []
+    first, _ = started(kube_api, ns, "p", resume=False, requests=requests)
+    first.stop()
+    assert [r.split(" ")[0] for r in requests] == ["PATCH"], requests
+    made = read_deployment(apps, ns, "p-sweeper")
+    assert made.metadata.owner_references[0].name == "p" and made.spec.replicas == 1
+    assert first.policies[(ns, "p")].outcome.ok
+
+    labels = {"app": "theirs"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "clash-sweeper", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "app", "image": "theirs:1"}]}}}})
+    before = read_deployment(apps, ns, "clash-sweeper")
+    requests.clear()
+    clash, _ = started(kube_api, ns, "clash", resume=False, requests=requests)
+    clash.stop()
+    assert [r.split(" ")[0] for r in requests] == ["PATCH", "GET"], requests
+    assert clash.policies[(ns, "clash")].outcome.reason == "NameConflict"
+    after = read_deployment(apps, ns, "clash-sweeper")
+    # (Its status moves: the deployment controller works on it. Nothing else may.)
+    assert after.metadata.generation == before.metadata.generation
+    assert "stalledpolicy-operator" not in {m.manager for m in after.metadata.managed_fields}
+    assert not after.metadata.owner_references
+    assert after.spec.template.spec.containers[0].image == "theirs:1"

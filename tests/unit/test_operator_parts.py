@@ -567,7 +567,7 @@ class FakeApps:
         self.annotation_patches = []  # merge patches of metadata.annotations
         # annotations those patches set: an Update's fields, which our applies leave alone
         self.patched_annotations = {}
-        self.rv = 0
+        self.rv = 1  # etcd's empty store: an object's first write is revision 2
         # pod template annotations another field manager owns: an apply of ours
         # leaves them (server-side apply), as `kubectl rollout restart`'s
         self.foreign_annotations = {}
@@ -583,6 +583,11 @@ class FakeApps:
         assert kwargs["field_manager"] == "stalledpolicy-operator" and kwargs["force"] is True
         if self.refuse is not None:
             raise self.refuse
+        precondition = body["metadata"].get("resourceVersion")
+        if precondition is not None and self.stored is not None and (
+                self.stored["metadata"].get("resourceVersion") != precondition):
+            raise api_error(409, "Conflict", "the object has been modified")
+        body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}}
         self.applied.append(copy.deepcopy(body))
         generation = int((self.stored or {}).get("metadata", {}).get("generation") or 0)
         merged = copy.deepcopy(body)
@@ -763,9 +768,39 @@ def test_a_failed_read_of_the_deployment_is_an_apply_failure_too():
             raise api_error(403, "Forbidden", 'deployments.apps "p-sweeper" is forbidden')
 
     ctl = fake_controller(Forbidden())
+    body = {**policy_body(), "status": {"observedGeneration": 1}}  # applied before: read first
     with pytest.raises(RetryLater, match="HTTP 403 Forbidden"):
-        reconcile(ctl, policy_body())
+        reconcile(ctl, body)
     assert ctl.policies[("ns", "p")].outcome.reason == "ApplyFailed"
+
+
+def test_a_first_apply_is_made_without_a_read_and_a_deployment_of_that_name_is_judged_first():
+    from stalledpolicy.controller.reconcile import RetryLater, reconcile
+
+    class Unreadable(FakeApps):
+        reads = 0
+
+        def read_namespaced_deployment(self, name, namespace, **_):
+            self.reads += 1
+            return super().read_namespaced_deployment(name, namespace)
+
+    apps = Unreadable()
+    ctl = fake_controller(apps)
+    assert reconcile(ctl, policy_body()).ok
+    assert (apps.reads, len(apps.applied)) == (0, 1)
+
+    # Another policy's sweeper of the same name: the first apply is refused, the
+    # Deployment read and judged, and nothing of it changed.
+    apps = Unreadable()
+    ctl = fake_controller(apps)
+    assert reconcile(ctl, policy_body()).ok
+    apps.stored["metadata"]["ownerReferences"][0].update(name="other", uid="u-other")
+    stored = copy.deepcopy(apps.stored)
+    ctl.forget(("ns", "p"))
+    with pytest.raises(RetryLater, match="not by this policy"):
+        reconcile(ctl, policy_body())
+    assert apps.reads == 1 and len(apps.applied) == 1 and apps.stored == stored
+    assert ctl.policies[("ns", "p")].outcome.reason == "NameConflict"
 
 
 def test_api_messages_never_show_a_password():

@@ -1,4 +1,5 @@
-"""Server-side apply of the sweeper Deployment, and the ownership check before it.
+"""Server-side apply of the sweeper Deployment, and the ownership check before it
+(or, for a first apply, a precondition that nothing of that name exists).
 
 Apply (``application/apply-patch+yaml``) with one field manager makes the
 reconcile level-based: the API server merges our intent with what others own,
@@ -175,6 +176,35 @@ def _holds(live: Any, wanted: Any) -> bool:
             return all(item["name"] in named and _holds(named[item["name"]], item) for item in wanted)
         return len(live) == len(wanted) and all(_holds(a, b) for a, b in zip(live, wanted))
     return type(live) is type(wanted) and live == wanted
+
+
+# A resourceVersion no stored object has: etcd numbers the empty store's revision 1,
+# every write gets a later one, and an object's resourceVersion is its last write's.
+NO_STORED_VERSION = "1"
+
+
+def create_deployment(apps: Any, deployment: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Server-side apply ``deployment`` only when no Deployment of its name exists:
+    the object as created, or None when one exists (nothing was written; read it
+    and judge it, as before any apply). The apply carries ``NO_STORED_VERSION`` as
+    its resourceVersion, a precondition: the API server refuses it (409) against
+    any stored object, and drops it when the apply creates the object.
+    docs/architecture.md, "A first apply without a read"."""
+    from kubernetes.client.exceptions import ApiException  # deferred: the kubernetes client takes 0.4 s to import
+
+    meta = deployment["metadata"]
+    intent = {**deployment, "metadata": {**meta, "resourceVersion": NO_STORED_VERSION}}
+    try:
+        response = apps.patch_namespaced_deployment(
+            meta["name"], meta["namespace"], intent,
+            field_manager=FIELD_MANAGER, force=True,
+            _content_type=APPLY_CONTENT_TYPE, _preload_content=False,
+        )
+    except ApiException as exc:
+        if exc.status == 409:  # force: no field conflict, so the precondition: it exists
+            return None
+        raise
+    return _json(response)
 
 
 def apply_deployment(apps: Any, deployment: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Policy -> sweeper Deployment, level-based: read, check ownership, apply.
+"""Policy -> sweeper Deployment, level-based: read, check ownership, apply (a
+policy's first apply: apply unless a Deployment of that name exists, and read and
+check only if one does).
 
 The apply step of ``sync`` (sync.py), its only caller in the operator, whatever
 asked for the apply (docs/architecture.md, the trigger table). It never imports
@@ -25,6 +27,7 @@ from stalledpolicy.controller.apply import (
     already_applied,
     apply_deployment,
     conflict_reason,
+    create_deployment,
     earlier_policy_uid,
     read_deployment,
     scale_to_zero,
@@ -120,42 +123,50 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
 
     deployment_name = sweeper_name(name)
     wanted = 0 if spec.suspend else int(spec.sweeper.replicas)
-    try:
-        existing = read_deployment(ctl.apps, namespace, deployment_name)
-    except api_error_types() as exc:
-        _apply_failed(ctl, body, generation,
-                      f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}", wanted)
-    if existing is not None:
-        ctl.observe_deployment(existing, read=True)
-    _wait_unless_ours(ctl, body, generation, existing, deployment_name)
-
-    claimed = _queue_claimed(ctl, state, body, generation, existing, deployment_name)
-    if claimed is not None:
-        return claimed
-    if resume and existing is not None:
-        held = _hold_for_conflict(ctl, state, body, generation, spec, existing, wanted)
-        if held is not None:
-            return held
-
-    secret_digest = _secret_digest(ctl, namespace, spec, existing)
-    deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
-    try:
-        # No request when it would change nothing: at an operator start too, where a
-        # change made while no operator ran shows as not applied (and is counted below).
-        if existing is not None and already_applied(existing, deployment):
-            applied = existing
-        else:
-            applied = apply_deployment(ctl.apps, deployment)
-    except api_error_types() as exc:
-        if namespace_terminating(exc):
-            # The namespace deletion took the sweeper before its policy: nothing
-            # can be created there any more, and the policy goes next. Not a failure.
-            log.info("namespace is being deleted; the sweeper Deployment is not created again", extra={
-                "namespace": namespace, "policy": name, "deployment": deployment_name})
+    existing: Mapping[str, Any] | None = None
+    created = None
+    if _never_applied(state, body, resume) and claim_of(ctl, body).verdict == FREE:
+        # No read first: a Deployment of that name, if any, refuses the apply (then it is read and judged below).
+        secret_digest = _secret_digest(ctl, namespace, spec, None)
+        deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
+        try:
+            created = create_deployment(ctl.apps, deployment)
+        except api_error_types() as exc:
+            _apply_refused(ctl, body, generation, exc, deployment_name, wanted)
             return None
-        _apply_failed(ctl, body, generation,
-                      with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
-                                         f"{describe_api_error(exc)}"), wanted)
+    if created is not None:
+        applied = created
+    else:
+        try:
+            existing = read_deployment(ctl.apps, namespace, deployment_name)
+        except api_error_types() as exc:
+            _apply_failed(ctl, body, generation,
+                          f"cannot read Deployment {namespace}/{deployment_name}: {describe_api_error(exc)}",
+                          wanted)
+        if existing is not None:
+            ctl.observe_deployment(existing, read=True)
+        _wait_unless_ours(ctl, body, generation, existing, deployment_name)
+
+        claimed = _queue_claimed(ctl, state, body, generation, existing, deployment_name)
+        if claimed is not None:
+            return claimed
+        if resume and existing is not None:
+            held = _hold_for_conflict(ctl, state, body, generation, spec, existing, wanted)
+            if held is not None:
+                return held
+
+        secret_digest = _secret_digest(ctl, namespace, spec, existing)
+        deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
+        try:
+            # No request when it would change nothing: at an operator start too, where a
+            # change made while no operator ran shows as not applied (and is counted below).
+            if existing is not None and already_applied(existing, deployment):
+                applied = existing
+            else:
+                applied = apply_deployment(ctl.apps, deployment)
+        except api_error_types() as exc:
+            _apply_refused(ctl, body, generation, exc, deployment_name, wanted)
+            return None
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -234,6 +245,31 @@ def _wait_unless_ours(ctl: Controller, body: dict[str, Any], generation: int,
                    "or give this policy another name")
         ctl.record_outcome(body, ReconcileOutcome(generation, False, events.NAME_CONFLICT, message))
         raise RetryLater(message, events.NAME_CONFLICT)
+
+
+def _never_applied(state: PolicyState, body: Mapping[str, Any], resume: bool) -> bool:
+    """Whether the policy can have no sweeper of its own yet, as far as the operator
+    knows: no apply by this process, none recorded in its status (an apply's outcome
+    always writes ``observedGeneration``), and no operator start (whose apply judges
+    the Deployment as it was left). Then the first apply is made without reading the
+    Deployment first (``create_deployment``)."""
+    return not resume and state.outcome is None and not (body.get("status") or {}).get("observedGeneration")
+
+
+def _apply_refused(ctl: Controller, body: dict[str, Any], generation: int, exc: BaseException,
+                   deployment_name: str, wanted: int) -> None:
+    """The API server refused the apply: returns when the namespace is being deleted
+    (nothing to do), else raises ApplyFailed's RetryLater (``_apply_failed``)."""
+    namespace, name = policy_key(body)
+    if namespace_terminating(exc):
+        # The namespace deletion took the sweeper before its policy: nothing
+        # can be created there any more, and the policy goes next. Not a failure.
+        log.info("namespace is being deleted; the sweeper Deployment is not created again", extra={
+            "namespace": namespace, "policy": name, "deployment": deployment_name})
+        return
+    _apply_failed(ctl, body, generation,
+                  with_policy_fields(f"applying Deployment {namespace}/{deployment_name} failed: "
+                                     f"{describe_api_error(exc)}"), wanted)
 
 
 def _apply_failed(ctl: Controller, body: dict[str, Any], generation: int, message: str,
