@@ -227,8 +227,12 @@ class BlockedExposition(SweeperMetrics):
     def __init__(self) -> None:
         super().__init__("orders")
         self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.answering = 0  # connections inside exposition(): their request read, their answer begun
 
     def exposition(self) -> bytes:
+        with self._lock:
+            self.answering += 1
         self.release.wait(60)
         return super().exposition()
 
@@ -243,7 +247,11 @@ def test_at_the_cap_with_no_reader_to_evict_a_connection_is_closed_at_once(serve
     for scrape in scrapes:
         scrape.start()
     try:
-        eventually(lambda: server.open_connections == cap, what="the cap filled with answering scrapes")
+        # answering, not only accepted: a scrape still reading its request would be
+        # evicted to make room (a loaded host once got there first, and the test's
+        # own connection was then served, not closed)
+        eventually(lambda: server.open_connections == cap and metrics.answering == cap,
+                   what="the cap filled with answering scrapes")
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             assert sock.recv(100) == b""  # closed at once, unanswered; no thread made for it
         eventually(lambda: dropped(metrics, "refused") == 1, what="counted")
