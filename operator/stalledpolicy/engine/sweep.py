@@ -210,8 +210,14 @@ class SweepCall:
         return self.result(run_script("sweep", client, self.keys, self.key_names, self.args(limit)))
 
     @staticmethod
+    def head(reply: Any) -> tuple[int, bool, int]:
+        """What decides the next call, read before the rest of the reply: the
+        jobs the call moved, whether more are expired, its server time (µs)."""
+        return int(reply[0]) + int(reply[1]) + int(reply[2]) + int(reply[3]), bool(reply[4]), int(reply[11])
+
+    @staticmethod
     def result(reply: Any) -> SweepResult:
-        """A call's reply, read."""
+        """A call's reply, read (its layout: scripts/sweep.lua's header)."""
         (recovered, dead_lettered, orphans, quarantined, more, lanes, problems, held, uncounted, next_at, now,
          took_us) = reply
         return SweepResult(
@@ -262,7 +268,11 @@ def drain(
     total = SweepResult()
     if should_stop():
         return total
-    first = call.args(sizer.size if sizer else int(cast(int, batch_size)))
+
+    def next_args() -> list[Any]:
+        return call.args(sizer.size if sizer else int(cast(int, batch_size)))
+
+    first = next_args()
     calls = script_calls("sweep", client, call.keys, call.key_names)
     try:
         calls.send(first)
@@ -271,15 +281,15 @@ def drain(
             seconds = time.perf_counter() - calls.sent_at
             # What sizes and decides the next call is read first: the next call
             # is on its way while this one's reply is read and counted.
-            moved, more, took_us = int(reply[0]) + int(reply[1]) + int(reply[2]) + int(reply[3]), reply[4], reply[11]
+            moved, more, took_us = call.head(reply)
             if sizer is not None:
                 # Valkey freezes TIME within a script (took_us 0): the wall time then
-                sizer.observe(moved, int(took_us) / 1e6 if int(took_us) > 0 else seconds)
-            next_sent = bool(more) and not should_stop()
+                sizer.observe(moved, took_us / 1e6 if took_us > 0 else seconds)
+            next_sent = more and not should_stop()
             failed: BaseException | None = None
             if next_sent:
                 try:
-                    calls.send(call.args(sizer.size if sizer else int(cast(int, batch_size))))
+                    calls.send(next_args())
                 except BaseException as exc:  # noqa: BLE001 (raised below, once this call is counted)
                     failed = exc
             result = call.result(reply)
