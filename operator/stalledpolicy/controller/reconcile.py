@@ -13,8 +13,8 @@ the policy's condition and raises ``RetryLater`` (sync's one backoff).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from stalledpolicy.controller import drift_reverts, events
 from stalledpolicy.controller.api_errors import (
@@ -124,19 +124,14 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
     deployment_name = sweeper_name(name)
     wanted = 0 if spec.suspend else int(spec.sweeper.replicas)
     existing: Mapping[str, Any] | None = None
-    created = None
+    sent: _Sent | None = None
     if _never_applied(state, body, resume) and claim_of(ctl, body).verdict == FREE:
-        # No read first: a Deployment of that name, if any, refuses the apply (then it is read and judged below).
-        secret_digest = _secret_digest(ctl, namespace, spec, None)
-        deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
-        try:
-            created = create_deployment(ctl.apps, deployment)
-        except api_error_types() as exc:
-            _apply_refused(ctl, body, generation, exc, deployment_name, wanted)
+        # No read first: a Deployment of that name, if any, refuses the create (then it is read and judged below).
+        sent = _build_and_send(ctl, body, spec, generation, wanted, None,
+                               lambda deployment: create_deployment(ctl.apps, deployment))
+        if sent is None:
             return None
-    if created is not None:
-        applied = created
-    else:
+    if sent is None or sent.applied is None:
         try:
             existing = read_deployment(ctl.apps, namespace, deployment_name)
         except api_error_types() as exc:
@@ -154,19 +149,15 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
             held = _hold_for_conflict(ctl, state, body, generation, spec, existing, wanted)
             if held is not None:
                 return held
-
-        secret_digest = _secret_digest(ctl, namespace, spec, existing)
-        deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
-        try:
-            # No request when it would change nothing: at an operator start too, where a
-            # change made while no operator ran shows as not applied (and is counted below).
-            if existing is not None and already_applied(existing, deployment):
-                applied = existing
-            else:
-                applied = apply_deployment(ctl.apps, deployment)
-        except api_error_types() as exc:
-            _apply_refused(ctl, body, generation, exc, deployment_name, wanted)
+        # No request when it would change nothing: at an operator start too, where a
+        # change made while no operator ran shows as not applied (and is counted below).
+        sent = _build_and_send(ctl, body, spec, generation, wanted, existing, lambda deployment: (
+            existing if existing is not None and already_applied(existing, deployment)
+            else apply_deployment(ctl.apps, deployment)))
+        if sent is None:
             return None
+    deployment, applied, secret_digest = sent.deployment, sent.applied, sent.secret_digest
+    assert applied is not None  # the apply returns the object as stored
     budget_change = _budget_change(state, existing, deployment)
     ctl.observe_deployment(applied, read=True)
     changed = existing is None or (existing.get("metadata") or {}).get("resourceVersion") != (
@@ -193,6 +184,30 @@ def _reconcile(ctl: Controller, state: PolicyState, body: dict[str, Any],
     elif resume and existing is not None:
         drift_reverts.count_revert_at_start(ctl, state, existing, deployment, applied, ctl.clock())
     return outcome
+
+
+class _Sent(NamedTuple):
+    deployment: dict[str, Any]          # as built
+    applied: dict[str, Any] | None      # as stored; None: a create met a Deployment of that name
+    secret_digest: str | None
+
+
+def _build_and_send(ctl: Controller, body: dict[str, Any], spec: StalledPolicySpec, generation: int, wanted: int,
+                    existing: Mapping[str, Any] | None,
+                    send: Callable[[dict[str, Any]], dict[str, Any] | None]) -> _Sent | None:
+    """Build the policy's sweeper Deployment (the Secret's digest judged against
+    ``existing``, the Deployment as read, if any) and ``send`` it. None when the
+    API server refused it because the namespace is being deleted (nothing to do);
+    any other refusal raises ApplyFailed's RetryLater (``_apply_refused``)."""
+    namespace, name = policy_key(body)
+    secret_digest = _secret_digest(ctl, namespace, spec, existing)
+    deployment = build(body, spec, ctl.config.sweeper_image, secret_digest)
+    try:
+        applied = send(deployment)
+    except api_error_types() as exc:
+        _apply_refused(ctl, body, generation, exc, sweeper_name(name), wanted)
+        return None
+    return _Sent(deployment, applied, secret_digest)
 
 
 def _budget_change(state: PolicyState, existing: Mapping[str, Any] | None, deployment: Mapping[str, Any]) -> str | None:
