@@ -10,6 +10,7 @@ bench/peers/run.py minutes apart, each on a fresh server, put this host's drift
 into the ratio (66 % to 84 % across such runs); here the two sizes alternate
 (which goes first alternates too), each pair gives a ratio, and the median of
 the pairs is printed last, with each size's server time per call and PING p99.
+bench/peers/run.py --scale-pairs K runs the same pairs after its own rows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,6 +29,45 @@ import sweep  # noqa: E402
 
 from stalledpolicy.devenv.redis_server import start_redis  # noqa: E402
 from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
+
+
+def alternate_sizes(client, port: int, small: int, large: int, pairs: int,
+                    say: Callable[[str], None] = print) -> dict:
+    """``pairs`` pairs of default rows at ``small`` and ``large`` jobs in turn (which
+    goes first alternates) on the server at ``port``; the runs and each pair's ratio
+    (large's rate over small's), with their median."""
+    runs: dict[int, list[sweep.SweepRun]] = {small: [], large: []}
+    ratios: list[float] = []
+    for pair in range(pairs):
+        order = (small, large) if pair % 2 == 0 else (large, small)
+        for n in order:
+            run = sweep.run_one(client, port, n, BATCH_DEFAULT, sized=True)
+            runs[n].append(run)
+            say(f"pair {pair + 1}: N={n:>9,} {run.jobs_per_s:9,.0f} jobs/s  {run.calls} calls  server per "
+                f"call {run.server_usec_per_call / 1000:.2f} ms (p99 {run.server_p99_call_ms:.2f}, max "
+                f"{run.server_max_call_ms:.2f})  PING p99 {run.ping_p99_ms:.2f} ms; {sweep.load_line()}")
+        ratios.append(runs[large][-1].jobs_per_s / runs[small][-1].jobs_per_s)
+        say(f"pair {pair + 1}: {large:,} at {ratios[-1]:.1%} of the {small:,} rate")
+    return {"small": small, "large": large, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "runs": {str(n): [asdict(run) for run in mine] for n, mine in runs.items()}}
+
+
+def print_scale(scale: dict, say: Callable[[str], None] = print) -> None:
+    """The medians of :func:`alternate_sizes`' runs, and the ratio."""
+    small, large = scale["small"], scale["large"]
+    say(f"\nmedians of {len(scale['ratios'])} pairs:")
+    say("| N | jobs/s | server per call: mean / p99 / max ms | PING p99 ms |")
+    say("| --- | --- | --- | --- |")
+    for n in (small, large):
+        mine = scale["runs"][str(n)]
+
+        def med(key: str, mine: list[dict] = mine) -> float:
+            return statistics.median(run[key] for run in mine)
+
+        say(f"| {n:,} | {med('jobs_per_s'):,.0f} | {med('server_usec_per_call') / 1000:.2f} / "
+            f"{med('server_p99_call_ms'):.2f} / {med('server_max_call_ms'):.2f} | {med('ping_p99_ms'):.2f} |")
+    say(f"\n{large:,} at {scale['median_ratio']:.1%} of the {small:,} rate (median of the pairs' ratios: "
+        f"{', '.join(f'{r:.1%}' for r in scale['ratios'])})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,35 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.nice:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by redis-server and the PING client
     server = start_redis()
-    runs: dict[int, list[sweep.SweepRun]] = {args.small: [], args.large: []}
-    ratios: list[float] = []
     try:
-        client = server.client()
         print(f"redis-server on 127.0.0.1:{server.port}; {sweep.load_line()}", flush=True)
-        for pair in range(args.pairs):
-            order = (args.small, args.large) if pair % 2 == 0 else (args.large, args.small)
-            for n in order:
-                run = sweep.run_one(client, server.port, n, BATCH_DEFAULT, sized=True)
-                runs[n].append(run)
-                print(f"pair {pair + 1}: N={n:>9,} {run.jobs_per_s:9,.0f} jobs/s  {run.calls} calls  server per "
-                      f"call {run.server_usec_per_call / 1000:.2f} ms (p99 {run.server_p99_call_ms:.2f}, max "
-                      f"{run.server_max_call_ms:.2f})  PING p99 {run.ping_p99_ms:.2f} ms; {sweep.load_line()}",
-                      flush=True)
-            ratios.append(runs[args.large][-1].jobs_per_s / runs[args.small][-1].jobs_per_s)
-            print(f"pair {pair + 1}: {args.large:,} at {ratios[-1]:.1%} of the {args.small:,} rate", flush=True)
+        scale = alternate_sizes(server.client(), server.port, args.small, args.large, args.pairs,
+                                lambda line: print(line, flush=True))
     finally:
         server.stop()
-    print(f"\nmedians of {args.pairs} pairs:")
-    print("| N | jobs/s | server per call: mean / p99 / max ms | PING p99 ms |")
-    print("| --- | --- | --- | --- |")
-    for n, mine in runs.items():
-        def med(key: str) -> float:
-            return statistics.median(getattr(run, key) for run in mine)
-
-        print(f"| {n:,} | {med('jobs_per_s'):,.0f} | {med('server_usec_per_call') / 1000:.2f} / "
-              f"{med('server_p99_call_ms'):.2f} / {med('server_max_call_ms'):.2f} | {med('ping_p99_ms'):.2f} |")
-    print(f"\n{args.large:,} at {statistics.median(ratios):.1%} of the {args.small:,} rate (median of the pairs' "
-          f"ratios: {', '.join(f'{r:.1%}' for r in ratios)})")
+    print_scale(scale)
     return 0
 
 

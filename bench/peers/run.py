@@ -12,7 +12,8 @@ triggers that system's own recovery, stops the PING client, and checks that
 every job really moved (a run that fails its check aborts: no figure without
 it). Then: repeated drains of 1,000 expired jobs among 0 / 100,000 / 1,000,000
 healthy active ones (and 10,000 among 1,000,000), and the ceiling (the same
-work without Lua).
+work without Lua). ``--scale-pairs K``: before those, K pairs of our default row
+at 100,000 and ``--scale-large`` jobs in turn (bench/scale.py), the scale ratio.
 
 Writes bench/out/peers.json (read by bench/plot.py) and prints one table.
 """
@@ -37,6 +38,7 @@ sys.path.insert(0, str(BENCH))
 
 import ceiling  # noqa: E402
 import redisstats  # noqa: E402
+import scale  # noqa: E402
 import sweep  # noqa: E402
 from pinger import Pinger  # noqa: E402
 
@@ -232,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=0,
                         help="run the whole benchmark (redis-server, PING client, every system's driver) at "
                              "this niceness, e.g. -10 on a machine shared with other work (root only)")
+    parser.add_argument("--scale-pairs", type=int, default=0, metavar="K",
+                        help="then K pairs of our default row at 100,000 and --scale-large jobs in turn on the "
+                             "same server: the scale ratio without the host's drift between two runs (bench/scale.py)")
+    parser.add_argument("--scale-large", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, default=BENCH / "out" / "peers.json")
     args = parser.parse_args(argv)
     sizes = [10_000] if args.quick else (args.n or [10_000, 100_000, 1_000_000])
@@ -283,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 _say(row)
             _save(args.json, machine, rows, extras)
+        if "ours" in systems and args.scale_pairs > 0:
+            log(f"scale: {args.scale_pairs} pairs of ours-default at 100,000 and {args.scale_large:,} in turn")
+            extras["scale"] = scale.alternate_sizes(client, server.port, 100_000, args.scale_large, args.scale_pairs,
+                                                    lambda line: log("    " + line))
+            _save(args.json, machine, rows, extras)
         if "ours" in systems and not args.no_extras:
             extras["healthy"] = sweep.healthy_scaling(client)
             extras["ceiling"] = []
@@ -310,6 +321,8 @@ def _say(row: dict) -> None:
 
 
 def _print_extras(rows: list[dict], extras: dict) -> None:
+    if extras.get("scale"):
+        scale.print_scale(extras["scale"], log)
     if extras.get("healthy"):
         log("")
         sweep.print_healthy(extras["healthy"])
