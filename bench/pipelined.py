@@ -3,7 +3,7 @@ pipelined ones, with a second client's PING latency.
 
     python bench/pipelined.py [--n 100000] [--rounds 3] [--lead-us 250]
 
-Between two calls of the shipped drain Redis is idle for about 0.15-0.2 ms
+Between two calls of the shipped drain Redis is idle for about 0.15-0.3 ms
 (the reply's way to the client, the client's wake-up, the next call's way
 back): about 15 % of a drain's wall time at the default call size. Sending the
 next call before the last one ends would fill that gap. Two ways are tried,
