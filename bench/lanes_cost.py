@@ -36,6 +36,7 @@ from stalledpolicy.lua import LuaScript, script  # noqa: E402
 from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
 _ANCHOR = "local prefix = ARGV[1]\n"
+_SCRIPT_OF_CALLS = calls.script  # engine.calls' own lookup, put back when done
 _LANE_LOOPS = "for i = 1, #lanes_out, 3 do"
 
 
@@ -59,10 +60,11 @@ def variants() -> dict[str, str]:
 
 def _use(body: str) -> None:
     """The engine's calls (engine.calls looks its scripts up by name) get ``body`` as sweep."""
-    shipped = script("sweep")
-    sha = hashlib.sha1(body.encode()).hexdigest()
-    chosen = shipped if body == shipped.body else LuaScript(name="sweep", body=body, sha=sha)
-    calls.script = lambda name, *rest: chosen if name == "sweep" else script(name, *rest)
+    if body == script("sweep").body:
+        calls.script = _SCRIPT_OF_CALLS
+        return
+    chosen = LuaScript(name="sweep", body=body, sha=hashlib.sha1(body.encode()).hexdigest())
+    calls.script = lambda name, *rest: chosen if name == "sweep" else _SCRIPT_OF_CALLS(name, *rest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1}: {name:20} {run.jobs_per_s:9,.0f} jobs/s  {args.n / run.calls:5.0f} jobs a "
                       f"call  server per call {run.server_usec_per_call / 1000:.2f} ms", flush=True)
     finally:
-        _use(script("sweep").body)
+        calls.script = _SCRIPT_OF_CALLS
         server.stop()
     base = statistics.median(rates["shipped"])
     print(f"\nmedians of {args.rounds} rounds, N={args.n:,}:")

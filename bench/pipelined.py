@@ -5,7 +5,7 @@ pipelined ones, with a second client's PING latency.
 
 Between two calls of the shipped drain Redis is idle for about 0.15-0.3 ms
 (the reply's way to the client, the client's wake-up, the next call's way
-back): about 15 % of a drain's wall time at the default call size. Sending the
+back): 15-20 % of a drain's wall time at the default call size. Sending the
 next call before the last one ends would fill that gap. Two ways are tried,
 each sending the next call ``--lead-us`` before the running one is expected to
 end (the last calls' median server time after it started), then reading the
