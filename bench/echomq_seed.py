@@ -4,10 +4,15 @@ Every expired job is in ``active`` with a lease deadline in the past, its row
 says ``state=active``; grouped jobs count in ``gactive``. The mix is fixed by
 the job's index so the expected outcome of a sweep is known exactly:
 
-- ``grouped_every``: every k-th job belongs to a lane ``g00``..``gNN``;
+- ``grouped_every``: every k-th job belongs to a lane ``g00``..``gNN`` (0: none);
 - ``at_budget_every``: every k-th job already carries ``stalled = budget - 1``
-  so this sweep dead-letters it; the others carry no mark or ``stalled = 1``
-  (the budget is at least 3, so they are recovered).
+  so this sweep dead-letters it (0: none); the others carry no mark or
+  ``stalled = 1`` (the budget is at least 3, so they are recovered).
+
+``SHAPES`` names the two mixes the benchmarks use: ``ours`` (the defaults: a
+third of the jobs in 20 lanes, a tenth at the budget) and ``peers`` (every job
+recovered to the queue, no lanes: the work BullMQ's and RQ's own recovery do,
+bench/peers).
 
 Keys come from ``QueueKeys`` only. Pipelined, no transaction: this is set-up.
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from stalledpolicy.keyspace import QueueKeys
 
 CHUNK = 5_000
+SHAPES = {"ours": {}, "peers": {"grouped_every": 0, "at_budget_every": 0}}
 PAYLOAD = '{"to":"user@example.com","template":"welcome","locale":"en"}'
 
 
@@ -61,13 +67,13 @@ def seed(client, queue: str, expired: int, *, healthy: int = 0, budget: int = 3,
         for index in range(start, min(total, start + CHUNK)):
             jid = job_id(index)
             row = {"state": "active", "attempts": 1 + index % 3, "payload": PAYLOAD}
-            group = f"g{index % lanes:02d}" if index % grouped_every == 0 else None
+            group = f"g{index % lanes:02d}" if grouped_every and index % grouped_every == 0 else None
             if group:
                 row["group"] = group
                 gactive[group] += 1
             is_expired = index < expired
             if is_expired:
-                if index % at_budget_every == 1:
+                if at_budget_every and index % at_budget_every == 1:
                     row["stalled"] = budget - 1
                     expected.dead += 1
                 else:

@@ -65,14 +65,15 @@ class SweepRun:
 
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
-            nice: int = 0, sized: bool = False) -> SweepRun:
+            nice: int = 0, sized: bool = False, shape: str = "ours") -> SweepRun:
     """``sized``: the sweeper as shipped, one pass of ``sweeper.loop.Sweeper`` with
     ``batchSize`` = ``batch`` (each call sized by time, engine.CallSizer; its
     per-call work included: metrics, health, the running totals), on its own
-    client; else ``engine.drain`` with every call taking ``batch``."""
+    client; else ``engine.drain`` with every call taking ``batch``. ``shape``:
+    the seeded mix, one of echomq_seed.SHAPES."""
 
     client.flushall()
-    expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET)
+    expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET, **echomq_seed.SHAPES[shape])
     budgets = Budgets(default=BUDGET)
     call_seconds: list[float] = []
 

@@ -50,8 +50,11 @@ RQ_VENV = WORK / "rq-venv"
 PEER_LIMIT_S = 600.0
 # Ours at the default settings (each call sized to ~1 ms within batchSize, as
 # the sweeper runs), and at fixed batches of 25 (the default before), 100 and
-# 1,000, beside each peer.
-OUR_BATCHES = ("default", 25, 100, 1000)
+# 1,000, beside each peer: on our own mix (a third of the jobs in 20 lanes, a
+# tenth dead-lettered), and at the default settings also on the peers' (every
+# job recovered to its queue, no lanes: what BullMQ's and RQ's recovery do), the
+# like-for-like row (echomq_seed.SHAPES).
+OUR_ROWS = (("default", "ours"), ("default", "peers"), (25, "ours"), (100, "ours"), (1000, "ours"))
 # Commands whose duration is one blocking call of a peer (Lua script, MULTI/EXEC).
 BLOCKING_COMMANDS = {"evalsha", "eval", "exec"}
 
@@ -160,17 +163,21 @@ def run_peer(system: str, client, port: int, n: int, nice: int = 0) -> dict:
     }
 
 
-def _label(batch: int | str) -> str:
+def _label(batch: int | str, shape: str = "ours") -> str:
+    if shape == "peers":
+        return "ours-like-peers"
     return "ours-default" if batch == "default" else f"ours-b{batch}"
 
 
-def run_ours(client, port: int, n: int, batch: int | str, healthy: int = 0, nice: int = 0) -> dict:
-    """``batch`` "default": the sweeper's default settings (sized calls)."""
+def run_ours(client, port: int, n: int, batch: int | str, healthy: int = 0, nice: int = 0,
+             shape: str = "ours") -> dict:
+    """``batch`` "default": the sweeper's default settings (sized calls);
+    ``shape``: the seeded mix (echomq_seed.SHAPES)."""
     sized = batch == "default"
     run = sweep.run_one(client, port, n, BATCH_DEFAULT if sized else int(batch), healthy=healthy, nice=nice,
-                        sized=sized)
+                        sized=sized, shape=shape)
     row = asdict(run)
-    row.update(system=_label(batch), load=os.getloadavg()[0],
+    row.update(system=_label(batch, shape), shape=shape, load=os.getloadavg()[0],
                longest_without_pong_ms=float("nan"))
     return row
 
@@ -194,7 +201,7 @@ def fmt_ms(value: float) -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = ("system", "N", "jobs/s", "longest call ms (client / server)", "PING p50 / p99 / max ms", "BUSY",
-              "ours " + " / ".join(_label(b)[5:] for b in OUR_BATCHES) + " vs it")
+              "ours " + " / ".join(_label(b, shape)[5:] for b, shape in OUR_ROWS) + " vs it")
     ours = {(r["system"], r["n"]): r for r in rows if r["system"].startswith("ours") and not r.get("skipped")}
     lines = []
     for r in rows:
@@ -205,8 +212,8 @@ def print_table(rows: list[dict]) -> None:
         ratio = ""
         if not r["system"].startswith("ours"):
             parts = []
-            for batch in OUR_BATCHES:
-                mine = ours.get((_label(batch), r["n"]))
+            for batch, shape in OUR_ROWS:
+                mine = ours.get((_label(batch, shape), r["n"]))
                 parts.append(f"{mine['jobs_per_s'] / r['jobs_per_s']:,.0f}x" if mine else "-")
             ratio = " / ".join(parts)
         lines.append((
@@ -268,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"N = {n:,}")
             for system in systems:
                 if system == "ours":
-                    for batch in OUR_BATCHES:
-                        row = run_ours(client, server.port, n, batch, nice=args.nice)
+                    for batch, shape in OUR_ROWS:
+                        row = run_ours(client, server.port, n, batch, nice=args.nice, shape=shape)
                         rows.append(row)
                         _say(row)
                     continue
@@ -331,10 +338,11 @@ def _print_extras(rows: list[dict], extras: dict) -> None:
         log(f"\nCeiling at N={n:,} (same work without Lua, redis-cli --pipe):")
         for result in extras["ceiling"]:
             parts = []
-            for batch in OUR_BATCHES:
-                mine = [r for r in rows if r["system"] == _label(batch) and r["n"] == n]
+            for batch, shape in OUR_ROWS:
+                label = _label(batch, shape)
+                mine = [r for r in rows if r["system"] == label and r["n"] == n]
                 if mine:
-                    parts.append(f"{_label(batch)} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")
+                    parts.append(f"{label} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")
             log(f"  {result['mode']:>10}: {result['jobs_per_s']:,.0f} jobs/s "
                 f"({result['commands_per_job']:.2f} commands/job); " + ", ".join(parts))
 
