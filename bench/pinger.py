@@ -1,9 +1,13 @@
-"""A second client that PINGs in a tight loop while a recovery runs.
+"""A second client that PINGs while a recovery runs.
 
 It lives in its own process with its own connection, so what it sees is what
 any other application sharing the Redis server would see. Each sample is one
 round trip (a PONG or a BUSY error). A BUSY reply is retried; the time until a
 PONG finally arrives after the first BUSY is kept as ``longest_without_pong``.
+
+``interval_s``: the next PING goes out that long after the last one was sent
+(or at once, when its reply took longer); 0 (the default): a tight loop, which
+keeps a core of this 2-core machine busy.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def _loop(port: int, started, stop, results, nice: int) -> None:
+def _loop(port: int, started, stop, results, nice: int, interval_s: float) -> None:
     import os
 
     import redis
@@ -65,6 +69,8 @@ def _loop(port: int, started, stop, results, nice: int) -> None:
         if busy_since is not None:
             longest_without_pong = max(longest_without_pong, t1 - busy_since)
             busy_since = None
+        if interval_s and t1 - t0 < interval_s:
+            time.sleep(interval_s - (t1 - t0))
     if busy_since is not None:
         longest_without_pong = max(longest_without_pong, clock() - busy_since)
     latencies.sort()
@@ -81,13 +87,13 @@ def _loop(port: int, started, stop, results, nice: int) -> None:
 class Pinger:
     """``with Pinger(port) as p: ...`` then ``p.stats``."""
 
-    def __init__(self, port: int, nice: int = 0) -> None:
+    def __init__(self, port: int, nice: int = 0, interval_s: float = 0.0) -> None:
         ctx = mp.get_context("fork")
         self._started = ctx.Event()
         self._stop = ctx.Event()
         self._results = ctx.Queue()
-        self._process = ctx.Process(target=_loop, args=(port, self._started, self._stop, self._results, nice),
-                                    daemon=True)
+        self._process = ctx.Process(target=_loop, daemon=True,
+                                    args=(port, self._started, self._stop, self._results, nice, interval_s))
         self.stats: PingStats | None = None
 
     def __enter__(self) -> Pinger:

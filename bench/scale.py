@@ -32,16 +32,17 @@ from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
 
 def alternate_sizes(client, port: int, small: int, large: int, pairs: int,
-                    say: Callable[[str], None] = print) -> dict:
+                    say: Callable[[str], None] = print, ping_interval_s: float = 0.0) -> dict:
     """``pairs`` pairs of default rows at ``small`` and ``large`` jobs in turn (which
     goes first alternates) on the server at ``port``; the runs and each pair's ratio
-    (large's rate over small's), with their median."""
+    (large's rate over small's), with their median. ``ping_interval_s``: the PING
+    client's pace (0: a tight loop)."""
     runs: dict[int, list[sweep.SweepRun]] = {small: [], large: []}
     ratios: list[float] = []
     for pair in range(pairs):
         order = (small, large) if pair % 2 == 0 else (large, small)
         for n in order:
-            run = sweep.run_one(client, port, n, BATCH_DEFAULT, sized=True)
+            run = sweep.run_one(client, port, n, BATCH_DEFAULT, sized=True, ping_interval_s=ping_interval_s)
             runs[n].append(run)
             say(f"pair {pair + 1}: N={n:>9,} {run.jobs_per_s:9,.0f} jobs/s  {run.calls} calls  server per "
                 f"call {run.server_usec_per_call / 1000:.2f} ms (p99 {run.server_p99_call_ms:.2f}, max "

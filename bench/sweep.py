@@ -65,12 +65,13 @@ class SweepRun:
 
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
-            nice: int = 0, sized: bool = False, shape: str = "ours") -> SweepRun:
+            nice: int = 0, sized: bool = False, shape: str = "ours", ping_interval_s: float = 0.0) -> SweepRun:
     """``sized``: the sweeper as shipped, one pass of ``sweeper.loop.Sweeper`` with
     ``batchSize`` = ``batch`` (each call sized by time, engine.CallSizer; its
     per-call work included: metrics, health, the running totals), on its own
     client; else ``engine.drain`` with every call taking ``batch``. ``shape``:
-    the seeded mix, one of echomq_seed.SHAPES."""
+    the seeded mix, one of echomq_seed.SHAPES; ``ping_interval_s``: the PING
+    client's pace (pinger.Pinger; 0: a tight loop)."""
 
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET, **echomq_seed.SHAPES[shape])
@@ -83,7 +84,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     redisstats.reset(client)
     before = redisstats.commandstats(client)
     if ping:
-        pinger = Pinger(port, nice=nice)
+        pinger = Pinger(port, nice=nice, interval_s=ping_interval_s)
         pinger.__enter__()
     started = time.perf_counter()
     try:

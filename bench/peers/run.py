@@ -119,7 +119,7 @@ class PeerCheckFailed(AssertionError):
     says so, with no figure, and the run goes on."""
 
 
-def run_peer(system: str, client, port: int, n: int, nice: int = 0) -> dict:
+def run_peer(system: str, client, port: int, n: int, nice: int = 0, ping_interval_s: float = 0.0) -> dict:
     client.flushall()
     started = time.perf_counter()
     _peer_json(system, port, "seed", str(n))
@@ -132,7 +132,7 @@ def run_peer(system: str, client, port: int, n: int, nice: int = 0) -> dict:
     if ready != "ready":
         process.kill()
         raise RuntimeError(f"{system} recover did not get ready: {ready!r} {process.stderr.read()[-4000:]}")
-    with Pinger(port, nice=nice) as pinger:
+    with Pinger(port, nice=nice, interval_s=ping_interval_s) as pinger:
         process.stdin.write("go\n")
         process.stdin.flush()
         out, err = process.communicate()
@@ -170,12 +170,12 @@ def _label(batch: int | str, shape: str = "ours") -> str:
 
 
 def run_ours(client, port: int, n: int, batch: int | str, healthy: int = 0, nice: int = 0,
-             shape: str = "ours") -> dict:
+             shape: str = "ours", ping_interval_s: float = 0.0) -> dict:
     """``batch`` "default": the sweeper's default settings (sized calls);
     ``shape``: the seeded mix (echomq_seed.SHAPES)."""
     sized = batch == "default"
     run = sweep.run_one(client, port, n, BATCH_DEFAULT if sized else int(batch), healthy=healthy, nice=nice,
-                        sized=sized, shape=shape)
+                        sized=sized, shape=shape, ping_interval_s=ping_interval_s)
     row = asdict(run)
     row.update(system=_label(batch, shape), shape=shape, load=os.getloadavg()[0],
                longest_without_pong_ms=float("nan"))
@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="then K pairs of our default row at 100,000 and --scale-large jobs in turn on the "
                              "same server: the scale ratio without the host's drift between two runs (bench/scale.py)")
     parser.add_argument("--scale-large", type=int, default=1_000_000)
+    parser.add_argument("--ping-interval-ms", type=float, default=0.0,
+                        help="the PING client's pace: the next PING that long after the last one was sent; 0 (the "
+                             "default): a tight loop, which keeps one of this machine's two cores busy")
     parser.add_argument("--json", type=Path, default=BENCH / "out" / "peers.json")
     args = parser.parse_args(argv)
     sizes = [10_000] if args.quick else (args.n or [10_000, 100_000, 1_000_000])
@@ -269,14 +272,18 @@ def main(argv: list[str] | None = None) -> int:
         info = client.info("server")
         machine = {"redis": info["redis_version"], "cores": os.cpu_count(), "node": _version(["node", "--version"]),
                    "python": sys.version.split()[0], "started_load": os.getloadavg(), "nice": args.nice,
-                   "bullmq": "6.7.0", "rq": "3.0.0"}
-        log(f"redis-server {info['redis_version']} on 127.0.0.1:{server.port} (nice {args.nice}); {sweep.load_line()}")
+                   "bullmq": "6.7.0", "rq": "3.0.0", "ping_interval_ms": args.ping_interval_ms}
+        pace = f"every {args.ping_interval_ms:g} ms" if args.ping_interval_ms else "in a tight loop"
+        log(f"redis-server {info['redis_version']} on 127.0.0.1:{server.port} (nice {args.nice}); PING client "
+            f"{pace}; {sweep.load_line()}")
+        ping_interval_s = args.ping_interval_ms / 1000
         for n in sorted(sizes):
             log(f"N = {n:,}")
             for system in systems:
                 if system == "ours":
                     for batch, shape in OUR_ROWS:
-                        row = run_ours(client, server.port, n, batch, nice=args.nice, shape=shape)
+                        row = run_ours(client, server.port, n, batch, nice=args.nice, shape=shape,
+                                       ping_interval_s=ping_interval_s)
                         rows.append(row)
                         _say(row)
                     continue
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"    {system}: skipped at N={n:,}: {reason}")
                     continue
                 try:
-                    row = run_peer(system, client, server.port, n, nice=args.nice)
+                    row = run_peer(system, client, server.port, n, nice=args.nice, ping_interval_s=ping_interval_s)
                 except PeerCheckFailed as exc:
                     rows.append({"system": system, "n": n, "skipped": True, "failed": True, "reason": str(exc)})
                     log(f"    {system}: failed at N={n:,}: {exc}")
@@ -299,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         if "ours" in systems and args.scale_pairs > 0:
             log(f"scale: {args.scale_pairs} pairs of ours-default at 100,000 and {args.scale_large:,} in turn")
             extras["scale"] = scale.alternate_sizes(client, server.port, 100_000, args.scale_large, args.scale_pairs,
-                                                    lambda line: log("    " + line))
+                                                    lambda line: log("    " + line), ping_interval_s)
             _save(args.json, machine, rows, extras)
         if "ours" in systems and not args.no_extras:
             extras["healthy"] = sweep.healthy_scaling(client)
