@@ -49,6 +49,10 @@ end
 
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- Numbers go to Redis and into text as strings made by count_string or '%d':
+-- a Lua number given to redis.call or joined with `..` is printed as a double
+-- ('%.14g', '%.17g'), a slow printf (the lanes' reply text alone was 1 % of a
+-- default call's instructions, bench/instructions.py).
 local now_s = string.format('%d', now)
 
 -- Holds first: a due hold's lease goes back to its deadline, so the walk
@@ -69,9 +73,9 @@ local restored, uncounted, holds_left, held = 0, 0, false, 0
 -- hold due spares the walk its settle read (one read more a call, not two).
 local holds_due = true
 if hold_refusal == nil then
-  local first_hold = redis.pcall('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+  local first_hold = redis.pcall('ZRANGE', KEYS[11], '0', '0', 'WITHSCORES')
   if not first_hold.err then holds_due = #first_hold > 0 and tonumber(first_hold[2]) <= now end
-  local first_lease = redis.pcall('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local first_lease = redis.pcall('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
   if not first_hold.err and not first_lease.err and not holds_due
       and (#first_lease == 0 or tonumber(first_lease[2]) > now + lead_ms) then
     local next_at = earliest_event(first_hold[2] or false, first_lease[2] or false, lead_ms)
@@ -110,7 +114,7 @@ end
 -- limit + 1 tells us exactly whether this call left expired work behind.
 -- An `active` of the wrong type is named (Redis' own WRONGTYPE names no key);
 -- any other error is raised as it is. Once per call: no cost per job.
-local expired = redis.pcall('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit + 1)
+local expired = redis.pcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_s, 'LIMIT', '0', count_string(limit + 1))
 if expired.err then
   read_refused(expired)
   require_sorted_set(KEYS[1], 'nothing was moved')
@@ -325,7 +329,7 @@ variadic('EXISTS', KEYS[1], lane_keys, false)
 if removal[1] == 'ZREM' then
   variadic('ZREM', KEYS[1], expired, false)
 else
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #expired - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[1], '0', count_string(#expired - 1))
 end
 
 for i = 1, #expired do
@@ -482,6 +486,7 @@ guarded(problems, {KEYS[10], 'hash'}, "this call's totals were not counted", add
 local lanes_text = {}
 for i = 1, #lanes_out, 3 do
   local g = lanes_out[i]
-  lanes_text[#lanes_text + 1] = #g .. ':' .. g .. lanes_out[i + 1] .. ',' .. lanes_out[i + 2] .. ';'
+  lanes_text[#lanes_text + 1] = count_string(#g) .. ':' .. g .. count_string(lanes_out[i + 1]) .. ','
+    .. count_string(lanes_out[i + 2]) .. ';'
 end
 return hold_reply({recovered, dead_lettered, orphans, quarantined, more, table.concat(lanes_text), problems}, more)

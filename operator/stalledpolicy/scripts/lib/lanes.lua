@@ -41,7 +41,7 @@ local RING_READ_FACTOR = 4
 local function on_ring(ring_key, lanes)
   local found = {}
   if #lanes > 1 and redis.call('LLEN', ring_key) <= RING_READ_FACTOR * #lanes then
-    for _, g in ipairs(redis.call('LRANGE', ring_key, 0, -1)) do found[g] = true end
+    for _, g in ipairs(redis.call('LRANGE', ring_key, '0', '-1')) do found[g] = true end
   else
     for _, g in ipairs(lanes) do
       if redis.call('LPOS', ring_key, g) then found[g] = true end
@@ -124,5 +124,5 @@ local function settle_lanes(k, groups, freed, gained)
   local wakes = {}
   for i = 1, math.min(#ringed, 64) do wakes[i] = '1' end
   redis.call('LPUSH', k.wake, unpack(wakes))
-  redis.call('LTRIM', k.wake, 0, 63)
+  redis.call('LTRIM', k.wake, '0', '63')
 end
