@@ -1,7 +1,8 @@
 """Instructions per job of the sweep script, counted by callgrind: a comparison without timing noise.
 
     python bench/instructions.py [--n 20000] [--batch 100 --batch 1000] [--variant NAME ...]
-                                 [--script path/to/candidate/sweep.lua ...] [--json PATH]
+                                 [--script path/to/candidate/sweep.lua ...] [--shape ours --shape peers]
+                                 [--json PATH]
 
 Times on this shared 2-core machine wobble by +-20 % from run to run; the
 number of instructions redis-server executes for the same commands does not,
@@ -24,7 +25,8 @@ shipped", the script the package loads now, is always measured: it is the
 baseline). ``--script PATH`` adds a candidate sweep.lua, expanded by the
 package loader's ``-- @include`` (the libraries come from the installed
 package's scripts/lib, not from next to PATH). Without ``--variant``: only
-"as shipped" when a ``--script`` is given, else all.
+"as shipped" when a ``--script`` is given, else all. ``--shape peers`` seeds the
+peers' mix instead of ours (echomq_seed.SHAPES; repeatable): what the lanes cost.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import echomq_seed  # noqa: E402
 import profile_script  # noqa: E402
 
 from stalledpolicy.devenv.ports import free_port  # noqa: E402
@@ -200,7 +203,8 @@ class Callgrind:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def measure(preload: Path | None, body: str, n: int, batch: int, keep_as: Path | None = None) -> dict:
+def measure(preload: Path | None, body: str, n: int, batch: int, keep_as: Path | None = None,
+            shape: str = "ours") -> dict:
     cg = Callgrind(preload)
     try:
         client = cg.server.client(decode_responses=True)
@@ -215,7 +219,7 @@ def measure(preload: Path | None, body: str, n: int, batch: int, keep_as: Path |
             with cg.counting():
                 yield
 
-        run = profile_script.run_variant(client, body, n, batch, around_drain=quiet_then_count)
+        run = profile_script.run_variant(client, body, n, batch, around_drain=quiet_then_count, shape=shape)
         ir = cg.dump_ir(keep_as)
     finally:
         cg.stop()
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a profile_script variant ({', '.join(profile_script.VARIANTS)}), or 'all'")
     parser.add_argument("--script", type=Path, action="append", default=[],
                         help="a candidate sweep.lua, measured as a variant named after the file")
+    parser.add_argument("--shape", action="append", choices=sorted(echomq_seed.SHAPES),
+                        help="the seeded mix (repeatable; default: ours): ours (a third of the jobs in 20 lanes, a "
+                             "tenth dead-lettered) or peers (every job back to its queue, no lanes)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="keep each drain's callgrind dump there (callgrind_annotate --inclusive=yes DUMP)")
@@ -263,25 +270,27 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="stalledpolicy-preload-") as folder:
         preload = build_preload(Path(folder))
-        for batch in batches:
-            for name, body in bodies.items():
-                rows.append({"variant": name, "batch": batch, "n": args.n,
-                             "sha1": hashlib.sha1(body.encode()).hexdigest(),
-                             **measure(preload, body, args.n, batch,
-                                       None if args.keep_dumps is None else
-                                       args.keep_dumps / f"{name.replace(' ', '-')}.batch{batch}.callgrind")})
-                print(f"  {name!r} batch {batch}: {rows[-1]['instructions']:,} Ir "
-                      f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        for shape in args.shape or ["ours"]:
+            for batch in batches:
+                for name, body in bodies.items():
+                    dump = None if args.keep_dumps is None else \
+                        args.keep_dumps / f"{name.replace(' ', '-')}.{shape}.batch{batch}.callgrind"
+                    rows.append({"variant": name, "shape": shape, "batch": batch, "n": args.n,
+                                 "sha1": hashlib.sha1(body.encode()).hexdigest(),
+                                 **measure(preload, body, args.n, batch, dump, shape)})
+                    print(f"  {name!r} {shape} batch {batch}: {rows[-1]['instructions']:,} Ir "
+                          f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
 
-    base = {r["batch"]: r["instructions_per_job"] for r in rows if r["variant"] == BASELINE}
+    base = {(r["shape"], r["batch"]): r["instructions_per_job"] for r in rows if r["variant"] == BASELINE}
     width = max(len(r["variant"]) for r in rows)
     print(f"\nredis-server instructions (callgrind Ir) while draining N={args.n:,} expired jobs")
-    print(f"| {'variant':<{width}} | batch | instr/job | total (M) | vs {BASELINE} | commands/job | script sha1 |")
-    print(f"| {'-' * width} | ----- | --------- | --------- | {'-' * (3 + len(BASELINE))} "
+    print(f"| {'variant':<{width}} | shape | batch | instr/job | total (M) | vs {BASELINE} | commands/job "
+          "| script sha1 |")
+    print(f"| {'-' * width} | ----- | ----- | --------- | --------- | {'-' * (3 + len(BASELINE))} "
           "| ------------ | ----------- |")
     for r in rows:
-        ratio = r["instructions_per_job"] / base[r["batch"]]
-        print(f"| {r['variant']:<{width}} | {r['batch']:>5} | {r['instructions_per_job']:>9,.0f} "
+        ratio = r["instructions_per_job"] / base[(r["shape"], r["batch"])]
+        print(f"| {r['variant']:<{width}} | {r['shape']:<5} | {r['batch']:>5} | {r['instructions_per_job']:>9,.0f} "
               f"| {r['instructions'] / 1e6:>9,.1f} | {ratio:>{3 + len(BASELINE)}.3f} "
               f"| {r['commands_per_job']:>12.2f} | {r['sha1'][:11]} |")
     if args.json:

@@ -100,13 +100,14 @@ def variants(body: str, names=None) -> dict[str, str]:
     return {name: build(body) for name, build in VARIANTS.items() if names is None or name in names}
 
 
-def run_variant(client, body: str, n: int, batch: int, around_drain=contextlib.nullcontext) -> dict:
-    """Seed, drain with ``body``, check. ``around_drain()`` is a context manager
-    entered just before the first call and left just after the last (stats
-    reset and script load are outside it): bench/instructions.py counts
-    instructions inside it."""
+def run_variant(client, body: str, n: int, batch: int, around_drain=contextlib.nullcontext,
+                shape: str = "ours") -> dict:
+    """Seed (``shape``: one of echomq_seed.SHAPES), drain with ``body``, check.
+    ``around_drain()`` is a context manager entered just before the first call
+    and left just after the last (stats reset and script load are outside it):
+    bench/instructions.py counts instructions inside it."""
     client.flushall()
-    expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
+    expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET, **echomq_seed.SHAPES[shape])
     keys, args = sweep_call(QueueKeys(QUEUE), batch, Budgets(default=BUDGET))
     sha = client.script_load(body)
     redisstats.reset(client)
