@@ -7,13 +7,16 @@ Installs the peers into bench/peers/work/ (BullMQ and ioredis from the npm
 registry with `npm ci` from the committed lockfile, RQ from PyPI into a venv;
 nothing global), starts its own redis-server on a free loopback port and, for
 each system and N: flushes, prepares N stalled jobs in that system's own layout,
-starts a second client PINGing in a tight loop (its own process and connection),
-triggers that system's own recovery, stops the PING client, and checks that
-every job really moved (a run that fails its check aborts: no figure without
-it). Then: repeated drains of 1,000 expired jobs among 0 / 100,000 / 1,000,000
-healthy active ones (and 10,000 among 1,000,000), and the ceiling (the same
-work without Lua). ``--scale-pairs K``: before those, K pairs of our default row
-at 100,000 and ``--scale-large`` jobs in turn (bench/scale.py), the scale ratio.
+starts a second client PINGing in a tight loop (its own process and connection;
+``--ping-interval-ms``: paced), triggers that system's own recovery, stops the
+PING client, and checks that every job really moved (a run that fails its check
+aborts: no figure without it). Ours runs on our mix (a third of the jobs in 20
+lanes, a tenth dead-lettered) and, at the default settings, also on the peers'
+(``ours-like-peers``: every job back to its queue, as theirs do). Then: repeated
+drains of 1,000 expired jobs among 0 / 100,000 / 1,000,000 healthy active ones
+(and 10,000 among 1,000,000), and the ceiling (the same work without Lua).
+``--scale-pairs K``: before those, K pairs of our default row at 100,000 and
+``--scale-large`` jobs in turn (bench/scale.py), the scale ratio.
 
 Writes bench/out/peers.json (read by bench/plot.py) and prints one table.
 """
