@@ -4,14 +4,11 @@
 
 bench/sweep.py's default row (one pass of the shipped Sweeper, calls sized by
 time within batchSize 1,000, a PING client; 20 lanes, a third of the jobs in
-them) with the shipped sweep script, and with in-memory ablations of it that
-skip part of each call's fixed work (NOT correct scripts: cost only; the jobs
-still move, and every run's sets are checked as sweep.py checks them):
-
-- ``no-settle``: lib/lanes.lua's settle_lanes (gactive, ring, wake) skipped;
-- ``no-lane-totals``: the lanes' fields of sweeper:totals and the reply's lanes
-  text skipped (the four queue-wide totals are still counted);
-- ``no-lane-bookkeeping``: both, and the queue-wide totals too.
+them) with the shipped sweep script, and with bench/profile_script.py's
+in-memory ablations of it that skip part of each call's fixed work
+(``no-settle``, ``no-lane-totals``, ``no-lane-bookkeeping``: NOT correct
+scripts, cost only; the jobs still move, and every run's sets are checked as
+sweep.py checks them).
 
 The variants run in turn (the order reverses every round) on one redis-server;
 the medians are printed last, with the jobs a call held: a call is sized to
@@ -28,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import profile_script  # noqa: E402
 import sweep  # noqa: E402
 
 from stalledpolicy.devenv.redis_server import start_redis  # noqa: E402
@@ -35,27 +33,12 @@ from stalledpolicy.engine import calls  # noqa: E402
 from stalledpolicy.lua import LuaScript, script  # noqa: E402
 from stalledpolicy.sweeper.config import BATCH_DEFAULT  # noqa: E402
 
-_ANCHOR = "local prefix = ARGV[1]\n"
 _SCRIPT_OF_CALLS = calls.script  # engine.calls' own lookup, put back when done
-_LANE_LOOPS = "for i = 1, #lanes_out, 3 do"
-
-
-def _ablated(body: str, shadow: str = "", lane_loops: bool = True) -> str:
-    if _ANCHOR not in body or _LANE_LOOPS not in body:
-        raise SystemExit("lanes_cost: the sweep script changed; update bench/lanes_cost.py")
-    body = body.replace(_ANCHOR, shadow + _ANCHOR, 1)
-    return body if lane_loops else body.replace(_LANE_LOOPS, "for i = 1, 0, 3 do")
+VARIANTS = ("as shipped", "no-settle", "no-lane-totals", "no-lane-bookkeeping")
 
 
 def variants() -> dict[str, str]:
-    body = script("sweep").body
-    return {
-        "shipped": body,
-        "no-settle": _ablated(body, "local function settle_lanes() end\n"),
-        "no-lane-totals": _ablated(body, lane_loops=False),
-        "no-lane-bookkeeping": _ablated(body, "local function settle_lanes() end\nlocal function add_counts() end\n",
-                                        lane_loops=False),
-    }
+    return profile_script.variants(script("sweep").body, VARIANTS)
 
 
 def _use(body: str) -> None:
@@ -91,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         calls.script = _SCRIPT_OF_CALLS
         server.stop()
-    base = statistics.median(rates["shipped"])
+    base = statistics.median(rates["as shipped"])
     print(f"\nmedians of {args.rounds} rounds, N={args.n:,}:")
     print("| variant | jobs/s | vs shipped | jobs a call |")
     print("| --- | --- | --- | --- |")

@@ -11,7 +11,11 @@ memory by textual ablation, each run by EVAL on the same seeded queue:
 - ``no-lane-checks``: the ring/wake checks of lib/lanes.lua (SMISMEMBER,
   ZCARD, HMGET glimit, LRANGE or LPOS) skipped after gactive is settled; no
   lane is put on the ring (NOT correct, cost only);
-- ``no-lane-totals``: the per-lane fields of sweeper:totals skipped;
+- ``no-lane-totals``: the per-lane fields of sweeper:totals and the reply's
+  lanes text skipped (the four queue-wide totals are still counted);
+- ``no-settle``: lib/lanes.lua's settle_lanes (gactive, ring, wake) skipped
+  (NOT correct, cost only);
+- ``no-lane-bookkeeping``: both, and the queue-wide totals too (NOT correct);
 - ``lua-floor``: not the script at all: the same per-job commands (HMGET,
   HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREMRANGEBYRANK/ZADD with none of its logic
   (every job to pending): the floor of this work inside one Lua script.
@@ -76,6 +80,18 @@ return {#ids, 0, 0, 0, more, {}}
 """
 
 
+def _no_lane_totals(body: str) -> str:
+    # both loops over the call's lanes: their totals' fields and the reply's text
+    return _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do")
+
+
+def _shadowed(body: str, *functions: str) -> str:
+    """``body`` with each of ``functions`` (a library function the sweep calls)
+    redefined, before the sweep's own code, as one that does nothing."""
+    no_ops = "".join(f"local function {name}() end\n" for name in functions)
+    return _replace(body, "local prefix = ARGV[1]\n", no_ops + "local prefix = ARGV[1]\n")
+
+
 # Each variant is built from the shipped body by one textual edit; kept as
 # builders so a caller can build only the variants it runs (an edit whose
 # anchor the engine has since moved then fails only for that variant).
@@ -90,7 +106,9 @@ VARIANTS = {
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
     "no-lane-checks": lambda body: _replace(body, "  if #ringable == 0 then return end\n",
                                             "  do return end -- ring/wake skipped\n"),
-    "no-lane-totals": lambda body: _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do"),
+    "no-lane-totals": _no_lane_totals,
+    "no-settle": lambda body: _shadowed(body, "settle_lanes"),
+    "no-lane-bookkeeping": lambda body: _no_lane_totals(_shadowed(body, "settle_lanes", "add_counts")),
     "lua-floor": lambda body: LUA_FLOOR,
 }
 
