@@ -542,6 +542,21 @@ def test_lane_bookkeeping_crosses_the_read_chunk(r, keys):
     assert r.hget(keys.sweeper_totals, "lane:lane04099:recovered") == "1"
 
 
+@pytest.mark.parametrize("corrupt", ["junk", "-3", "007", "1000000000000000", "99999999999999999999"])
+def test_a_total_that_is_not_a_counter_starts_again_from_this_calls_count(r, keys, corrupt):
+    """The counter rule of lib/counters (no sign, no leading zero, at most 15
+    digits), also where HINCRBY would have taken the value (a minus, 16 to 19
+    digits); a counter beside it is raised."""
+    r.hset(keys.sweeper_totals, mapping={"recovered": corrupt, "lane:g:recovered": corrupt,
+                                         "dead_lettered": "41", "lane:g:dead_lettered": "999999999999999"})
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", group="g", stalled=1)
+    result = sweep(r, keys, default=2)
+    assert (result.recovered, result.dead_lettered, result.problems) == (1, 1, [])
+    assert r.hmget(keys.sweeper_totals, "recovered", "lane:g:recovered", "dead_lettered",
+                   "lane:g:dead_lettered") == ["1", "1", "42", "1000000000000000"]
+
+
 def test_a_stall_count_of_15_digits_is_written_back_as_an_integer(r, keys):
     put_active(r, keys, "JOB1", stalled="999999999999999", attempts="999999999999999")
     sweep(r, keys, default=0)

@@ -35,6 +35,7 @@
 -- @include refusals
 -- @include text
 
+local redis_call, redis_pcall = redis.call, redis.pcall
 local prefix = ARGV[1]
 local limit = tonumber(ARGV[2])
 local default_budget = tonumber(ARGV[3])
@@ -174,9 +175,11 @@ local function json_id(id)
 end
 
 local recovered, dead_lettered, orphans, quarantined = 0, 0, 0, 0
-local to_pending = {}
+-- to_pending and each lane's jobs are ZADD's arguments as they are built:
+-- '0', id, '0', id, ... (no second table copied from the first)
+local to_pending, pending_n = {}, 0
 local to_dead = {}
-local lane_jobs = {}     -- group -> ids recovered into the lane
+local lane_jobs = {}     -- group -> ZADD arguments of the ids recovered into the lane
 local lane_freed = {}    -- group -> slots freed in gactive
 local lane_rec = {}      -- group -> recovered count
 local lane_dead = {}     -- group -> dead-lettered count
@@ -268,18 +271,18 @@ local lane_keys, probed = {}, {}  -- the lanes this call will write or ask for w
 for i = 1, #expired do
   local id = expired[i]
   local row = row_prefix .. id
-  rows[i], group_of[i] = row, false
-  local f = redis.pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
+  rows[i] = row
+  local f = redis_pcall('HMGET', row, 'group', 'stalled', 'attempts', 'state')
   if f.err then
     read_refused(f)
     if listed(KEYS[2], id) or listed(KEYS[3], id) or listed(prefix .. 'schedule', id) then
       -- a stray lease of an id that waits elsewhere (as above; its lane, if
       -- any, is unknown): sending it to the morgue would list it twice
-      what[i] = 'orphan'
+      what[i], group_of[i] = 'orphan', false
     else
       -- Not a hash: nothing on it can be written. The id goes to the morgue
       -- as-is; morgue_list names the key type as the problem.
-      what[i] = 'unwritable'
+      what[i], group_of[i] = 'unwritable', false
       stalled_or_problem[i] = 'job row is a ' .. redis.call('TYPE', row).ok .. ', not a hash'
     end
   else
@@ -287,9 +290,9 @@ for i = 1, #expired do
     -- every claimed row has attempts, so EXISTS runs only for rare rows
     if g == false and stalled_raw == false and attempts_raw == false and not here(row) then
       -- completed (row deleted) while still listed in active: never recreate it
-      what[i] = 'orphan'
+      what[i], group_of[i] = 'orphan', false
     elseif state and state ~= 'active' and waits_elsewhere(id, g, state) then
-      what[i] = 'orphan' -- a stray lease: drop the entry, touch nothing else
+      what[i], group_of[i] = 'orphan', false -- a stray lease: drop the entry, touch nothing else
     else
       -- the usual counters (absent, one digit) by a lookup, without a call (below)
       local stalled = ONE_DIGIT[stalled_raw]
@@ -297,7 +300,7 @@ for i = 1, #expired do
       local attempts = ONE_DIGIT[attempts_raw]
       if attempts == nil then attempts = count_of(attempts_raw) end
       if g == '' then
-        what[i], attempts_of[i] = 'quarantine', attempts or attempts_raw
+        what[i], group_of[i], attempts_of[i] = 'quarantine', false, attempts or attempts_raw
         stalled_or_problem[i] = 'group is empty'
       elseif stalled == nil then
         what[i], group_of[i], attempts_of[i] = 'quarantine', g, attempts or attempts_raw
@@ -334,12 +337,14 @@ end
 
 for i = 1, #expired do
   local id, step, g = expired[i], what[i], group_of[i] or nil
-  if step == 'orphan' then
-    orphans = orphans + 1
-  elseif step == 'unwritable' then
-    quarantine(id, nil, nil, stalled_or_problem[i], nil)
-  elseif step == 'quarantine' then
-    quarantine(id, rows[i], g, stalled_or_problem[i], attempts_of[i])
+  if step ~= 'stall' then
+    if step == 'orphan' then
+      orphans = orphans + 1
+    elseif step == 'unwritable' then
+      quarantine(id, nil, nil, stalled_or_problem[i], nil)
+    else
+      quarantine(id, rows[i], g, stalled_or_problem[i], attempts_of[i])
+    end
   else
     -- Nearly every job takes this path, so it calls none of the helpers
     -- (touch, count_string, announce, json_id): their lookups are written out,
@@ -370,22 +375,24 @@ for i = 1, #expired do
         unsent = unsent + 1
       end
     else
-      redis.call('HSET', row, 'stalled', DIGIT_OF[stalled] or count_string(stalled), 'state', 'pending',
+      redis_call('HSET', row, 'stalled', DIGIT_OF[stalled] or count_string(stalled), 'state', 'pending',
         'attempts', fence)
       if g then
         local jobs = lane_jobs[g]
+        local n = lane_rec[g] * 2
         if jobs == nil then
           jobs = {}
           lane_jobs[g] = jobs
         end
-        jobs[#jobs + 1] = id
+        jobs[n + 1], jobs[n + 2] = '0', id
         lane_rec[g] = lane_rec[g] + 1
       else
-        to_pending[#to_pending + 1] = id
+        to_pending[pending_n + 1], to_pending[pending_n + 2] = '0', id
+        pending_n = pending_n + 2
       end
       recovered = recovered + 1
       if can_publish then
-        redis.call('PUBLISH', channel, '{"event":"stalled","job":"' .. (escape_ids and json_escaped(id) or id) .. '"}')
+        redis_call('PUBLISH', channel, '{"event":"stalled","job":"' .. (escape_ids and json_escaped(id) or id) .. '"}')
       else
         unsent = unsent + 1
       end
@@ -393,7 +400,7 @@ for i = 1, #expired do
   end
 end
 
-if #to_pending > 0 then variadic('ZADD', KEYS[2], to_pending, true) end
+if pending_n > 0 then variadic('ZADD', KEYS[2], to_pending, false) end
 if #to_dead > 0 then variadic('ZADD', KEYS[3], to_dead, true) end
 
 -- Lanes: their jobs back, then slots freed and the ring/wake rule, once per
@@ -411,7 +418,10 @@ local function lane_refused(g, lane, jobs, err)
   else
     reason = lane_type_problem(prefix, g, kind)
   end
-  for _, id in ipairs(jobs) do
+  local ids = {}
+  for i = 2, #jobs, 2 do
+    local id = jobs[i]
+    ids[#ids + 1] = id
     local row = row_prefix .. id
     -- attempts as the recovery fenced it in this call (rare: read back, not
     -- carried for every recovered job)
@@ -419,10 +429,10 @@ local function lane_refused(g, lane, jobs, err)
     redis.call('HSET', row, 'state', 'dead', 'last_error', reason, 'dead_at', now_s, 'dead_attempts', mark)
     announce('{"event":"failed","job":"' .. json_id(id) .. '","reason":"' .. json_escaped(reason) .. '"}')
   end
-  variadic('ZADD', KEYS[3], jobs, true)
-  recovered = recovered - #jobs
-  quarantined = quarantined + #jobs
-  lane_rec[g] = lane_rec[g] - #jobs
+  variadic('ZADD', KEYS[3], ids, true)
+  recovered = recovered - #ids
+  quarantined = quarantined + #ids
+  lane_rec[g] = lane_rec[g] - #ids
   lane_jobs[g] = nil
 end
 
@@ -431,7 +441,7 @@ for _, g in ipairs(touched) do
   local jobs = lane_jobs[g]
   if jobs then
     local lane = prefix .. 'g:' .. g .. ':pending'
-    local ok, err = pcall(variadic, 'ZADD', lane, jobs, true)
+    local ok, err = pcall(variadic, 'ZADD', lane, jobs, false)
     if not ok then lane_refused(g, lane, jobs, err) end
   end
   if lane_rec[g] > 0 or lane_dead[g] > 0 then

@@ -24,10 +24,11 @@ local function variadic(cmd, key, members, with_zero_score)
 end
 
 -- collect: a variadic read (HMGET, SMISMEMBER) in the same chunks; the
--- replies joined, one per member, in order.
+-- replies joined, one per member, in order (one chunk: its reply as it is).
 local function collect(cmd, key, members)
-  local out = {}
   local n = #members
+  if n <= 4000 then return redis.call(cmd, key, unpack(members, 1, n)) end
+  local out = {}
   local i = 1
   while i <= n do
     local last = math.min(i + 3999, n)

@@ -1,7 +1,7 @@
 -- lanes: one call's lane bookkeeping (docs/scripts.md, "The ring/wake rule")
 -- with one command per kind of check for all the lanes the call touched, not
 -- one per lane: at small batches the per-lane commands used to cost as much
--- as the per-job ones. Uses chunked (include it before lanes).
+-- as the per-job ones. Uses chunked and counters (include them before lanes).
 --
 --   settle_lanes(k, groups, freed, gained)
 --
@@ -29,8 +29,8 @@
 -- the 15 digits a Lua double holds exactly; a missing field is 0.
 local function in_flight(value)
   if value == false or value == '0' then return 0 end
-  local digits = string.match(value, '^%-?([1-9]%d*)$')
-  if digits == nil or #digits > 15 then return nil end
+  if not string.find(value, '^%-?[1-9]%d*$') then return nil end
+  if #value > 15 and (#value > 16 or string.byte(value) ~= 45) then return nil end  -- 45: '-'
   return tonumber(value)
 end
 
@@ -60,7 +60,8 @@ local function settle_lanes(k, groups, freed, gained)
   local ringable = {}
   local writes, drops = {}, {}
   local counts = collect('HMGET', k.gactive, groups)
-  for i, g in ipairs(groups) do
+  for i = 1, #groups do
+    local g = groups[i]
     local n = in_flight(counts[i])
     local give_back = freed[g] or 0
     if n == nil then
@@ -76,7 +77,7 @@ local function settle_lanes(k, groups, freed, gained)
           n = 0 -- the field is deleted: the lane holds no slot from now on
         else
           writes[#writes + 1] = g
-          writes[#writes + 1] = string.format('%d', n)
+          writes[#writes + 1] = count_string(n)
         end
       end
       active[g] = n
@@ -89,7 +90,8 @@ local function settle_lanes(k, groups, freed, gained)
 
   local open = {}
   local paused = collect('SMISMEMBER', k.paused, ringable)
-  for i, g in ipairs(ringable) do
+  for i = 1, #ringable do
+    local g = ringable[i]
     -- a lane key of the wrong type (pcall) shows no work
     if paused[i] == 0
         and (gained[g] or has_work(redis.pcall('ZCARD', k.prefix .. 'g:' .. g .. ':pending'))) then
@@ -100,7 +102,8 @@ local function settle_lanes(k, groups, freed, gained)
 
   local under = {}
   local caps = collect('HMGET', k.glimit, open)
-  for i, g in ipairs(open) do
+  for i = 1, #open do
+    local g = open[i]
     local cap = caps[i] and tonumber(caps[i])
     if caps[i] and cap == nil then
       local unsettled = k.unsettled
