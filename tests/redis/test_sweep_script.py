@@ -479,7 +479,8 @@ def test_a_long_ring_is_searched_once_per_lane(r, keys):
     assert (after["lrange"] - before["lrange"], after["lpos"] - before["lpos"]) == (0, 2)
 
 
-@pytest.mark.parametrize("corrupt", ["007", "-0", "3.0", "1234567890123456", ""])
+@pytest.mark.parametrize("corrupt", ["007", "-0", "3.0", "1234567890123456", "", "-1234567890123456",
+                                     "9223372036854775807", "-9223372036854775808"])
 def test_gactive_that_hincrby_would_refuse_is_left_and_its_lane_not_ringed(r, keys, corrupt):
     put_active(r, keys, "JOB1", group="g", count_in_gactive=False)
     r.hset(keys.gactive, "g", corrupt)

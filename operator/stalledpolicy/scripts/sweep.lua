@@ -148,7 +148,7 @@ local removal = {'ZREMRANGEBYRANK', KEYS[1], '0', '0'}
 if refused({removal}) and not refused({{'ZREM', KEYS[1], id1}}) then removal = {'ZREM', KEYS[1], id1} end
 require_permitted(prefix, {removal, {'ZADD', KEYS[2], '0', id1}, {'ZADD', KEYS[3], '0', id1},
   {'HMGET', row1, 'state'}, {'TYPE', row1}, {'EXISTS', row1}, {'HSET', row1, 'state', 'dead'},
-  {'HINCRBY', row1, 'attempts', '1'}, {'HSET', KEYS[5], 'g', '1'}, {'HDEL', KEYS[5], 'g'},
+  {'HINCRBY', row1, 'attempts', '1'}, {'HINCRBY', KEYS[5], 'g', '-1'}, {'HDEL', KEYS[5], 'g'},
   {'RPUSH', KEYS[4], 'g'}, {'LPUSH', KEYS[8], '1'}, {'LTRIM', KEYS[8], '0', '63'},
   {'HINCRBY', KEYS[9], 'count', '1'}, {'HINCRBY', KEYS[10], 'recovered', '1'}}, 'nothing was moved')
 -- Events are fire-and-forget (the contract): without the channel the jobs

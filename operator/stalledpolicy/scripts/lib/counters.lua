@@ -11,6 +11,9 @@ local ONE_DIGIT = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4,
 -- and the other way: a count as the integer string HINCRBY writes
 local DIGIT_OF = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 
+-- the first count of 16 digits: a counter is below it
+local COUNTER_LIMIT = 1e15
+
 local function count_string(n)
   return DIGIT_OF[n] or string.format('%d', n)
 end
@@ -31,8 +34,6 @@ end
 -- above (nothing but our scripts writes this hash) starts again from n:
 -- HINCRBY refuses what is not an integer or has a leading zero, and what it
 -- accepts beyond the rule (a minus, more than 15 digits) shows in its result.
-local COUNTER_LIMIT = 1e15 -- the first count of 16 digits
-
 local function add_counts(key, deltas)
   for i = 1, #deltas, 2 do
     local field, n = deltas[i], deltas[i + 1]

@@ -13,7 +13,7 @@
 -- freed   group -> slots the call gives back in gactive (nil or 0: none)
 -- gained  group -> true when the call has just added jobs to the lane
 --
--- gactive[g] -= freed[g], the field deleted at 0 or below. A gactive that is
+-- gactive[g] -= freed[g] (HINCRBY), the field deleted at 0 or below. A gactive that is
 -- not an integer is EchoMQ's corruption, not ours to rewrite: it is left as it
 -- is and the lane is not ringed (EchoMQ's claim of a lane job increments it,
 -- and fails half-way on it: the job popped and active with no worker), and
@@ -54,48 +54,78 @@ local function has_work(zcard_reply)
   return type(zcard_reply) == 'number' and zcard_reply > 0
 end
 
+local function unsettle(k, key, g, value)
+  local unsettled = k.unsettled
+  unsettled[#unsettled + 1] = key
+  unsettled[#unsettled + 1] = g
+  unsettled[#unsettled + 1] = value
+end
+
+-- gactive[g] -= give_back by HINCRBY (Redis reads and writes the count: in
+-- Lua, parsing and printing it cost more than the command): the count after,
+-- or nil when the field is not a count (then left as it was, and unsettled).
+-- HINCRBY refuses what in_flight refuses but more than 15 digits: those are
+-- put back. Any other error (a key of the wrong type, a refusal) is raised by
+-- the HGET that reads the field for the report.
+local function give_back_slots(k, g, give_back)
+  local n = redis.pcall('HINCRBY', k.gactive, g, '-' .. count_string(give_back))
+  if type(n) == 'number' and n + give_back > -COUNTER_LIMIT and n + give_back < COUNTER_LIMIT then return n end
+  if type(n) == 'number' then redis.call('HINCRBY', k.gactive, g, count_string(give_back)) end
+  local value = redis.call('HGET', k.gactive, g)
+  if value and in_flight(value) == nil then
+    unsettle(k, k.gactive, g, value)
+    return nil
+  end
+  error(n)
+end
+
 local function settle_lanes(k, groups, freed, gained)
   if #groups == 0 then return end
-  local active = {}
-  local ringable = {}
-  local writes, drops = {}, {}
-  local counts = collect('HMGET', k.gactive, groups)
+  -- ringable[i]: a lane whose count is known, active[i] its slots after the call
+  local ringable, active = {}, {}
+  local drops = {}
+  local unread = {} -- lanes that give back no slot: their counts are read
   for i = 1, #groups do
     local g = groups[i]
-    local n = in_flight(counts[i])
     local give_back = freed[g] or 0
-    if n == nil then
-      local unsettled = k.unsettled
-      unsettled[#unsettled + 1] = k.gactive
-      unsettled[#unsettled + 1] = g
-      unsettled[#unsettled + 1] = counts[i]
-    else
-      if give_back > 0 then
-        n = n - give_back
+    if give_back > 0 then
+      local n = give_back_slots(k, g, give_back)
+      if n ~= nil then
         if n <= 0 then
           drops[#drops + 1] = g
           n = 0 -- the field is deleted: the lane holds no slot from now on
-        else
-          writes[#writes + 1] = g
-          writes[#writes + 1] = count_string(n)
         end
+        local j = #ringable + 1
+        ringable[j], active[j] = g, n
       end
-      active[g] = n
-      ringable[#ringable + 1] = g
+    else
+      unread[#unread + 1] = g
     end
   end
-  if #writes > 0 then variadic('HSET', k.gactive, writes, false) end
   if #drops > 0 then variadic('HDEL', k.gactive, drops, false) end
+  if #unread > 0 then
+    local counts = collect('HMGET', k.gactive, unread)
+    for i = 1, #unread do
+      local n = in_flight(counts[i])
+      if n == nil then
+        unsettle(k, k.gactive, unread[i], counts[i])
+      else
+        local j = #ringable + 1
+        ringable[j], active[j] = unread[i], n
+      end
+    end
+  end
   if #ringable == 0 then return end
 
-  local open = {}
+  local open, open_active = {}, {}
   local paused = collect('SMISMEMBER', k.paused, ringable)
   for i = 1, #ringable do
     local g = ringable[i]
     -- a lane key of the wrong type (pcall) shows no work
     if paused[i] == 0
         and (gained[g] or has_work(redis.pcall('ZCARD', k.prefix .. 'g:' .. g .. ':pending'))) then
-      open[#open + 1] = g
+      local j = #open + 1
+      open[j], open_active[j] = g, active[i]
     end
   end
   if #open == 0 then return end
@@ -103,14 +133,11 @@ local function settle_lanes(k, groups, freed, gained)
   local under = {}
   local caps = collect('HMGET', k.glimit, open)
   for i = 1, #open do
-    local g = open[i]
-    local cap = caps[i] and tonumber(caps[i])
-    if caps[i] and cap == nil then
-      local unsettled = k.unsettled
-      unsettled[#unsettled + 1] = k.glimit
-      unsettled[#unsettled + 1] = g
-      unsettled[#unsettled + 1] = caps[i]
-    elseif not cap or active[g] < cap then
+    local g, cap_raw = open[i], caps[i]
+    local cap = cap_raw and tonumber(cap_raw)
+    if cap_raw and cap == nil then
+      unsettle(k, k.glimit, g, cap_raw)
+    elseif not cap or open_active[i] < cap then
       under[#under + 1] = g
     end
   end
@@ -118,7 +145,8 @@ local function settle_lanes(k, groups, freed, gained)
 
   local ringed = {}
   local present = on_ring(k.ring, under)
-  for _, g in ipairs(under) do
+  for i = 1, #under do
+    local g = under[i]
     if not present[g] then ringed[#ringed + 1] = g end
   end
   if #ringed == 0 then return end
