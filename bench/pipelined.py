@@ -1,7 +1,7 @@
 """Why the drain never has two calls in flight: the shipped drain beside two
 pipelined ones, with a second client's PING latency.
 
-    python bench/pipelined.py [--n 100000] [--rounds 3] [--lead-us 250]
+    python bench/pipelined.py [--n 100000] [--rounds 3] [--lead-us 250] [--arrival-target-ms 0.8 ...]
 
 Between two calls of the shipped drain Redis is idle for about 0.15-0.3 ms
 (the reply's way to the client, the client's wake-up, the next call's way
@@ -15,6 +15,13 @@ replies in order:
 - ``early, two connections``: on a second connection, so that a client whose
   request came in during the running call is ahead of it in the server's
   event loop.
+
+A third never has two calls on the server: ``on arrival, <t> ms`` sends the
+next call as soon as the running call's reply has arrived, before reading it
+(sized from the calls before; the drain ends with one call that finds
+nothing), with calls sized to ``--arrival-target-ms`` (repeatable; default
+1.0). The gap it removes is where other clients are served: their requests
+then wait for a whole call, not part of one.
 
 Every mode drains a freshly seeded queue (bench/echomq_seed: 20 lanes, a
 tenth at the budget) with calls sized by time as shipped (engine.CallSizer,
@@ -100,6 +107,46 @@ def early_drain(client: Any, lead_s: float, connections: int) -> int:
     return calls
 
 
+def arrival_drain(client: Any, target_s: float) -> int:
+    """Drain with each next call sent when the running call's reply has
+    arrived, before it is read (while the drain goes on: more in the reply
+    before); calls sized to ``target_s``; the number of calls made."""
+    call = SweepCall(QUEUE, Budgets(default=BUDGET))
+    sizer = CallSizer(BATCH_DEFAULT, target_s=target_s)
+    sha = script("sweep").sha
+    pool = client.connection_pool
+    connection = pool.get_connection()
+
+    def send() -> None:
+        connection.send_command("EVALSHA", sha, len(call.key_names), *call.key_names, *call.args(sizer.size))
+
+    calls, in_flight, draining = 0, 0, False
+    try:
+        send()
+        in_flight = 1
+        while in_flight:
+            if not connection.can_read(timeout=60):
+                raise TimeoutError("no reply in 60 s")
+            if draining:
+                send()
+                in_flight += 1
+            reply = connection.read_response()
+            in_flight -= 1
+            calls += 1
+            moved, more, took = call.head(reply)
+            sizer.observe(moved, took / 1e6)
+            call.result(reply)
+            if more and not in_flight:
+                send()
+                in_flight += 1
+            draining = more
+    finally:
+        if in_flight:
+            connection.disconnect()  # a reply may still come: no later user may read it
+        pool.release(connection)
+    return calls
+
+
 def run(client: Any, port: int, n: int, mode: str, lead_s: float) -> dict:
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
@@ -107,6 +154,8 @@ def run(client: Any, port: int, n: int, mode: str, lead_s: float) -> dict:
         started = time.perf_counter()
         if mode == "shipped":
             calls = drain(client, QUEUE, Budgets(default=BUDGET), CallSizer(BATCH_DEFAULT)).calls
+        elif mode.startswith("on arrival"):
+            calls = arrival_drain(client, float(mode.split(", ")[1].removesuffix(" ms")) / 1000)
         else:
             calls = early_drain(client, lead_s, 1 if mode == "early, one connection" else 2)
         seconds = time.perf_counter() - started
@@ -122,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100_000, help="expired jobs per run")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode, interleaved")
     parser.add_argument("--lead-us", type=int, default=250, help="how early the next call goes out")
+    parser.add_argument("--arrival-target-ms", type=float, action="append",
+                        help="call size (server ms) of an 'on arrival' mode (repeatable; default 1.0)")
     args = parser.parse_args(argv)
-    modes = ("shipped", "early, one connection", "early, two connections")
+    modes = ("shipped", "early, one connection", "early, two connections",
+             *(f"on arrival, {ms:.2f} ms" for ms in args.arrival_target_ms or [1.0]))
     server = start_redis()
     try:
         client = server.client()
@@ -132,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 row = run(client, server.port, args.n, mode, args.lead_us / 1e6)
                 rows.append(row)
-                print(f"round {round_ + 1}: {mode:23} {row['jobs_per_s']:9,.0f} jobs/s  {row['calls']} calls  "
+                print(f"round {round_ + 1}: {mode:24} {row['jobs_per_s']:9,.0f} jobs/s  {row['calls']} calls  "
                       f"PING p50 {row['ping_p50_ms']:.2f} p99 {row['ping_p99_ms']:.2f} "
                       f"max {row['ping_max_ms']:.2f} ms", flush=True)
     finally:

