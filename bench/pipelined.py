@@ -147,15 +147,16 @@ def arrival_drain(client: Any, target_s: float) -> int:
     return calls
 
 
-def run(client: Any, port: int, n: int, mode: str, lead_s: float) -> dict:
+def run(client: Any, port: int, n: int, mode: str, lead_s: float, arrival_target_s: float | None = None) -> dict:
+    """One drain in ``mode``; ``arrival_target_s``: the call size of an 'on arrival' mode."""
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, budget=BUDGET)
     with Pinger(port) as pinger:
         started = time.perf_counter()
         if mode == "shipped":
             calls = drain(client, QUEUE, Budgets(default=BUDGET), CallSizer(BATCH_DEFAULT)).calls
-        elif mode.startswith("on arrival"):
-            calls = arrival_drain(client, float(mode.split(", ")[1].removesuffix(" ms")) / 1000)
+        elif arrival_target_s is not None:
+            calls = arrival_drain(client, arrival_target_s)
         else:
             calls = early_drain(client, lead_s, 1 if mode == "early, one connection" else 2)
         seconds = time.perf_counter() - started
@@ -174,15 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrival-target-ms", type=float, action="append",
                         help="call size (server ms) of an 'on arrival' mode (repeatable; default 1.0)")
     args = parser.parse_args(argv)
-    modes = ("shipped", "early, one connection", "early, two connections",
-             *(f"on arrival, {ms:.2f} ms" for ms in args.arrival_target_ms or [1.0]))
+    # mode -> the call size of an 'on arrival' mode (None: the others)
+    modes: dict[str, float | None] = {"shipped": None, "early, one connection": None, "early, two connections": None}
+    modes.update({f"on arrival, {ms:.2f} ms": ms / 1000 for ms in args.arrival_target_ms or [1.0]})
     server = start_redis()
     try:
         client = server.client()
         rows = []
         for round_ in range(args.rounds):
-            for mode in modes:
-                row = run(client, server.port, args.n, mode, args.lead_us / 1e6)
+            for mode, arrival_target_s in modes.items():
+                row = run(client, server.port, args.n, mode, args.lead_us / 1e6, arrival_target_s)
                 rows.append(row)
                 print(f"round {round_ + 1}: {mode:24} {row['jobs_per_s']:9,.0f} jobs/s  {row['calls']} calls  "
                       f"PING p50 {row['ping_p50_ms']:.2f} p99 {row['ping_p99_ms']:.2f} "

@@ -27,9 +27,8 @@ local function count_of(value)
   return tonumber(value)
 end
 
--- add_counts: several counters of one hash raised, one HINCRBY each (Redis
--- parses and prints the numbers: in Lua, reading and formatting them cost
--- more than the commands, bench/instructions.py); deltas is a flat list
+-- add_counts: several counters of one hash raised, one HINCRBY each
+-- (docs/architecture.md, "Numbers counted by Redis"); deltas is a flat list
 -- field, n, field, n, ... (n > 0). A field that is not a counter by the rule
 -- above (nothing but our scripts writes this hash) starts again from n:
 -- HINCRBY refuses what is not an integer or has a leading zero, and what it

@@ -61,8 +61,8 @@ local function unsettle(k, key, g, value)
   unsettled[#unsettled + 1] = value
 end
 
--- gactive[g] -= give_back by HINCRBY (Redis reads and writes the count: in
--- Lua, parsing and printing it cost more than the command): the count after,
+-- gactive[g] -= give_back by HINCRBY (docs/architecture.md, "Numbers counted
+-- by Redis"): the count after,
 -- or nil when the field is not a count (then left as it was, and unsettled).
 -- HINCRBY refuses what in_flight refuses but more than 15 digits: those are
 -- put back. Any other error (a key of the wrong type, a refusal) is raised by
