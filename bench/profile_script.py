@@ -5,8 +5,11 @@
 The shipped script (never edited here) is compared with variants made in
 memory by textual ablation, each run by EVAL on the same seeded queue:
 
-- ``no-publish``: the PUBLISH commands become a no-op (the JSON is still built);
-- ``no-json-scan``: ids are quoted without the batch's escaping scan;
+- ``heard``: as with a subscriber of the events channel (these runs have
+  none, so the shipped script sends no event: scripts/lib/listeners.lua);
+- ``no-publish``: heard, but the PUBLISH commands become a no-op (the JSON is
+  still built);
+- ``no-json-scan``: heard, but ids are quoted without the batch's escaping scan;
 - ``hmget-call``: HMGET by redis.call instead of redis.pcall;
 - ``no-lane-checks``: the ring/wake checks of lib/lanes.lua (SMISMEMBER,
   ZCARD, HMGET glimit, LRANGE or LPOS) skipped after gactive is settled; no
@@ -18,7 +21,8 @@ memory by textual ablation, each run by EVAL on the same seeded queue:
 - ``no-lane-bookkeeping``: both, and the queue-wide totals too (NOT correct);
 - ``lua-floor``: not the script at all: the same per-job commands (HMGET,
   HSET, PUBLISH) and per-batch ZRANGEBYSCORE/ZREMRANGEBYRANK/ZADD with none of its logic
-  (every job to pending): the floor of this work inside one Lua script.
+  (every job to pending): the floor of this work inside one Lua script (heard:
+  it publishes).
 
 Each variant's figure is the server's time (INFO commandstats eval usec) per
 job, minimum over ``--rounds`` interleaved rounds (the machine is shared).
@@ -80,6 +84,11 @@ return {#ids, 0, 0, 0, more, {}}
 """
 
 
+def _heard(body: str) -> str:
+    # as listened() answers when someone subscribes: every event is sent
+    return _replace(body, "local publishing = can_publish and listened(channel)", "local publishing = can_publish")
+
+
 def _no_lane_totals(body: str) -> str:
     # both loops over the call's lanes: their totals' fields and the reply's text
     return _replace(body, "for i = 1, #lanes_out, 3 do", "for i = 1, 0, 3 do")
@@ -97,12 +106,15 @@ def _shadowed(body: str, *functions: str) -> str:
 # anchor the engine has since moved then fails only for that variant).
 VARIANTS = {
     "as shipped": lambda body: body,
-    "no-publish": lambda body: NOOP + _replace(body, "redis.call('PUBLISH', channel, ", "__noop(channel, "),
+    "heard": _heard,
+    "no-publish": lambda body: NOOP + _replace(_replace(_heard(body), "redis.call('PUBLISH', channel, ",
+                                                        "__noop(channel, "),
+                                               "redis_call('PUBLISH', channel, ", "__noop(channel, "),
     "no-json-scan": lambda body: _replace(
-        body, "local escape_ids = string.find(all_ids, '^[ -~]*$') == nil "
-              "or string.find(all_ids, '\"', 1, true) ~= nil\n"
-              "  or string.find(all_ids, '\\\\', 1, true) ~= nil",
-        "local escape_ids = false"),
+        _heard(body), "  escape_ids = string.find(all_ids, '^[ -~]*$') == nil "
+                      "or string.find(all_ids, '\"', 1, true) ~= nil\n"
+                      "    or string.find(all_ids, '\\\\', 1, true) ~= nil",
+        "  escape_ids = false"),
     "hmget-call": lambda body: _replace(body, "redis.pcall('HMGET'", "redis.call('HMGET'"),
     "no-lane-checks": lambda body: _replace(body, "  if #ringable == 0 then return end\n",
                                             "  do return end -- ring/wake skipped\n"),

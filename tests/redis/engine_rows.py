@@ -30,6 +30,41 @@ def put_active(r, keys: QueueKeys, job_id: str, *, group: str | None = None, sco
     return job_id
 
 
+def put_each_event_kind(r, keys: QueueKeys) -> None:
+    """One job recovered into a lane, one dead-lettered, one quarantined (at
+    budget 2): the three events the sweep sends (stalled, failed stalled, failed
+    malformed)."""
+    put_active(r, keys, "JOB1", group="g")
+    put_active(r, keys, "JOB2", stalled=1)
+    put_active(r, keys, "JOB3")
+    r.hset(keys.job("JOB3"), "stalled", "x")
+
+
+def assert_each_event_kind_moved(r, keys: QueueKeys, result) -> None:
+    """Where put_each_event_kind's jobs are after one sweep."""
+    assert (result.recovered, result.dead_lettered, result.quarantined) == (1, 1, 1)
+    assert r.zrange(keys.lane_pending("g"), 0, -1) == ["JOB1"]
+    assert r.zrange(keys.dead, 0, -1) == ["JOB2", "JOB3"]
+    assert r.hget(keys.job("JOB1"), "state") == "pending" and r.hget(keys.job("JOB2"), "state") == "dead"
+    assert result.problems == []
+
+
+def channels_heard(subscriber, expected: int, timeout: float = 5.0) -> list[str]:
+    """The channels of the messages a pubsub (``ignore_subscribe_messages``)
+    receives: ``expected`` of them, or fewer at the timeout, then any extra."""
+    channels: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(channels) < expected and time.monotonic() < deadline:
+        message = subscriber.get_message(timeout=0.2)
+        if message:
+            channels.append(message["channel"])
+    extra = subscriber.get_message(timeout=0.2)
+    while extra is not None:
+        channels.append(extra["channel"])
+        extra = subscriber.get_message(timeout=0.1)
+    return channels
+
+
 # put_dead's default dead_attempts: the row's attempts, as our scripts record it
 AS_WRITTEN = object()
 
