@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import echomq_seed  # noqa: E402
 import redisstats  # noqa: E402
+from listener import EventListener  # noqa: E402
 from pinger import Pinger  # noqa: E402
 
 from stalledpolicy.devenv.redis_server import SERVERS, start_redis  # noqa: E402
@@ -62,16 +63,20 @@ class SweepRun:
     dead_lettered: int
     verified: bool
     server: str = ""  # "redis 7.0.15", "valkey 8.1.8": set by main when it drains on several
+    events_heard: int | None = None  # by the events subscriber of a ``heard`` run (else none ran)
 
 
 def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bool = True,
-            nice: int = 0, sized: bool = False, shape: str = "ours", ping_interval_s: float = 0.0) -> SweepRun:
+            nice: int = 0, sized: bool = False, shape: str = "ours", ping_interval_s: float = 0.0,
+            heard: bool = False) -> SweepRun:
     """``sized``: the sweeper as shipped, one pass of ``sweeper.loop.Sweeper`` with
     ``batchSize`` = ``batch`` (each call sized by time, engine.CallSizer; its
     per-call work included: metrics, health, the running totals), on its own
     client; else ``engine.drain`` with every call taking ``batch``. ``shape``:
     the seeded mix, one of echomq_seed.SHAPES; ``ping_interval_s``: the PING
-    client's pace (pinger.Pinger; 0: a tight loop)."""
+    client's pace (pinger.Pinger; 0: a tight loop); ``heard``: a subscriber of
+    the queue's events channel throughout (listener.EventListener; without one
+    the sweep sends no event), checked to hear one event a job."""
 
     client.flushall()
     expected = echomq_seed.seed(client, QUEUE, n, healthy=healthy, budget=BUDGET, **echomq_seed.SHAPES[shape])
@@ -81,6 +86,9 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     def on_call(_result, seconds: float) -> None:
         call_seconds.append(seconds)
 
+    listener = EventListener(port, QueueKeys(QUEUE).events) if heard else None
+    if listener:
+        listener.__enter__()
     redisstats.reset(client)
     before = redisstats.commandstats(client)
     if ping:
@@ -94,6 +102,11 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
         elapsed = time.perf_counter() - started
         if ping:
             pinger.__exit__(None, None, None)
+        if listener:
+            try:
+                listener.wait_for(n)
+            finally:
+                listener.__exit__(None, None, None)
     after = redisstats.commandstats(client)
     server = redisstats.server_side(client, "evalsha")
     mix = redisstats.work_commands(before, after)
@@ -118,6 +131,7 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
         commands_per_job=sum(mix.values()) / n if n else 0.0,
         command_mix={k: round(v / n, 3) for k, v in sorted(mix.items())} if n else {},
         recovered=result.recovered, dead_lettered=result.dead_lettered, verified=True,
+        events_heard=listener.heard if listener else None,
     )
 
 

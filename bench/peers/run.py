@@ -12,7 +12,9 @@ starts a second client PINGing in a tight loop (its own process and connection;
 PING client, and checks that every job really moved (a run that fails its check
 aborts: no figure without it). Ours runs on our mix (a third of the jobs in 20
 lanes, a tenth dead-lettered) and, at the default settings, also on the peers'
-(``ours-like-peers``: every job back to its queue, as theirs do). Then: repeated
+(``ours-like-peers``: every job back to its queue, as theirs do), and with a
+subscriber of the events channel (``ours-heard``: the sweep sends no event no
+one can receive; the other rows have no subscriber). Then: repeated
 drains of 1,000 expired jobs among 0 / 100,000 / 1,000,000 healthy active ones
 (and 10,000 among 1,000,000), and the ceiling (the same work without Lua).
 ``--scale-pairs K``: before those, K pairs of our default row at 100,000 and
@@ -56,8 +58,11 @@ PEER_LIMIT_S = 600.0
 # 1,000, beside each peer: on our own mix (a third of the jobs in 20 lanes, a
 # tenth dead-lettered), and at the default settings also on the peers' (every
 # job recovered to its queue, no lanes: what BullMQ's and RQ's recovery do), the
-# like-for-like row (echomq_seed.SHAPES).
-OUR_ROWS = (("default", "ours"), ("default", "peers"), (25, "ours"), (100, "ours"), (1000, "ours"))
+# like-for-like row (echomq_seed.SHAPES); at the default settings on our mix
+# also with a subscriber of the events channel (the sweep sends no event no one
+# can receive: ours-heard is a queue someone watches). (batch, shape, heard)
+OUR_ROWS = (("default", "ours", False), ("default", "peers", False), ("default", "ours", True),
+            (25, "ours", False), (100, "ours", False), (1000, "ours", False))
 # Commands whose duration is one blocking call of a peer (Lua script, MULTI/EXEC).
 BLOCKING_COMMANDS = {"evalsha", "eval", "exec"}
 
@@ -166,21 +171,24 @@ def run_peer(system: str, client, port: int, n: int, nice: int = 0, ping_interva
     }
 
 
-def _label(batch: int | str, shape: str = "ours") -> str:
+def _label(batch: int | str, shape: str = "ours", heard: bool = False) -> str:
     if shape == "peers":
         return "ours-like-peers"
+    if heard:
+        return "ours-heard"
     return "ours-default" if batch == "default" else f"ours-b{batch}"
 
 
 def run_ours(client, port: int, n: int, batch: int | str, healthy: int = 0, nice: int = 0,
-             shape: str = "ours", ping_interval_s: float = 0.0) -> dict:
+             shape: str = "ours", ping_interval_s: float = 0.0, heard: bool = False) -> dict:
     """``batch`` "default": the sweeper's default settings (sized calls);
-    ``shape``: the seeded mix (echomq_seed.SHAPES)."""
+    ``shape``: the seeded mix (echomq_seed.SHAPES); ``heard``: with a
+    subscriber of the events channel."""
     sized = batch == "default"
     run = sweep.run_one(client, port, n, BATCH_DEFAULT if sized else int(batch), healthy=healthy, nice=nice,
-                        sized=sized, shape=shape, ping_interval_s=ping_interval_s)
+                        sized=sized, shape=shape, ping_interval_s=ping_interval_s, heard=heard)
     row = asdict(run)
-    row.update(system=_label(batch, shape), shape=shape, load=os.getloadavg()[0],
+    row.update(system=_label(batch, shape, heard), shape=shape, heard=heard, load=os.getloadavg()[0],
                longest_without_pong_ms=float("nan"))
     return row
 
@@ -204,7 +212,7 @@ def fmt_ms(value: float) -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = ("system", "N", "jobs/s", "longest call ms (client / server)", "PING p50 / p99 / max ms", "BUSY",
-              "ours " + " / ".join(_label(b, shape)[5:] for b, shape in OUR_ROWS) + " vs it")
+              "ours " + " / ".join(_label(*spec)[5:] for spec in OUR_ROWS) + " vs it")
     ours = {(r["system"], r["n"]): r for r in rows if r["system"].startswith("ours") and not r.get("skipped")}
     lines = []
     for r in rows:
@@ -215,8 +223,8 @@ def print_table(rows: list[dict]) -> None:
         ratio = ""
         if not r["system"].startswith("ours"):
             parts = []
-            for batch, shape in OUR_ROWS:
-                mine = ours.get((_label(batch, shape), r["n"]))
+            for spec in OUR_ROWS:
+                mine = ours.get((_label(*spec), r["n"]))
                 parts.append(f"{mine['jobs_per_s'] / r['jobs_per_s']:,.0f}x" if mine else "-")
             ratio = " / ".join(parts)
         lines.append((
@@ -284,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"N = {n:,}")
             for system in systems:
                 if system == "ours":
-                    for batch, shape in OUR_ROWS:
+                    for batch, shape, heard in OUR_ROWS:
                         row = run_ours(client, server.port, n, batch, nice=args.nice, shape=shape,
-                                       ping_interval_s=ping_interval_s)
+                                       ping_interval_s=ping_interval_s, heard=heard)
                         rows.append(row)
                         _say(row)
                     continue
@@ -348,8 +356,8 @@ def _print_extras(rows: list[dict], extras: dict) -> None:
         log(f"\nCeiling at N={n:,} (same work without Lua, redis-cli --pipe):")
         for result in extras["ceiling"]:
             parts = []
-            for batch, shape in OUR_ROWS:
-                label = _label(batch, shape)
+            for spec in OUR_ROWS:
+                label = _label(*spec)
                 mine = [r for r in rows if r["system"] == label and r["n"] == n]
                 if mine:
                     parts.append(f"{label} = {mine[0]['jobs_per_s'] / result['jobs_per_s']:.0%}")

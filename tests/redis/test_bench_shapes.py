@@ -1,6 +1,7 @@
 """bench/peers/run.py's like-for-like row drains the peers' mix (every job back
-to its queue, no lane, none dead-lettered), and its PING client can be paced:
-both must keep doing what the published figures say they did."""
+to its queue, no lane, none dead-lettered), its heard row drains beside a
+subscriber that hears every event, and its PING client can be paced: each must
+keep doing what the published figures say it did."""
 
 import importlib.util
 import sys
@@ -23,7 +24,7 @@ def bench_modules():
     sys.modules["sweep"] = sweep  # (its dataclasses look their module up there)
     spec.loader.exec_module(sweep)
     yield sweep, sys.modules["echomq_seed"], sys.modules["pinger"]
-    for name in ("sweep", "echomq_seed", "pinger", "redisstats"):
+    for name in ("sweep", "echomq_seed", "pinger", "redisstats", "listener"):
         sys.modules.pop(name, None)
 
 
@@ -45,6 +46,13 @@ def test_the_peers_mix_has_no_lane_and_no_death_and_drains_verified(bench_module
 
     run = sweep.run_one(client, server.port, 400, 1000, sized=True, shape="peers")
     assert run.verified and (run.recovered, run.dead_lettered) == (400, 0)
+
+
+def test_the_heard_row_drains_beside_a_subscriber_that_hears_one_event_a_job(bench_modules, server):
+    sweep, _, _ = bench_modules
+    run = sweep.run_one(server.client(), server.port, 400, 1000, sized=True, shape="ours", heard=True)
+    assert run.verified and run.recovered + run.dead_lettered == 400
+    assert run.events_heard == 400  # each job's event, once: the sweep saw the subscriber
 
 
 def test_a_paced_ping_client_samples_at_its_pace(bench_modules, server):
