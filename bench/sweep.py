@@ -12,6 +12,7 @@ tight loop in another process, and, afterwards, a check that every job moved
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -86,27 +87,23 @@ def run_one(client, port: int, n: int, batch: int, *, healthy: int = 0, ping: bo
     def on_call(_result, seconds: float) -> None:
         call_seconds.append(seconds)
 
-    listener = EventListener(port, QueueKeys(QUEUE).events) if heard else None
-    if listener:
-        listener.__enter__()
-    redisstats.reset(client)
-    before = redisstats.commandstats(client)
-    if ping:
-        pinger = Pinger(port, nice=nice, interval_s=ping_interval_s)
-        pinger.__enter__()
-    started = time.perf_counter()
-    try:
-        result = _sweeper_pass(port, batch, on_call) if sized else drain(client, QUEUE, budgets, batch,
-                                                                          on_call=on_call)
-    finally:
-        elapsed = time.perf_counter() - started
+    with contextlib.ExitStack() as listening:
+        listener = listening.enter_context(EventListener(port, QueueKeys(QUEUE).events)) if heard else None
+        redisstats.reset(client)
+        before = redisstats.commandstats(client)
         if ping:
-            pinger.__exit__(None, None, None)
+            pinger = Pinger(port, nice=nice, interval_s=ping_interval_s)
+            pinger.__enter__()
+        started = time.perf_counter()
+        try:
+            result = _sweeper_pass(port, batch, on_call) if sized else drain(client, QUEUE, budgets, batch,
+                                                                              on_call=on_call)
+        finally:
+            elapsed = time.perf_counter() - started
+            if ping:
+                pinger.__exit__(None, None, None)
         if listener:
-            try:
-                listener.wait_for(n)
-            finally:
-                listener.__exit__(None, None, None)
+            listener.wait_for(expected.recovered + expected.dead)  # one event a job moved
     after = redisstats.commandstats(client)
     server = redisstats.server_side(client, "evalsha")
     mix = redisstats.work_commands(before, after)
