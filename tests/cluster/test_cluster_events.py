@@ -11,7 +11,7 @@ from stalledpolicy import engine
 from stalledpolicy.engine import Budgets
 from stalledpolicy.keyspace import QueueKeys
 from tests.kube.operator_harness import wait_for
-from tests.redis.engine_rows import assert_each_event_kind_moved, channels_heard, put_each_event_kind
+from tests.redis.engine_rows import assert_each_event_kind_moved, put_each_event_kind, received
 
 pytestmark = pytest.mark.redis
 
@@ -29,7 +29,7 @@ def test_on_a_cluster_a_subscriber_on_another_node_gets_every_event(redis_cluste
         wait_for(lambda: elsewhere.pubsub_numsub(keys.events)[0][1] == 1, "the subscription on the other node")
         put_each_event_kind(client, keys)
         result = engine.sweep_batch(client, keys.queue, Budgets(2), 10)
-        heard = channels_heard(subscriber, 3)
+        heard = [message["channel"] for message in received(subscriber, 3)]
         assert_each_event_kind_moved(client, keys, result)
         assert heard == [keys.events] * 3
     finally:

@@ -49,22 +49,6 @@ def assert_each_event_kind_moved(r, keys: QueueKeys, result) -> None:
     assert result.problems == []
 
 
-def channels_heard(subscriber, expected: int, timeout: float = 5.0) -> list[str]:
-    """The channels of the messages a pubsub (``ignore_subscribe_messages``)
-    receives: ``expected`` of them, or fewer at the timeout, then any extra."""
-    channels: list[str] = []
-    deadline = time.monotonic() + timeout
-    while len(channels) < expected and time.monotonic() < deadline:
-        message = subscriber.get_message(timeout=0.2)
-        if message:
-            channels.append(message["channel"])
-    extra = subscriber.get_message(timeout=0.2)
-    while extra is not None:
-        channels.append(extra["channel"])
-        extra = subscriber.get_message(timeout=0.1)
-    return channels
-
-
 # put_dead's default dead_attempts: the row's attempts, as our scripts record it
 AS_WRITTEN = object()
 
@@ -144,6 +128,26 @@ def reclaim(r, keys: QueueKeys, job_id: str, *, source: str) -> int:
     return token
 
 
+def received(pubsub, expected: int, timeout: float = 5.0) -> list[dict]:
+    """The messages ``pubsub`` receives (not its subscriptions' confirmations):
+    ``expected`` of them, or fewer at the timeout, then any beyond them (a
+    duplicate announcement would show)."""
+    messages: list[dict] = []
+
+    def keep(message) -> None:
+        if message and message["type"] in ("message", "pmessage"):
+            messages.append(message)
+
+    deadline = time.monotonic() + timeout
+    while len(messages) < expected and time.monotonic() < deadline:
+        keep(pubsub.get_message(timeout=0.2))
+    extra = pubsub.get_message(timeout=0.2)
+    while extra is not None:
+        keep(extra)
+        extra = pubsub.get_message(timeout=0.1)
+    return messages
+
+
 class EventTap:
     """Subscribe before the sweep; collect the JSON events afterwards."""
 
@@ -161,22 +165,8 @@ class EventTap:
 
     def collect_raw(self, expected: int, timeout: float = 5.0) -> list[str]:
         """The messages as published (text), in order."""
-        texts: list[str] = []
-
-        def keep(message) -> None:
-            if message and message["type"] == "message":
-                data = message["data"]
-                texts.append(data if isinstance(data, str) else data.decode())
-
-        deadline = time.monotonic() + timeout
-        while len(texts) < expected and time.monotonic() < deadline:
-            keep(self.pubsub.get_message(timeout=0.2))
-        # anything beyond `expected` would be a duplicate announcement
-        extra = self.pubsub.get_message(timeout=0.2)
-        while extra is not None:
-            keep(extra)
-            extra = self.pubsub.get_message(timeout=0.1)
-        return texts
+        return [data if isinstance(data, str) else data.decode()
+                for data in (message["data"] for message in received(self.pubsub, expected, timeout))]
 
     def close(self) -> None:
         self.pubsub.close()

@@ -15,9 +15,9 @@ from tests.kube.operator_harness import wait_for
 from tests.redis.engine_rows import (
     EventTap,
     assert_each_event_kind_moved,
-    channels_heard,
     put_active,
     put_each_event_kind,
+    received,
     restricted_user,
 )
 
@@ -64,7 +64,7 @@ def test_a_pattern_subscriber_gets_every_event(r, keys):
     wait_for(lambda: r.pubsub_numpat() > 0, "the pattern subscription")
     try:
         result = engine.sweep_batch(r, keys.queue, Budgets(2), 10)
-        heard = channels_heard(subscriber, 3)
+        heard = [message["channel"] for message in received(subscriber, 3)]
     finally:
         subscriber.close()
     assert_each_event_kind_moved(r, keys, result)
@@ -104,7 +104,7 @@ def test_a_subscriber_on_a_replica_gets_every_event_and_so_does_a_backlog(primar
         assert r.pubsub_numsub(keys.events) == [(keys.events, 0)]  # no one here: the replica's subscriber only
         put_each_event_kind(r, keys)
         result = engine.sweep_batch(r, keys.queue, Budgets(2), 10)
-        heard = channels_heard(subscriber, 3)
+        heard = [message["channel"] for message in received(subscriber, 3)]
         assert_each_event_kind_moved(r, keys, result)
         assert heard == [keys.events] * 3
 
